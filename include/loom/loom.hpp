@@ -1,0 +1,8 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Umbrella header of everything loom offers to a host-compiled program.
+
+#include "loom/schedule.hpp"

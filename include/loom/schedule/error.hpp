@@ -1,0 +1,75 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Errors raised by the schedule layer, and the constexpr message helpers that let the same
+//! sentence appear in a compile-time diagnostic and in a run-time exception.
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+//! A schedule cannot be generated, is malformed, or would deadlock. The message names the rule
+//! (and, for validation failures, the rank, the position and the action).
+struct schedule_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+//! A configuration value (a cost, a size, a command-line option) is out of its domain.
+struct config_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+//! Decimal text of an integer; constexpr so messages can be built during constant evaluation.
+constexpr std::string to_text(long long v) {
+  if (v == 0) return "0";
+  bool neg = v < 0;
+  unsigned long long u = neg ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
+  char buf[24]{};
+  int n = 0;
+  while (u != 0) {
+    buf[n++] = static_cast<char>('0' + u % 10);
+    u /= 10;
+  }
+  std::string s;
+  if (neg) s.push_back('-');
+  while (n > 0) s.push_back(buf[--n]);
+  return s;
+}
+
+//! Fixed-capacity, structural copy of a message: usable as a template argument, so that a
+//! rule violated by a static shape is printed verbatim by the compiler.
+struct fixed_message {
+  static constexpr std::size_t capacity = 192;
+  char text[capacity]{};
+
+  constexpr fixed_message() = default;
+  constexpr explicit fixed_message(std::string_view s) {
+    std::size_t n = s.size() < capacity - 1 ? s.size() : capacity - 1;
+    for (std::size_t i = 0; i < n; ++i) text[i] = s[i];
+  }
+  constexpr bool empty() const { return text[0] == '\0'; }
+  constexpr std::string_view view() const {
+    std::size_t n = 0;
+    while (n < capacity && text[n] != '\0') ++n;
+    return {text, n};
+  }
+};
+
+//! Instantiated with a non-empty message, fails with that message visible in the diagnostic
+//! ("In instantiation of 'schedule_rule_violated<fixed_message{"..."}>'").
+template <fixed_message Rule>
+struct schedule_rule_violated {
+  static_assert(Rule.empty(),
+                "loom: this static schedule shape breaks a rule of its family; the rule is the "
+                "text in 'schedule_rule_violated<fixed_message{\"...\"}>' above");
+};
+
+}  // namespace detail
+}  // namespace loom

@@ -1,0 +1,77 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The `schedule_family` concept, `generate`, and `static_schedule`: one generator used at
+//! run time and at compile time.
+
+#include <concepts>
+#include <string>
+#include <string_view>
+
+#include "loom/schedule/error.hpp"
+#include "loom/schedule/schedule.hpp"
+#include "loom/schedule/shape.hpp"
+
+namespace loom {
+
+//! A schedule family: a default-constructible type with a `name`, a constexpr `check(shape)`
+//! returning the violated rule as a sentence (empty when the shape can run), and a constexpr
+//! `generate(shape)` returning the schedule. It may declare `static constexpr int
+//! default_chunks` (else 1) and `static constexpr std::string_view summary`.
+//! User families model it exactly like the built-in ones and plug into validate, lower,
+//! simulate, render and the registry.
+template <class F>
+concept schedule_family = std::semiregular<F> && requires(const F& f, const shape& s) {
+  { F::name } -> std::convertible_to<std::string_view>;
+  { f.check(s) } -> std::convertible_to<std::string>;
+  { f.generate(s) } -> std::same_as<schedule>;
+};
+
+//! The family's natural chunk count (its `default_chunks`, or 1).
+template <class F>
+inline constexpr int default_chunks_v = [] {
+  if constexpr (requires { F::default_chunks; })
+    return static_cast<int>(F::default_chunks);
+  else
+    return 1;
+}();
+
+//! `s` with `chunks == 0` replaced by the family's natural value.
+template <schedule_family F>
+constexpr shape resolve(shape s) {
+  if (s.chunks == 0) s.chunks = default_chunks_v<F>;
+  return s;
+}
+
+namespace detail {
+//! The rules every family shares: positive ranks, microbatches and chunks; a family that runs
+//! one chunk per rank (`fixed_chunks`) rejects any other count.
+constexpr std::string check_basic(std::string_view family, shape s, int fixed_chunks = 0) {
+  std::string f(family);
+  if (s.ranks < 1) return f + " needs ranks >= 1 (got ranks=" + to_text(s.ranks) + ")";
+  if (s.microbatches < 1) return f + " needs microbatches >= 1 (got microbatches=" + to_text(s.microbatches) + ")";
+  if (s.chunks < 1) return f + " needs chunks >= 1 (got chunks=" + to_text(s.chunks) + ")";
+  if (fixed_chunks > 0 && s.chunks != fixed_chunks)
+    return f + " runs exactly " + to_text(fixed_chunks) + " chunk(s) per rank (got chunks=" + to_text(s.chunks) + ")";
+  return {};
+}
+}  // namespace detail
+
+//! The rule `shape` breaks for family `F` (after defaulting its chunks), or "" if it can run.
+template <schedule_family F>
+constexpr std::string check(const F& f, shape s) {
+  return f.check(resolve<F>(s));
+}
+
+//! Generates `F`'s schedule for shape `s`. Throws `schedule_error` naming the rule if the
+//! family cannot run that shape; in a constant expression that is a compile error.
+template <schedule_family F>
+constexpr schedule generate(const F& f, shape s) {
+  s = resolve<F>(s);
+  if (std::string rule = f.check(s); !rule.empty()) throw schedule_error(rule);
+  return f.generate(s);
+}
+
+}  // namespace loom

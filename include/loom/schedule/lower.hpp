@@ -1,0 +1,118 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Lowering: inserts the point-to-point transfers a schedule needs between ranks.
+//!
+//! After every action that produces an item consumed on another rank (the activation of
+//! `F(s,j)` for stage `s+1`, the input gradient of `B/BW(s,j)` for stage `s-1`) the producer
+//! gets a `send`. Sends are asynchronous, receives block, and transfers are tagless: on each
+//! ordered pair of ranks items are matched in FIFO order. So a receiver must receive the items
+//! of one channel in the order they were sent. Each receive is placed immediately before its
+//! first consumer; when a consumer needs an item that was sent after others not yet received on
+//! the same channel, the earlier ones are received first (hoisted). Hoisting cannot create a
+//! deadlock: an item sent earlier on the channel is available no later than the one needed.
+//! `validate` proves the result by a FIFO replay.
+
+#include <cstddef>
+#include <vector>
+
+#include "loom/schedule/action.hpp"
+#include "loom/schedule/schedule.hpp"
+
+namespace loom {
+
+//! The schedule `s` with send/recv actions inserted (see the file comment). Compute actions
+//! keep their order; `s` must be valid (`validate`) for the result to be.
+constexpr schedule lower(const schedule& s) {
+  const int P = s.ranks, S = s.stages;
+  const auto uP = static_cast<std::size_t>(P);
+  const auto cells = static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(S);
+  auto idx = [S](int mb, int st) { return static_cast<std::size_t>(mb) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st); };
+
+  schedule out;
+  out.name = s.name;
+  out.ranks = s.ranks;
+  out.microbatches = s.microbatches;
+  out.chunks = s.chunks;
+  out.stages = s.stages;
+  out.directions = s.directions;
+  out.param_copies = s.param_copies;
+  out.placement = s.placement;
+  out.stage_to_rank = s.stage_to_rank;
+  out.mb_direction = s.mb_direction;
+  out.programs.resize(uP);
+
+  // Pass 1: the send order on every channel, and each item's index in its channel.
+  std::vector<std::vector<action>> chan(uP * uP);
+  std::vector<int> act_index(cells, -1), grad_index(cells, -1);
+  auto emit_sends = [&](int rank, op kind, int mb, int st, std::vector<action>* prog) {
+    if (kind == op::F && st + 1 < S) {
+      int to = s.rank_of(mb, st + 1);
+      if (to != rank) {
+        auto& c = chan[static_cast<std::size_t>(rank) * uP + static_cast<std::size_t>(to)];
+        if (!prog) {
+          act_index[idx(mb, st)] = static_cast<int>(c.size());
+          c.push_back(send_to(to, payload::activation, mb, st));
+        } else {
+          prog->push_back(send_to(to, payload::activation, mb, st));
+        }
+      }
+    }
+    if (is_input_backward(kind) && st > 0) {
+      int to = s.rank_of(mb, st - 1);
+      if (to != rank) {
+        auto& c = chan[static_cast<std::size_t>(rank) * uP + static_cast<std::size_t>(to)];
+        if (!prog) {
+          grad_index[idx(mb, st)] = static_cast<int>(c.size());
+          c.push_back(send_to(to, payload::gradient, mb, st));
+        } else {
+          prog->push_back(send_to(to, payload::gradient, mb, st));
+        }
+      }
+    }
+  };
+  for (int r = 0; r < P; ++r)
+    for (const action& a : s.programs[static_cast<std::size_t>(r)]) {
+      if (!is_compute(a.kind)) continue;
+      emit_sends(r, a.kind, a.mb, a.stage, nullptr);
+      if (a.kind == op::FB) emit_sends(r, a.bkind, a.bmb, a.bstage, nullptr);
+    }
+
+  // Pass 2: per rank, receives (in channel order, hoisted as needed) before consumers and
+  // sends after producers.
+  std::vector<std::size_t> next(uP * uP, 0);  // next unreceived index per channel
+  for (int r = 0; r < P; ++r) {
+    auto& prog = out.programs[static_cast<std::size_t>(r)];
+    prog.reserve(s.programs[static_cast<std::size_t>(r)].size() * 2);
+    auto receive_through = [&](int from, int index) {
+      auto c = static_cast<std::size_t>(from) * uP + static_cast<std::size_t>(r);
+      while (static_cast<int>(next[c]) <= index) {
+        const action& item = chan[c][next[c]++];
+        prog.push_back(recv_from(from, item.what, item.mb, item.stage));
+      }
+    };
+    auto emit_recvs = [&](op kind, int mb, int st) {
+      if (kind == op::F && st > 0) {
+        int from = s.rank_of(mb, st - 1);
+        if (from != r) receive_through(from, act_index[idx(mb, st - 1)]);
+      }
+      if (is_input_backward(kind) && st + 1 < S) {
+        int from = s.rank_of(mb, st + 1);
+        if (from != r) receive_through(from, grad_index[idx(mb, st + 1)]);
+      }
+    };
+    for (const action& a : s.programs[static_cast<std::size_t>(r)]) {
+      if (!is_compute(a.kind)) continue;
+      emit_recvs(a.kind, a.mb, a.stage);
+      if (a.kind == op::FB) emit_recvs(a.bkind, a.bmb, a.bstage);
+      prog.push_back(a);
+      emit_sends(r, a.kind, a.mb, a.stage, &prog);
+      if (a.kind == op::FB) emit_sends(r, a.bkind, a.bmb, a.bstage, &prog);
+    }
+  }
+  return out;
+}
+
+}  // namespace loom

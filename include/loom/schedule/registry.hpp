@@ -1,0 +1,113 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Name -> family lookup for run-time use (the CLI, tests that range over every family).
+//! Built-in families are listed in `builtin_families`; users add their own with
+//! `registry::add<MyFamily>()` (or `default_registry().add<...>()` to make them visible to
+//! every consumer of the default registry, such as the `loom` CLI built with them).
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "loom/schedule/error.hpp"
+#include "loom/schedule/family.hpp"
+#include "loom/schedule/gpipe.hpp"
+#include "loom/schedule/interleaved_1f1b.hpp"
+#include "loom/schedule/one_f_one_b.hpp"
+#include "loom/schedule/zb_h1.hpp"
+#include "loom/schedule/zb_h2.hpp"
+
+namespace loom {
+
+//! The built-in schedule families, in the order `loom list` prints them.
+using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2>;
+
+//! A type-erased family: what the registry stores.
+struct family_entry {
+  std::string name;                                //!< CLI name
+  std::string summary;                             //!< one line: what it is, paper
+  int default_chunks = 1;                          //!< natural chunks per rank
+  std::function<std::string(shape)> check;         //!< rule broken by a resolved shape, or ""
+  std::function<schedule(shape)> generate;         //!< schedule for a resolved shape
+
+  //! `s` with chunks defaulted.
+  shape resolve(shape s) const {
+    if (s.chunks == 0) s.chunks = default_chunks;
+    return s;
+  }
+  //! Checks then generates; throws `schedule_error` naming the rule.
+  schedule make(shape s) const {
+    s = resolve(s);
+    if (std::string rule = check(s); !rule.empty()) throw schedule_error(rule);
+    return generate(s);
+  }
+};
+
+//! Type-erases family `F`.
+template <schedule_family F>
+family_entry make_entry() {
+  family_entry e;
+  e.name = std::string(F::name);
+  if constexpr (requires { F::summary; }) e.summary = std::string(F::summary);
+  e.default_chunks = default_chunks_v<F>;
+  e.check = [](shape s) { return F{}.check(s); };
+  e.generate = [](shape s) { return F{}.generate(s); };
+  return e;
+}
+
+//! An ordered set of named families.
+class registry {
+ public:
+  //! Adds (or replaces, by name) a type-erased family.
+  registry& add(family_entry e) {
+    auto it = std::find_if(entries_.begin(), entries_.end(), [&](auto const& x) { return x.name == e.name; });
+    if (it != entries_.end()) *it = std::move(e);
+    else entries_.push_back(std::move(e));
+    return *this;
+  }
+  //! Adds family `F` under `F::name`.
+  template <schedule_family F>
+  registry& add() {
+    return add(make_entry<F>());
+  }
+  //! The entry called `name`, or nullptr.
+  const family_entry* find(std::string_view name) const {
+    for (auto const& e : entries_)
+      if (e.name == name) return &e;
+    return nullptr;
+  }
+  //! The entry called `name`; throws `schedule_error` listing the known names otherwise.
+  const family_entry& at(std::string_view name) const {
+    if (auto const* e = find(name)) return *e;
+    std::string known;
+    for (auto const& e : entries_) known += (known.empty() ? "" : ", ") + e.name;
+    throw schedule_error("unknown schedule '" + std::string(name) + "' (known: " + known + ")");
+  }
+  //! All entries in insertion order.
+  const std::vector<family_entry>& entries() const { return entries_; }
+
+ private:
+  std::vector<family_entry> entries_;
+};
+
+//! A registry holding every built-in family.
+inline registry builtin_registry() {
+  registry r;
+  std::apply([&](auto... f) { (r.add<decltype(f)>(), ...); }, builtin_families{});
+  return r;
+}
+
+//! The process-wide registry: the built-ins plus whatever the program added.
+inline registry& default_registry() {
+  static registry r = builtin_registry();
+  return r;
+}
+
+}  // namespace loom

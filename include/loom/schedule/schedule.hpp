@@ -1,0 +1,92 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! A pipeline schedule: the placement of virtual stages on ranks and one program per rank.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/schedule/action.hpp"
+#include "loom/schedule/shape.hpp"
+
+namespace loom {
+
+//! How virtual stages map to ranks (ARCHITECTURE.md, "Ranks and stages").
+//! `loop`: stage `s` on rank `s mod P`; `v`: stage `s < P` on rank `s`, stage `s >= P` on
+//! rank `2P-1-s`; `bidirectional`: two paths in opposite directions; `custom`: anything else
+//! (imported schedules, user families).
+enum class placement_kind : unsigned char { loop, v, bidirectional, custom };
+
+//! Name of a placement kind (`loop`, `v`, `bidirectional`, `custom`).
+constexpr std::string_view to_string(placement_kind k) {
+  switch (k) {
+    case placement_kind::loop: return "loop";
+    case placement_kind::v: return "v";
+    case placement_kind::bidirectional: return "bidirectional";
+    case placement_kind::custom: return "custom";
+  }
+  return "?";
+}
+
+//! Rank of stage `s` in the loop placement over `ranks` ranks.
+constexpr int loop_rank(int s, int ranks) { return s % ranks; }
+//! Rank of stage `s` in the V placement over `ranks` ranks (`2*ranks` stages).
+constexpr int v_rank(int s, int ranks) { return s < ranks ? s : 2 * ranks - 1 - s; }
+
+//! A schedule: shape, placement and the per-rank programs. Programs hold compute actions
+//! only (as generated) or compute plus send/recv (after `lower`). Owning and constexpr: it may
+//! be built, checked and simulated during constant evaluation.
+struct schedule {
+  std::string name;          //!< family name (`1f1b`, ...) or the source of an import
+  int ranks = 0;             //!< P
+  int microbatches = 0;      //!< m
+  int chunks = 1;            //!< model chunks per rank
+  int stages = 0;            //!< S: virtual stages along each microbatch's path
+  int directions = 1;        //!< 1, or 2 for bidirectional schedules
+  int param_copies = 1;      //!< parameter-memory multiplier (2 for model-replica schedules)
+  placement_kind placement = placement_kind::loop;
+  std::vector<int> stage_to_rank;  //!< rank of stage `s` on direction `d`: `[d * stages + s]`
+  std::vector<int> mb_direction;   //!< direction of each microbatch (empty: all 0)
+  std::vector<std::vector<action>> programs;  //!< one program per rank, in execution order
+
+  //! Direction (path) of microbatch `mb`.
+  constexpr int direction_of(int mb) const {
+    return mb_direction.empty() ? 0 : mb_direction[static_cast<std::size_t>(mb)];
+  }
+  //! Rank that runs virtual stage `stage` of microbatch `mb`.
+  constexpr int rank_of(int mb, int stage) const {
+    return stage_to_rank[static_cast<std::size_t>(direction_of(mb) * stages + stage)];
+  }
+  //! Fraction `q = P/S` of one rank's share of the model held by one virtual stage.
+  constexpr double stage_fraction() const { return static_cast<double>(ranks) / stages; }
+  //! Total number of actions over all ranks.
+  constexpr std::size_t size() const {
+    std::size_t n = 0;
+    for (auto const& p : programs) n += p.size();
+    return n;
+  }
+};
+
+//! An empty schedule of `s.ranks` programs over `stages` stages placed by `kind` (loop or v).
+//! Generators start from this.
+constexpr schedule make_schedule(std::string_view name, shape s, int stages, placement_kind kind) {
+  schedule out;
+  out.name = std::string(name);
+  out.ranks = s.ranks;
+  out.microbatches = s.microbatches;
+  out.chunks = s.chunks < 1 ? 1 : s.chunks;
+  out.stages = stages;
+  out.placement = kind;
+  out.stage_to_rank.resize(static_cast<std::size_t>(stages));
+  for (int st = 0; st < stages; ++st)
+    out.stage_to_rank[static_cast<std::size_t>(st)] =
+        kind == placement_kind::v ? v_rank(st, s.ranks) : loop_rank(st, s.ranks);
+  out.programs.resize(static_cast<std::size_t>(s.ranks));
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,254 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The simulator: replays a schedule under the normative cost and memory model of
+//! ARCHITECTURE.md and reports makespan, bubbles, per-rank peak activation memory and the
+//! start/end of every action. Constexpr: the same code answers `static_assert`s.
+//!
+//! Timing: a rank runs its program strictly in order; an action starts at
+//! `max(rank free, end of each dependency + c)`, `c` added only for a dependency on another
+//! rank. Dependencies: `F(s,j)` after `F(s-1,j)`; `B(s,j)`/`BW(s,j)` after the backward of
+//! `(s+1,j)` (after `F(S-1,j)` on the last stage) and after `F(s,j)`; `W(s,j)` after `B(s,j)`.
+//! An overlapped `FB` waits for the dependencies of both halves and completes both at its end.
+//! Send/recv actions take no time here (latency is `c`).
+//!
+//! Memory (unit: activations of one microbatch through one rank's share): `F` allocates `q`,
+//! `B` releases `(1-r)q`, `W` releases `rq`, `BW` releases `q`, with `q = P/S` and
+//! `r = mem_w_ratio`; the peak is the maximum live sum in program order.
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "loom/schedule/action.hpp"
+#include "loom/schedule/error.hpp"
+#include "loom/schedule/schedule.hpp"
+#include "loom/schedule/shape.hpp"
+
+namespace loom {
+
+//! Start and end time of one action.
+struct action_time {
+  double start = 0;
+  double end = 0;
+};
+
+//! Result of `simulate`. When `ok` is false the schedule deadlocks or names an impossible
+//! action; `error` says where, and the metrics are those of the part that could run.
+struct simulation {
+  bool ok = false;
+  std::string error;
+  int stuck_rank = -1;         //!< on deadlock: the first rank that cannot proceed
+  std::size_t stuck_pos = 0;   //!< on deadlock: its position
+  double makespan = 0;       //!< global end - global start
+  double bubble_ratio = 0;   //!< 1 - sum(busy) / (P * makespan)
+  double bubble_rate = 0;    //!< 1 - sum(busy) / (P * max span)  (Zero Bubble paper)
+  std::vector<double> busy;             //!< per rank: sum of action durations
+  std::vector<double> span;             //!< per rank: end of last - start of first action
+  std::vector<double> peak_activation;  //!< per rank: peak live activation units
+  std::vector<std::vector<action_time>> times;  //!< parallel to `schedule::programs`
+
+  //! Idle time of rank `r` inside the global window: `makespan - busy[r]`.
+  constexpr double bubble_time(int r) const { return makespan - busy[static_cast<std::size_t>(r)]; }
+  //! Idle time of rank `r` inside its own span: `span[r] - busy[r]`.
+  constexpr double span_bubble(int r) const {
+    return span[static_cast<std::size_t>(r)] - busy[static_cast<std::size_t>(r)];
+  }
+  //! Largest per-rank peak activation.
+  constexpr double max_peak_activation() const {
+    double m = 0;
+    for (double v : peak_activation) m = v > m ? v : m;
+    return m;
+  }
+};
+
+//! Duration of action `a` on a stage holding fraction `q` of a rank's share.
+constexpr double duration(const action& a, const costs& k, double q) {
+  auto bwd = [&](op kind) { return kind == op::BW ? k.b + k.w : k.b; };
+  switch (a.kind) {
+    case op::F: return q * k.f;
+    case op::B: return q * k.b;
+    case op::W: return q * k.w;
+    case op::BW: return q * (k.b + k.w);
+    case op::FB: return k.fb >= 0 ? q * k.fb : q * (k.f + bwd(a.bkind));
+    default: return 0;
+  }
+}
+
+namespace detail {
+
+//! Text of the dependency that half `backward_half` of `a` waits for, for deadlock reports.
+constexpr std::string waited_for(const schedule& s, const action& a, bool backward_half) {
+  const int mb = backward_half ? a.bmb : a.mb;
+  const int st = backward_half ? a.bstage : a.stage;
+  const op k = backward_half ? a.bkind : a.kind;
+  auto at = [&](std::string what, int stage) {
+    return what + " (rank " + to_text(s.rank_of(mb, stage)) + ")";
+  };
+  if (k == op::F) return at(to_string(forward(mb, st - 1)), st - 1);
+  if (k == op::W) return at(to_string(backward_input(mb, st)), st);
+  if (st == s.stages - 1) return at(to_string(forward(mb, st)), st);
+  return at("the backward of mb " + to_text(mb) + " stage " + to_text(st + 1), st + 1);
+}
+
+}  // namespace detail
+
+//! Simulates `s` under costs `k`. Works on generated and lowered programs alike (send/recv are
+//! instantaneous). Never throws for a malformed schedule: it reports `ok = false`.
+constexpr simulation simulate(const schedule& s, const costs& k = {}) {
+  simulation out;
+  const int P = s.ranks, S = s.stages, M = s.microbatches;
+  const auto uP = static_cast<std::size_t>(P);
+  out.busy.assign(uP, 0.0);
+  out.span.assign(uP, 0.0);
+  out.peak_activation.assign(uP, 0.0);
+  out.times.resize(uP);
+  if (P < 1 || S < 1 || M < 1 || s.programs.size() != uP) {
+    out.error = "schedule has " + detail::to_text(static_cast<long long>(s.programs.size())) +
+                " programs for " + detail::to_text(P) + " ranks";
+    return out;
+  }
+  const double q = s.stage_fraction();
+  const double r = k.mem_w_ratio;
+  const auto cells = static_cast<std::size_t>(M) * static_cast<std::size_t>(S);
+  // End times per (mb, stage); -1 = not yet done.
+  std::vector<double> f_end(cells, -1.0), bwd_end(cells, -1.0), b_end(cells, -1.0);
+  auto idx = [S](int mb, int st) { return static_cast<std::size_t>(mb) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st); };
+  auto in_range = [&](int mb, int st) { return mb >= 0 && mb < M && st >= 0 && st < S; };
+
+  std::vector<std::size_t> pos(uP, 0);
+  std::vector<double> free_at(uP, 0.0), first(uP, -1.0), live(uP, 0.0);
+  std::vector<char> queued(uP, 1);
+  std::vector<int> work;
+  work.reserve(uP * 2);
+  for (int rr = P - 1; rr >= 0; --rr) {
+    work.push_back(rr);
+    out.times[static_cast<std::size_t>(rr)].resize(s.programs[static_cast<std::size_t>(rr)].size());
+  }
+
+  // Earliest start of one half (kind, mb, st) on rank `rank`, or -1 if a dependency is pending.
+  auto ready = [&](op kind, int mb, int st, int rank) -> double {
+    auto dep = [&](double end, int mbd, int std_) -> double {
+      if (end < 0) return -1.0;
+      return s.rank_of(mbd, std_) != rank ? end + k.c : end;
+    };
+    double t = 0;
+    if (kind == op::F) {
+      if (st > 0) t = dep(f_end[idx(mb, st - 1)], mb, st - 1);
+    } else if (kind == op::W) {
+      t = dep(b_end[idx(mb, st)], mb, st);
+    } else {
+      double own = dep(f_end[idx(mb, st)], mb, st);
+      if (own < 0) return -1.0;
+      t = st == S - 1 ? own : dep(bwd_end[idx(mb, st + 1)], mb, st + 1);
+      if (t >= 0 && own > t) t = own;
+    }
+    return t;
+  };
+  auto finish = [&](op kind, int mb, int st, double end) {
+    if (kind == op::F) {
+      f_end[idx(mb, st)] = end;
+      if (st + 1 < S) {
+        auto w = static_cast<std::size_t>(s.rank_of(mb, st + 1));
+        if (!queued[w]) { queued[w] = 1; work.push_back(static_cast<int>(w)); }
+      }
+    } else if (kind == op::B || kind == op::BW) {
+      bwd_end[idx(mb, st)] = end;
+      if (kind == op::B) b_end[idx(mb, st)] = end;
+      if (st > 0) {
+        auto w = static_cast<std::size_t>(s.rank_of(mb, st - 1));
+        if (!queued[w]) { queued[w] = 1; work.push_back(static_cast<int>(w)); }
+      }
+    }
+  };
+
+  while (!work.empty()) {
+    const int rank = work.back();
+    work.pop_back();
+    const auto ur = static_cast<std::size_t>(rank);
+    queued[ur] = 0;
+    auto const& prog = s.programs[ur];
+    auto& times = out.times[ur];
+    while (pos[ur] < prog.size()) {
+      const action& a = prog[pos[ur]];
+      if (!is_compute(a.kind)) {
+        times[pos[ur]] = {free_at[ur], free_at[ur]};
+        ++pos[ur];
+        continue;
+      }
+      bool fb = a.kind == op::FB;
+      if (!in_range(a.mb, a.stage) || (fb && !in_range(a.bmb, a.bstage))) {
+        out.error = "rank " + detail::to_text(rank) + ", position " + detail::to_text(static_cast<long long>(pos[ur])) +
+                    ": action " + to_string(a) + " names a microbatch or stage out of range";
+        return out;
+      }
+      double t = fb ? ready(op::F, a.mb, a.stage, rank) : ready(a.kind, a.mb, a.stage, rank);
+      if (t < 0) break;
+      if (fb) {
+        double tb = ready(a.bkind, a.bmb, a.bstage, rank);
+        if (tb < 0) break;
+        t = tb > t ? tb : t;
+      }
+      double start = t > free_at[ur] ? t : free_at[ur];
+      double d = duration(a, k, q);
+      double end = start + d;
+      times[pos[ur]] = {start, end};
+      if (first[ur] < 0) first[ur] = start;
+      free_at[ur] = end;
+      out.busy[ur] += d;
+      // Memory in program order.
+      auto release = [&](op kind) { return kind == op::BW ? q : (kind == op::B ? (1 - r) * q : r * q); };
+      if (a.kind == op::F || fb) {
+        live[ur] += q;
+        if (live[ur] > out.peak_activation[ur]) out.peak_activation[ur] = live[ur];
+      }
+      if (fb) live[ur] -= release(a.bkind);
+      else if (a.kind != op::F) live[ur] -= release(a.kind);
+      if (fb) {
+        finish(op::F, a.mb, a.stage, end);
+        finish(a.bkind, a.bmb, a.bstage, end);
+      } else {
+        finish(a.kind, a.mb, a.stage, end);
+      }
+      ++pos[ur];
+    }
+  }
+
+  double g_start = -1, g_end = 0, max_span = 0, total = 0;
+  for (std::size_t i = 0; i < uP; ++i) {
+    if (pos[i] < s.programs[i].size()) {
+      if (out.error.empty()) {
+        out.error = "deadlock:";
+        out.stuck_rank = static_cast<int>(i);
+        out.stuck_pos = pos[i];
+      }
+      const action& a = s.programs[i][pos[i]];
+      bool fb = a.kind == op::FB;
+      bool second = fb && ready(op::F, a.mb, a.stage, static_cast<int>(i)) >= 0;
+      out.error += " rank " + detail::to_text(static_cast<long long>(i)) + " is stuck at position " +
+                   detail::to_text(static_cast<long long>(pos[i])) + " on " + to_string(a) + ", waiting for " +
+                   detail::waited_for(s, a, second) + ";";
+    }
+    double last = s.programs[i].empty() ? 0.0 : free_at[i];
+    double f0 = first[i] < 0 ? last : first[i];
+    out.span[i] = last - f0;
+    if (first[i] >= 0 && (g_start < 0 || f0 < g_start)) g_start = f0;
+    if (last > g_end) g_end = last;
+    if (out.span[i] > max_span) max_span = out.span[i];
+    total += out.busy[i];
+  }
+  if (!out.error.empty()) {
+    out.error.pop_back();
+    return out;
+  }
+  if (g_start < 0) g_start = 0;
+  out.makespan = g_end - g_start;
+  out.bubble_ratio = out.makespan > 0 ? 1 - total / (P * out.makespan) : 0;
+  out.bubble_rate = max_span > 0 ? 1 - total / (P * max_span) : 0;
+  out.ok = true;
+  return out;
+}
+
+}  // namespace loom
