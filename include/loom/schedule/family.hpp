@@ -16,10 +16,20 @@
 
 namespace loom {
 
+//! What a cost- or memory-aware family (an auto-scheduler) may use when generating: the cost
+//! model, a per-rank activation-memory limit in the units of ARCHITECTURE.md (`mem_limit <= 0`:
+//! none) and a placement request. Families that ignore costs never see it.
+struct generate_options {
+  costs cost{};
+  double mem_limit = 0;
+  placement_kind placement = placement_kind::loop;
+};
+
 //! A schedule family: a default-constructible type with a `name`, a constexpr `check(shape)`
 //! returning the violated rule as a sentence (empty when the shape can run), and a constexpr
 //! `generate(shape)` returning the schedule. It may declare `static constexpr int
-//! default_chunks` (else 1) and `static constexpr std::string_view summary`.
+//! default_chunks` (else 1), `static constexpr std::string_view summary`, and a cost-aware
+//! `generate(shape, const generate_options&)` (see `cost_aware_family`).
 //! User families model it exactly like the built-in ones and plug into validate, lower,
 //! simulate, render and the registry.
 template <class F>
@@ -27,6 +37,12 @@ concept schedule_family = std::semiregular<F> && requires(const F& f, const shap
   { F::name } -> std::convertible_to<std::string_view>;
   { f.check(s) } -> std::convertible_to<std::string>;
   { f.generate(s) } -> std::same_as<schedule>;
+};
+
+//! A family whose schedule depends on costs and memory limits (an auto-scheduler).
+template <class F>
+concept cost_aware_family = schedule_family<F> && requires(const F& f, const shape& s, const generate_options& o) {
+  { f.generate(s, o) } -> std::same_as<schedule>;
 };
 
 //! The family's natural chunk count (its `default_chunks`, or 1).
@@ -72,6 +88,15 @@ constexpr schedule generate(const F& f, shape s) {
   s = resolve<F>(s);
   if (std::string rule = f.check(s); !rule.empty()) throw schedule_error(rule);
   return f.generate(s);
+}
+
+//! As `generate(f, s)`, passing `o` to a cost-aware family (others ignore it).
+template <schedule_family F>
+constexpr schedule generate(const F& f, shape s, const generate_options& o) {
+  s = resolve<F>(s);
+  if (std::string rule = f.check(s); !rule.empty()) throw schedule_error(rule);
+  if constexpr (cost_aware_family<F>) return f.generate(s, o);
+  else return f.generate(s);
 }
 
 }  // namespace loom

@@ -35,7 +35,8 @@ struct family_entry {
   std::string summary;                             //!< one line: what it is, paper
   int default_chunks = 1;                          //!< natural chunks per rank
   std::function<std::string(shape)> check;         //!< rule broken by a resolved shape, or ""
-  std::function<schedule(shape)> generate;         //!< schedule for a resolved shape
+  bool cost_aware = false;                         //!< uses `generate_options` (auto-schedulers)
+  std::function<schedule(shape, const generate_options&)> generate;  //!< schedule for a resolved shape
 
   //! `s` with chunks defaulted.
   shape resolve(shape s) const {
@@ -43,10 +44,10 @@ struct family_entry {
     return s;
   }
   //! Checks then generates; throws `schedule_error` naming the rule.
-  schedule make(shape s) const {
+  schedule make(shape s, const generate_options& o = {}) const {
     s = resolve(s);
     if (std::string rule = check(s); !rule.empty()) throw schedule_error(rule);
-    return generate(s);
+    return generate(s, o);
   }
 };
 
@@ -58,7 +59,8 @@ family_entry make_entry() {
   if constexpr (requires { F::summary; }) e.summary = std::string(F::summary);
   e.default_chunks = default_chunks_v<F>;
   e.check = [](shape s) { return F{}.check(s); };
-  e.generate = [](shape s) { return F{}.generate(s); };
+  e.cost_aware = cost_aware_family<F>;
+  e.generate = [](shape s, const generate_options& o) { return loom::generate(F{}, s, o); };
   return e;
 }
 
