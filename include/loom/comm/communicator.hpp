@@ -1,0 +1,167 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The `loom::communicator` concept that every backend (threads, MPI, CUDA-local, NCCL) models,
+//! the error it raises, the reduction operators, and small helpers written once over the concept.
+//!
+//! Semantics shared by every backend:
+//! - Point-to-point messages are tagless and matched per peer in FIFO order, as NCCL matches
+//!   them: the k-th `isend(to = q)` posted by rank p pairs with the k-th `irecv(from = p)` posted
+//!   by rank q. The two sizes must be equal; a mismatch fails both requests with a `comm_error`.
+//! - `isend`/`irecv` return at once. The buffer must stay valid (and a send buffer unchanged)
+//!   until `wait` returned or `test` returned true for its request.
+//! - Every blocking call (`wait`, the collectives, `barrier`, `split`) is bounded: it throws
+//!   `comm_error` when the communicator's timeout passes (and then aborts the communicator, so
+//!   the other ranks stop too) or when any rank aborted the communicator.
+//! - `abort(reason)` makes every pending and future call on every rank of the communicator (and
+//!   of every communicator split from the same world) throw a `comm_error` naming the rank that
+//!   aborted and the reason, within a bounded time.
+//! - Collectives are called by every rank of the group in the same order, with the same element
+//!   type and consistent sizes; a detected mismatch throws `comm_error` on the ranks that see it.
+//!   Reductions combine the ranks' contributions in rank order (0, 1, ..., n-1), so every rank
+//!   receives bitwise-identical results.
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace loom {
+
+//! A communication failure: a timeout, an abort (by this rank or another), a dead peer, or
+//! mismatched arguments. `rank()` is the (world) rank whose failure it is: the rank that aborted,
+//! the rank that timed out, or the rank that exited; -1 when unknown. `cause()` is the sentence
+//! without the rank prefix; `what()` is "rank R: cause".
+class comm_error : public std::runtime_error {
+ public:
+  //! An error attributed to `rank` (-1: unknown) with the sentence `cause`.
+  comm_error(int rank, std::string cause)
+      : std::runtime_error(compose(rank, cause)), rank_(rank), cause_(std::move(cause)) {}
+
+  //! The world rank that failed (aborted, timed out, exited), or -1 when unknown.
+  int rank() const noexcept { return rank_; }
+  //! The cause, without the "rank R: " prefix.
+  const std::string& cause() const noexcept { return cause_; }
+
+ private:
+  static std::string compose(int rank, const std::string& cause) {
+    if (rank < 0) return "loom comm: " + cause;
+    return "loom comm: rank " + std::to_string(rank) + ": " + cause;
+  }
+  int rank_;
+  std::string cause_;
+};
+
+//! The reduction applied by `all_reduce` and `reduce_scatter`, element-wise, in rank order.
+enum class reduce_op { sum, max, min };
+
+//! Name of a reduction ("sum", "max", "min").
+constexpr std::string_view to_string(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::max: return "max";
+    case reduce_op::min: return "min";
+  }
+  return "?";
+}
+
+//! Element types the typed collectives accept: arithmetic types other than `bool`.
+template <class T>
+concept comm_element = std::is_arithmetic_v<T> && !std::same_as<std::remove_cv_t<T>, bool>;
+
+//! The timeout a communicator starts with; `set_timeout` changes it per communicator.
+inline constexpr std::chrono::milliseconds default_comm_timeout{60'000};
+
+namespace detail {
+
+//! `op` applied to `a` and `b` (a is the accumulated value of the lower ranks).
+template <comm_element T>
+constexpr T reduce_apply(reduce_op op, T a, T b) noexcept {
+  switch (op) {
+    case reduce_op::sum: return static_cast<T>(a + b);
+    case reduce_op::max: return a < b ? b : a;
+    case reduce_op::min: return b < a ? b : a;
+  }
+  return a;
+}
+
+//! Requirements of the typed collectives for one element type `T`.
+template <class C, class T>
+concept communicator_collectives_for =
+    requires(C& c, std::span<T> out, std::span<const T> in, reduce_op op) {
+      c.all_reduce(out, op);
+      c.all_gather(in, out);
+      c.reduce_scatter(in, out, op);
+      c.all_to_all(in, out);
+    };
+
+}  // namespace detail
+
+//! A group of `size()` ranks that exchange bytes point-to-point and typed data collectively.
+//! See the file comment for the semantics (per-peer FIFO matching, asynchronous sends, bounded
+//! waits, abort). `split(color, key)` is collective and returns the sub-group of the ranks that
+//! passed the same `color`, ordered by `key` then by rank.
+template <class C>
+concept communicator =
+    std::movable<C> && std::copyable<typename C::request> &&
+    requires(C& c, const C& cc, int peer, std::span<const std::byte> sbuf, std::span<std::byte> rbuf,
+             typename C::request& req, std::string reason, std::chrono::milliseconds ms) {
+      { cc.rank() } -> std::same_as<int>;
+      { cc.size() } -> std::same_as<int>;
+      { c.isend(peer, sbuf) } -> std::same_as<typename C::request>;
+      { c.irecv(peer, rbuf) } -> std::same_as<typename C::request>;
+      c.wait(req);
+      { c.test(req) } -> std::same_as<bool>;
+      c.barrier();
+      { c.split(0, 0) } -> std::same_as<C>;
+      c.abort(reason);
+      c.set_timeout(ms);
+    } &&
+    detail::communicator_collectives_for<C, float> && detail::communicator_collectives_for<C, double> &&
+    detail::communicator_collectives_for<C, std::int32_t> &&
+    detail::communicator_collectives_for<C, std::int64_t>;
+
+//! Waits for every request of `reqs` in order (each wait is bounded by the communicator's
+//! timeout; the first failure is thrown and the remaining requests are left pending).
+template <communicator C>
+void wait_all(C& c, std::span<typename C::request> reqs) {
+  for (auto& r : reqs) c.wait(r);
+}
+
+//! Sends the bytes of `data` to `peer` and waits for completion.
+template <communicator C>
+void send(C& c, int peer, std::span<const std::byte> data) {
+  auto r = c.isend(peer, data);
+  c.wait(r);
+}
+
+//! Receives exactly `data.size()` bytes from `peer` and waits for completion.
+template <communicator C>
+void recv(C& c, int peer, std::span<std::byte> data) {
+  auto r = c.irecv(peer, data);
+  c.wait(r);
+}
+
+//! Posts a send of the elements of `data` (any trivially copyable `T`) to `peer`.
+template <communicator C, class T>
+  requires std::is_trivially_copyable_v<T>
+typename C::request isend_values(C& c, int peer, std::span<const T> data) {
+  return c.isend(peer, std::as_bytes(data));
+}
+
+//! Posts a receive of `data.size()` elements (any trivially copyable `T`) from `peer`.
+template <communicator C, class T>
+  requires std::is_trivially_copyable_v<T>
+typename C::request irecv_values(C& c, int peer, std::span<T> data) {
+  return c.irecv(peer, std::as_writable_bytes(data));
+}
+
+}  // namespace loom

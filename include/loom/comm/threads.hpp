@@ -1,0 +1,626 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! `loom::threads`: a communicator whose ranks are threads of one process.
+//!
+//! Transport. Every ordered pair of ranks (p, q) has a channel holding the sends p posted to q
+//! that q has not received yet and the receives q posted from p that no send matched yet. The
+//! call that finds its partner at the head of the other queue pairs the two (under the channel's
+//! lock, so pairing follows posting order: per-peer FIFO as in NCCL) and then copies the bytes
+//! once, straight from the sender's buffer into the receiver's buffer, outside the lock: no
+//! intermediate copy and no allocation beyond the request's small control block. The waiting
+//! rank is woken through its doorbell (a mutex and condition variable per rank).
+//!
+//! Collectives are zero-copy too: the ranks publish their buffer addresses, meet, read each
+//! other's buffers directly, and meet again before anyone returns, so no buffer is released
+//! while another rank reads it. `all_reduce` is parallel: rank r reduces the r-th slice of the
+//! vector over all ranks in rank order into a private scratch area, and after a second meeting
+//! writes it into every rank's buffer; every rank therefore gets bitwise-identical sums.
+//!
+//! Failures. An abort (explicit, or by a timeout, or by `run_threads` after an exception) is
+//! shared by the world and every communicator split from it: it wakes every waiting rank, which
+//! throws a `comm_error` naming the rank that aborted and why. Waits are bounded by the
+//! communicator's timeout.
+//!
+//! Threading. One communicator object is driven by one thread at a time (its owner rank);
+//! `abort` may be called from any thread.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+
+namespace loom {
+namespace detail::thr {
+
+struct group;
+
+//! What every communicator of one world shares: the abort state and the groups to wake.
+struct world_state {
+  std::atomic<bool> aborted{false};
+  std::mutex m;
+  int abort_rank = -1;
+  std::string abort_cause;
+  std::vector<std::weak_ptr<group>> groups;
+
+  //! Records the first abort (later ones are ignored) and wakes every waiting rank.
+  inline void abort(int rank, std::string cause);
+
+  comm_error error() {
+    std::lock_guard lk(m);
+    return comm_error(abort_rank, abort_cause);
+  }
+};
+
+//! A mutex and condition variable a rank sleeps on while it waits for a request.
+struct doorbell {
+  std::mutex m;
+  std::condition_variable cv;
+
+  void ring() {
+    { std::lock_guard lk(m); }
+    cv.notify_all();
+  }
+};
+
+//! One posted send or receive. `state`: 0 pending, 1 done, 2 failed (see `error`).
+struct p2p_op {
+  std::atomic<int> state{0};
+  const std::byte* sdata = nullptr;
+  std::byte* rdata = nullptr;
+  std::size_t size = 0;
+  doorbell* owner = nullptr;
+  int peer = -1;  // world rank of the partner, for messages
+  bool is_send = false;
+  std::string error;
+};
+
+//! Posted, not yet matched sends from p to q and receives at q from p.
+struct channel {
+  std::mutex m;
+  std::deque<std::shared_ptr<p2p_op>> sends;
+  std::deque<std::shared_ptr<p2p_op>> recvs;
+};
+
+//! Everything a rank publishes for one collective call.
+struct coll_slot {
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::size_t in_count = 0;
+  std::size_t out_count = 0;
+  int type_tag = 0;
+  int op = 0;
+  int kind = 0;
+  int color = 0;
+  int key = 0;
+  std::shared_ptr<group> made;  // split: the new group, published by its leader
+};
+
+//! The state of one group of ranks (a world or a split sub-group).
+struct group {
+  std::shared_ptr<world_state> world;
+  int n = 0;
+  std::vector<int> world_ranks;
+  std::unique_ptr<channel[]> channels;  // [from * n + to]
+  std::unique_ptr<doorbell[]> bells;    // [rank]
+  std::unique_ptr<coll_slot[]> slots;   // [rank]
+  std::mutex cm;
+  std::condition_variable ccv;
+  std::uint64_t generation = 0;
+  int arrived = 0;
+
+  group(std::shared_ptr<world_state> w, std::vector<int> wr)
+      : world(std::move(w)),
+        n(static_cast<int>(wr.size())),
+        world_ranks(std::move(wr)),
+        channels(new channel[static_cast<std::size_t>(n) * static_cast<std::size_t>(n)]),
+        bells(new doorbell[static_cast<std::size_t>(n)]),
+        slots(new coll_slot[static_cast<std::size_t>(n)]) {}
+
+  channel& chan(int from, int to) { return channels[static_cast<std::size_t>(from) * static_cast<std::size_t>(n) + static_cast<std::size_t>(to)]; }
+
+  static std::shared_ptr<group> make(std::shared_ptr<world_state> w, std::vector<int> world_ranks) {
+    auto g = std::make_shared<group>(w, std::move(world_ranks));
+    std::lock_guard lk(w->m);
+    std::erase_if(w->groups, [](const std::weak_ptr<group>& p) { return p.expired(); });
+    w->groups.push_back(g);
+    return g;
+  }
+
+  void wake_all() {
+    for (int r = 0; r < n; ++r) bells[static_cast<std::size_t>(r)].ring();
+    { std::lock_guard lk(cm); }
+    ccv.notify_all();
+  }
+};
+
+inline void world_state::abort(int rank, std::string cause) {
+  std::vector<std::shared_ptr<group>> live;
+  {
+    std::lock_guard lk(m);
+    if (aborted.load(std::memory_order_relaxed)) return;
+    abort_rank = rank;
+    abort_cause = std::move(cause);
+    aborted.store(true, std::memory_order_release);
+    for (auto& w : groups)
+      if (auto g = w.lock()) live.push_back(std::move(g));
+  }
+  for (auto& g : live) g->wake_all();
+}
+
+//! Completes a matched pair: one copy from the sender's buffer into the receiver's.
+inline void complete_pair(p2p_op& s, p2p_op& r, int sender_world, int receiver_world) {
+  if (s.size != r.size) {
+    std::string msg = "rank " + std::to_string(sender_world) + " sent " + std::to_string(s.size) +
+                      " bytes to rank " + std::to_string(receiver_world) +
+                      ", whose matching receive expects " + std::to_string(r.size) +
+                      " bytes (sends and receives are matched per peer in FIFO order and must have equal sizes)";
+    s.error = msg;
+    r.error = std::move(msg);
+    s.state.store(2, std::memory_order_release);
+    r.state.store(2, std::memory_order_release);
+  } else {
+    if (s.size != 0) std::memcpy(r.rdata, s.sdata, s.size);
+    s.state.store(1, std::memory_order_release);
+    r.state.store(1, std::memory_order_release);
+  }
+  s.owner->ring();
+  if (r.owner != s.owner) r.owner->ring();
+}
+
+//! A small integer identifying an arithmetic type's representation, so that ranks calling a
+//! collective with different element types are detected.
+template <class T>
+constexpr int type_tag() {
+  return static_cast<int>(sizeof(T)) * 4 + (std::is_floating_point_v<T> ? 2 : 0) + (std::is_signed_v<T> ? 1 : 0);
+}
+
+//! Yields before sleeping: a short spin keeps the latency of a hand-off low when a core is free.
+inline constexpr int spin_iterations = 64;
+
+}  // namespace detail::thr
+
+namespace threads {
+
+//! A rank's handle on a group of threads (see the file comment). Created by `world(n)` or
+//! `split`; movable, not copyable; one thread drives it at a time.
+class comm {
+ public:
+  //! Handle on one posted send or receive; copies refer to the same operation.
+  using request = std::shared_ptr<detail::thr::p2p_op>;
+
+  comm(comm&&) noexcept = default;
+  comm& operator=(comm&&) noexcept = default;
+  comm(const comm&) = delete;
+  comm& operator=(const comm&) = delete;
+
+  //! This rank's index in the group, 0..size()-1.
+  int rank() const { return rank_; }
+  //! The number of ranks in the group.
+  int size() const { return g_->n; }
+  //! This rank's index in the world the group was split from (the rank named in errors).
+  int world_rank() const { return g_->world_ranks[static_cast<std::size_t>(rank_)]; }
+
+  //! Bounds every later blocking call of this communicator; must be positive.
+  void set_timeout(std::chrono::milliseconds t) {
+    if (t.count() <= 0)
+      throw comm_error(world_rank(), "timeout " + std::to_string(t.count()) + " ms is not positive");
+    timeout_ = t;
+  }
+  //! The current timeout.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  //! Posts a send of `data` to `peer` (asynchronous: `data` must stay valid and unchanged
+  //! until the request completes). Matched with `peer`'s receives from this rank in FIFO order.
+  request isend(int peer, std::span<const std::byte> data) {
+    check_live();
+    check_peer(peer, "send to");
+    auto op = std::make_shared<detail::thr::p2p_op>();
+    op->sdata = data.data();
+    op->size = data.size();
+    op->owner = &g_->bells[static_cast<std::size_t>(rank_)];
+    op->peer = g_->world_ranks[static_cast<std::size_t>(peer)];
+    op->is_send = true;
+    auto& ch = g_->chan(rank_, peer);
+    std::shared_ptr<detail::thr::p2p_op> match;
+    {
+      std::lock_guard lk(ch.m);
+      if (!ch.recvs.empty()) {
+        match = std::move(ch.recvs.front());
+        ch.recvs.pop_front();
+      } else {
+        ch.sends.push_back(op);
+      }
+    }
+    if (match) detail::thr::complete_pair(*op, *match, world_rank(), op->peer);
+    return op;
+  }
+
+  //! Posts a receive of exactly `data.size()` bytes from `peer` into `data` (valid until the
+  //! request completes). Matched with `peer`'s sends to this rank in FIFO order.
+  request irecv(int peer, std::span<std::byte> data) {
+    check_live();
+    check_peer(peer, "receive from");
+    auto op = std::make_shared<detail::thr::p2p_op>();
+    op->rdata = data.data();
+    op->size = data.size();
+    op->owner = &g_->bells[static_cast<std::size_t>(rank_)];
+    op->peer = g_->world_ranks[static_cast<std::size_t>(peer)];
+    auto& ch = g_->chan(peer, rank_);
+    std::shared_ptr<detail::thr::p2p_op> match;
+    {
+      std::lock_guard lk(ch.m);
+      if (!ch.sends.empty()) {
+        match = std::move(ch.sends.front());
+        ch.sends.pop_front();
+      } else {
+        ch.recvs.push_back(op);
+      }
+    }
+    if (match) detail::thr::complete_pair(*match, *op, op->peer, world_rank());
+    return op;
+  }
+
+  //! Whether `req` completed (throws if it failed or the communicator was aborted).
+  bool test(request& req) {
+    check_live();
+    int st = req->state.load(std::memory_order_acquire);
+    if (st == 2) throw comm_error(-1, req->error);
+    return st == 1;
+  }
+
+  //! Waits until `req` completes; throws `comm_error` when it failed, when the communicator is
+  //! aborted, or after the timeout (which then aborts the communicator on every rank).
+  void wait(request& req) {
+    check_live();
+    auto& op = *req;
+    for (int i = 0; i < detail::thr::spin_iterations && op.state.load(std::memory_order_acquire) == 0; ++i)
+      std::this_thread::yield();
+    if (op.state.load(std::memory_order_acquire) == 0) {
+      auto deadline = std::chrono::steady_clock::now() + timeout_;
+      std::unique_lock lk(op.owner->m);
+      bool ok = op.owner->cv.wait_until(lk, deadline, [&] {
+        return op.state.load(std::memory_order_acquire) != 0 || g_->world->aborted.load(std::memory_order_acquire);
+      });
+      lk.unlock();
+      if (!ok)
+        fail_timeout(std::string("waiting for a ") + (op.is_send ? "send of " : "receive of ") +
+                     std::to_string(op.size) + " bytes " + (op.is_send ? "to" : "from") + " rank " +
+                     std::to_string(op.peer));
+    }
+    int st = op.state.load(std::memory_order_acquire);
+    if (st == 2) throw comm_error(-1, op.error);
+    check_live();
+  }
+
+  //! Element-wise reduction of `data` over all ranks (rank order), result in `data` on every rank.
+  template <comm_element T>
+  void all_reduce(std::span<T> data, reduce_op op) {
+    check_live();
+    if (size() == 1) return;
+    publish(data.data(), data.data(), data.size(), data.size(), detail::thr::type_tag<T>(), op, 1);
+    meet("all_reduce");
+    check_same("all_reduce", true);
+    auto [lo, hi] = slice(data.size(), rank_);
+    auto tmp = scratch<T>(hi - lo);
+    for (std::size_t i = lo; i < hi; ++i) {
+      T acc = in_of<T>(0)[i];
+      for (int j = 1; j < size(); ++j) acc = detail::reduce_apply(op, acc, in_of<T>(j)[i]);
+      tmp[i - lo] = acc;
+    }
+    meet("all_reduce");
+    if (hi > lo)
+      for (int j = 0; j < size(); ++j) std::memcpy(out_of<T>(j) + lo, tmp.data(), (hi - lo) * sizeof(T));
+    meet("all_reduce");
+  }
+
+  //! Concatenates every rank's `in` (equal sizes) into `out` (size() * in.size() elements) in
+  //! rank order. `in` may be the rank's own segment of `out`.
+  template <comm_element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    check_live();
+    publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), reduce_op::sum, 2);
+    if (out.size() != in.size() * static_cast<std::size_t>(size()))
+      throw comm_error(world_rank(), "all_gather: output has " + std::to_string(out.size()) +
+                                         " elements, expected " + std::to_string(size()) + " x " +
+                                         std::to_string(in.size()));
+    meet("all_gather");
+    check_same("all_gather", false);
+    for (int j = 0; j < size(); ++j) {
+      const T* src = in_of<T>(j);
+      T* dst = out.data() + static_cast<std::size_t>(j) * in.size();
+      if (src != dst && !in.empty()) std::memcpy(dst, src, in.size() * sizeof(T));
+    }
+    meet("all_gather");
+  }
+
+  //! Rank r receives in `out` the reduction over all ranks (rank order) of the r-th segment of
+  //! their `in` (size() * out.size() elements). `out` may be the rank's own segment of `in`.
+  template <comm_element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    check_live();
+    publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), op, 3);
+    if (in.size() != out.size() * static_cast<std::size_t>(size()))
+      throw comm_error(world_rank(), "reduce_scatter: input has " + std::to_string(in.size()) +
+                                         " elements, expected " + std::to_string(size()) + " x " +
+                                         std::to_string(out.size()));
+    meet("reduce_scatter");
+    check_same("reduce_scatter", true);
+    const std::size_t k = out.size(), base = static_cast<std::size_t>(rank_) * k;
+    for (std::size_t i = 0; i < k; ++i) {
+      T acc = in_of<T>(0)[base + i];
+      for (int j = 1; j < size(); ++j) acc = detail::reduce_apply(op, acc, in_of<T>(j)[base + i]);
+      out[i] = acc;
+    }
+    meet("reduce_scatter");
+  }
+
+  //! Rank r's `out` segment j receives rank j's `in` segment r (segments of in.size()/size()
+  //! elements). `in` and `out` must not overlap.
+  template <comm_element T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    check_live();
+    publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), reduce_op::sum, 4);
+    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
+      throw comm_error(world_rank(), "all_to_all: input has " + std::to_string(in.size()) +
+                                         " and output " + std::to_string(out.size()) +
+                                         " elements; both must be the same multiple of the group size " +
+                                         std::to_string(size()));
+    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
+      throw comm_error(world_rank(), "all_to_all: input and output buffers overlap");
+    meet("all_to_all");
+    check_same("all_to_all", false);
+    const std::size_t k = in.size() / static_cast<std::size_t>(size());
+    for (int j = 0; j < size(); ++j)
+      if (k != 0)
+        std::memcpy(out.data() + static_cast<std::size_t>(j) * k, in_of<T>(j) + static_cast<std::size_t>(rank_) * k,
+                    k * sizeof(T));
+    meet("all_to_all");
+  }
+
+  //! Returns when every rank of the group called `barrier`.
+  void barrier() {
+    check_live();
+    meet("barrier");
+  }
+
+  //! Collective: the ranks passing the same `color` (>= 0) form a new group, ordered by `key`
+  //! then by rank. The new communicator shares the world's abort state and this one's timeout.
+  comm split(int color, int key) {
+    check_live();
+    if (color < 0) throw comm_error(world_rank(), "split: color " + std::to_string(color) + " is negative");
+    auto& me = g_->slots[static_cast<std::size_t>(rank_)];
+    me.kind = 5;
+    me.color = color;
+    me.key = key;
+    me.made.reset();
+    meet("split");
+    std::vector<int> members;
+    for (int j = 0; j < size(); ++j)
+      if (g_->slots[static_cast<std::size_t>(j)].color == color) members.push_back(j);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+      return g_->slots[static_cast<std::size_t>(a)].key < g_->slots[static_cast<std::size_t>(b)].key;
+    });
+    int my_index = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    int leader = *std::min_element(members.begin(), members.end());
+    if (leader == rank_) {
+      std::vector<int> wr;
+      for (int j : members) wr.push_back(g_->world_ranks[static_cast<std::size_t>(j)]);
+      me.made = detail::thr::group::make(g_->world, std::move(wr));
+    }
+    meet("split");
+    auto made = g_->slots[static_cast<std::size_t>(leader)].made;
+    meet("split");
+    comm c(std::move(made), my_index);
+    c.timeout_ = timeout_;
+    return c;
+  }
+
+  //! Aborts the world: every pending and later call on every rank (of this communicator and of
+  //! every communicator split from the same world) throws a `comm_error` naming this rank and
+  //! `reason`. Thread-safe; the first abort wins.
+  void abort(std::string reason) { g_->world->abort(world_rank(), "aborted the communicator: " + reason); }
+
+  //! Whether the world was aborted.
+  bool aborted() const { return g_->world->aborted.load(std::memory_order_acquire); }
+
+  //! The world rank that aborted the world, or -1 while it is not aborted.
+  int abort_rank() const {
+    if (!aborted()) return -1;
+    std::lock_guard lk(g_->world->m);
+    return g_->world->abort_rank;
+  }
+
+  //! Aborts with a caller-chosen cause sentence (used by `run_threads` to report the original
+  //! failure, e.g. "threw: <what()>").
+  void abort_with_cause(std::string cause) { g_->world->abort(world_rank(), std::move(cause)); }
+
+  //! Creates the `n` communicators of a new world (rank i at index i).
+  static std::vector<comm> make_world(int n) {
+    if (n < 1) throw comm_error(-1, "a threads world needs at least 1 rank, got " + std::to_string(n));
+    auto w = std::make_shared<detail::thr::world_state>();
+    std::vector<int> ranks(static_cast<std::size_t>(n));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    auto g = detail::thr::group::make(w, std::move(ranks));
+    std::vector<comm> out;
+    out.reserve(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) out.push_back(comm(g, r));
+    return out;
+  }
+
+ private:
+  comm(std::shared_ptr<detail::thr::group> g, int r) : g_(std::move(g)), rank_(r) {}
+
+  void check_live() const {
+    if (g_->world->aborted.load(std::memory_order_acquire)) throw g_->world->error();
+  }
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size())
+      throw comm_error(world_rank(), std::string("cannot ") + what + " rank " + std::to_string(peer) +
+                                         ": the group has ranks 0.." + std::to_string(size() - 1));
+  }
+  [[noreturn]] void fail_timeout(const std::string& what) {
+    std::string cause = "timed out after " + std::to_string(timeout_.count()) + " ms " + what;
+    g_->world->abort(world_rank(), cause);
+    throw g_->world->error();
+  }
+
+  detail::thr::coll_slot& publish(const void* in, void* out, std::size_t in_count, std::size_t out_count, int tag,
+                                  reduce_op op, int kind) {
+    auto& s = g_->slots[static_cast<std::size_t>(rank_)];
+    s.in = in;
+    s.out = out;
+    s.in_count = in_count;
+    s.out_count = out_count;
+    s.type_tag = tag;
+    s.op = static_cast<int>(op);
+    s.kind = kind;
+    return s;
+  }
+
+  //! Every rank agrees on the call, the element type, the sizes and (for reductions) the op.
+  void check_same(const char* name, bool with_op) const {
+    const auto& a = g_->slots[0];
+    for (int j = 1; j < size(); ++j) {
+      const auto& b = g_->slots[static_cast<std::size_t>(j)];
+      if (a.kind != b.kind || a.type_tag != b.type_tag || a.in_count != b.in_count || a.out_count != b.out_count ||
+          (with_op && a.op != b.op))
+        throw comm_error(g_->world_ranks[static_cast<std::size_t>(j)],
+                         std::string(name) + ": rank " + std::to_string(j) +
+                             " called a different collective, element type, size or reduction than rank 0 (" +
+                             std::to_string(b.in_count) + " vs " + std::to_string(a.in_count) + " input elements)");
+    }
+  }
+
+  template <class T>
+  const T* in_of(int j) const {
+    return static_cast<const T*>(g_->slots[static_cast<std::size_t>(j)].in);
+  }
+  template <class T>
+  T* out_of(int j) const {
+    return static_cast<T*>(g_->slots[static_cast<std::size_t>(j)].out);
+  }
+
+  //! The half-open range of the r-th of size() near-equal slices of `count` elements.
+  std::pair<std::size_t, std::size_t> slice(std::size_t count, int r) const {
+    const std::size_t n = static_cast<std::size_t>(size()), q = count / n, rem = count % n, ur = static_cast<std::size_t>(r);
+    std::size_t lo = ur * q + std::min(ur, rem);
+    return {lo, lo + q + (ur < rem ? 1 : 0)};
+  }
+
+  template <class T>
+  std::span<T> scratch(std::size_t count) {
+    const std::size_t blocks = (count * sizeof(T) + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t);
+    if (scratch_.size() < blocks) scratch_.resize(blocks);
+    return {reinterpret_cast<T*>(scratch_.data()), count};
+  }
+
+  //! A rendezvous of all ranks of the group, bounded by the timeout and broken by an abort.
+  void meet(const char* what) {
+    auto& g = *g_;
+    std::unique_lock lk(g.cm);
+    if (g.world->aborted.load(std::memory_order_acquire)) {
+      lk.unlock();
+      throw g.world->error();
+    }
+    const auto gen = g.generation;
+    if (++g.arrived == g.n) {
+      g.arrived = 0;
+      ++g.generation;
+      lk.unlock();
+      g.ccv.notify_all();
+      return;
+    }
+    auto deadline = std::chrono::steady_clock::now() + timeout_;
+    bool ok = g.ccv.wait_until(lk, deadline, [&] {
+      return g.generation != gen || g.world->aborted.load(std::memory_order_acquire);
+    });
+    bool passed = g.generation != gen;
+    lk.unlock();
+    if (passed) return;
+    if (ok) throw g.world->error();
+    fail_timeout(std::string("in ") + what + " waiting for the other ranks of the group");
+  }
+
+  std::shared_ptr<detail::thr::group> g_;
+  int rank_ = 0;
+  std::chrono::milliseconds timeout_ = default_comm_timeout;
+  std::vector<std::max_align_t> scratch_;
+};
+
+static_assert(communicator<comm>);
+
+//! The `n` communicators of a new world of threads (rank i at index i).
+inline std::vector<comm> world(int n) { return comm::make_world(n); }
+
+}  // namespace threads
+
+//! Runs `f(comm&)` for every rank of a new `n`-rank threads world, each on its own thread.
+//! If any rank throws, the world is aborted with "threw: <what()>" (so no rank hangs: the
+//! others' pending and later calls throw `comm_error` naming it), every thread is joined, and
+//! the exception that started the failure is rethrown. `timeout` bounds every wait.
+template <class F>
+  requires std::invocable<F&, threads::comm&>
+void run_threads(int n, F f, std::chrono::milliseconds timeout = default_comm_timeout) {
+  auto comms = threads::world(n);
+  for (auto& c : comms) c.set_timeout(timeout);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::mutex order_m;
+  std::vector<int> order;  // ranks in the order their exceptions were caught
+  auto body = [&](int r) {
+    auto& c = comms[static_cast<std::size_t>(r)];
+    try {
+      f(c);
+    } catch (...) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      {
+        std::lock_guard lk(order_m);
+        order.push_back(r);
+      }
+      std::string cause = "threw an exception";
+      try {
+        throw;
+      } catch (const comm_error&) {
+        cause.clear();  // already a communicator failure: it aborted the world or reports one
+      } catch (const std::exception& e) {
+        cause = std::string("threw: ") + e.what();
+      } catch (...) {
+      }
+      if (!cause.empty())
+        c.abort_with_cause(cause);
+      else
+        c.abort_with_cause("failed with a communicator error");
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<std::size_t>(n > 0 ? n - 1 : 0));
+  for (int r = 1; r < n; ++r) pool.emplace_back(body, r);
+  body(0);
+  for (auto& t : pool) t.join();
+  if (order.empty()) return;
+  // The error that started it: the exception of the rank that aborted the world, else the first.
+  const int origin = comms[0].abort_rank();
+  for (int r = 0; r < n; ++r)
+    if (errors[static_cast<std::size_t>(r)] && comms[static_cast<std::size_t>(r)].world_rank() == origin)
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+  std::rethrow_exception(errors[static_cast<std::size_t>(order.front())]);
+}
+
+}  // namespace loom
