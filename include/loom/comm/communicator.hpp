@@ -20,8 +20,10 @@
 //!   aborted and the reason, within a bounded time.
 //! - Collectives are called by every rank of the group in the same order, with the same element
 //!   type and consistent sizes; a detected mismatch throws `comm_error` on the ranks that see it.
-//!   Reductions combine the ranks' contributions in rank order (0, 1, ..., n-1), so every rank
-//!   receives bitwise-identical results.
+//!   Each backend documents the order in which reductions combine the ranks' contributions; the
+//!   threads backend combines them in rank order (0, 1, ..., n-1), so every rank receives
+//!   bitwise-identical results. Results that are exact in the element type (integers, or
+//!   floating-point values whose sums are representable) are identical on every backend.
 
 #include <chrono>
 #include <concepts>
