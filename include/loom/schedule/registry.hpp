@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/schedule/dualpipe.hpp"
+#include "loom/schedule/dualpipe_v.hpp"
 #include "loom/schedule/error.hpp"
 #include "loom/schedule/family.hpp"
 #include "loom/schedule/gpipe.hpp"
@@ -27,7 +29,7 @@
 namespace loom {
 
 //! The built-in schedule families, in the order `loom list` prints them.
-using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2>;
+using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v>;
 
 //! A type-erased family: what the registry stores.
 struct family_entry {
