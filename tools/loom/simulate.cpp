@@ -1,0 +1,137 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// `loom simulate`: validates and simulates a schedule under the normative cost and memory model
+// (ARCHITECTURE.md) and prints a summary, or with --json one JSON object (the CLI contract of
+// issue 2, with issue 3's FB actions and param_copies).
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+json action_json(const loom::action& a, const loom::action_time& t) {
+  json j;
+  j["op"] = std::string(loom::to_string(a.kind));
+  j["mb"] = a.mb;
+  j["stage"] = a.stage;
+  if (a.kind == loom::op::FB) {
+    j["bop"] = std::string(loom::to_string(a.bkind));
+    j["bmb"] = a.bmb;
+    j["bstage"] = a.bstage;
+  }
+  j["start"] = t.start;
+  j["end"] = t.end;
+  return j;
+}
+
+json to_json(const loom::cli::evaluated& e, const loom::costs& k) {
+  auto const& s = e.sched;
+  auto const& sim = e.sim;
+  json j;
+  j["schedule"] = s.name;
+  j["ranks"] = s.ranks;
+  j["microbatches"] = s.microbatches;
+  j["chunks"] = s.chunks;
+  j["stages"] = s.stages;
+  j["directions"] = s.directions;
+  j["placement"] = std::string(loom::to_string(s.placement));
+  j["costs"] = {{"f", k.f}, {"b", k.b}, {"w", k.w}, {"c", k.c}, {"mem_w_ratio", k.mem_w_ratio}};
+  j["costs"]["fb"] = k.fb >= 0 ? json(k.fb) : json(nullptr);
+  j["valid"] = e.valid.ok && sim.ok;
+  if (!e.valid.ok) j["error"] = loom::cli::one_line(e.valid.message);
+  else if (!sim.ok) j["error"] = loom::cli::one_line(sim.error);
+  j["makespan"] = sim.makespan;
+  j["bubble_ratio"] = sim.bubble_ratio;
+  j["bubble_rate"] = sim.bubble_rate;
+  j["peak_activation"] = sim.peak_activation;
+  json str = json::array();
+  for (int d = 0; d < s.directions; ++d) {
+    json row = json::array();
+    for (int st = 0; st < s.stages; ++st) {
+      auto i = static_cast<std::size_t>(d * s.stages + st);
+      row.push_back(i < s.stage_to_rank.size() ? s.stage_to_rank[i] : -1);
+    }
+    str.push_back(row);
+  }
+  j["stage_to_rank"] = str;
+  json dirs = json::array();
+  for (int mb = 0; mb < s.microbatches; ++mb) dirs.push_back(s.direction_of(mb));
+  j["mb_direction"] = dirs;
+  j["param_copies"] = s.param_copies;
+  json actions = json::array();
+  for (std::size_t r = 0; r < s.programs.size(); ++r) {
+    json row = json::array();
+    for (std::size_t i = 0; i < s.programs[r].size(); ++i) {
+      auto const& a = s.programs[r][i];
+      if (!loom::is_compute(a.kind)) continue;
+      loom::action_time t{};
+      if (r < sim.times.size() && i < sim.times[r].size()) t = sim.times[r][i];
+      row.push_back(action_json(a, t));
+    }
+    actions.push_back(row);
+  }
+  j["actions"] = actions;
+  return j;
+}
+
+std::string list(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v) {
+    if (!out.empty()) out += ' ';
+    out += fmt::format("{:g}", x);
+  }
+  return out;
+}
+
+void print_summary(const loom::cli::evaluated& e, const loom::costs& k) {
+  auto const& s = e.sched;
+  auto const& sim = e.sim;
+  bool ok = e.valid.ok && sim.ok;
+  fmt::print("schedule         {}\n", s.name);
+  fmt::print("shape            {} ranks x {} microbatches, {} chunk{} per rank, {} stages per path, {} placement{}\n",
+             s.ranks, s.microbatches, s.chunks, s.chunks == 1 ? "" : "s", s.stages, loom::to_string(s.placement),
+             s.directions == 2 ? ", 2 directions" : "");
+  fmt::print("costs            f={:g} b={:g} w={:g} c={:g}{} mem_w_ratio={:g}\n", k.f, k.b, k.w, k.c,
+             k.fb >= 0 ? fmt::format(" fb={:g}", k.fb) : std::string(), k.mem_w_ratio);
+  fmt::print("valid            {}\n", ok ? "yes (dependencies, and lowered send/recv FIFO replay)"
+                                         : "NO: " + loom::cli::one_line(e.valid.ok ? sim.error : e.valid.message));
+  if (!sim.ok) return;
+  fmt::print("makespan         {:g}\n", sim.makespan);
+  std::vector<double> bubble(static_cast<std::size_t>(s.ranks)), span_bubble(bubble.size());
+  for (int r = 0; r < s.ranks; ++r) {
+    bubble[static_cast<std::size_t>(r)] = sim.bubble_time(r);
+    span_bubble[static_cast<std::size_t>(r)] = sim.span_bubble(r);
+  }
+  fmt::print("bubble ratio     {:.4f}   (1 - busy / (P * makespan))\n", sim.bubble_ratio);
+  fmt::print("bubble rate      {:.4f}   (1 - busy / (P * max span), Zero Bubble paper)\n", sim.bubble_rate);
+  fmt::print("bubble time      {}   (per rank: makespan - busy)\n", list(bubble));
+  fmt::print("span bubble      {}   (per rank: span - busy)\n", list(span_bubble));
+  fmt::print("peak activation  {}   (per rank; max {:g})\n", list(sim.peak_activation), sim.max_peak_activation());
+  fmt::print("param copies     {}\n", s.param_copies);
+  fmt::print("actions          {}\n", s.size());
+}
+
+loom::cli::register_command simulate_command{{.name = "simulate", .order = 20, .install = [](CLI::App& app) {
+  auto* sub = app.add_subcommand("simulate", "validate and simulate a schedule; print a summary or --json");
+  auto req = loom::cli::add_request_options(*sub);
+  auto as_json = std::make_shared<bool>(false);
+  sub->add_flag("--json", *as_json, "print one JSON object (the CLI contract) instead of the summary");
+  sub->callback([req, as_json] {
+    loom::cli::request r = loom::cli::parse_request(*req);
+    auto e = loom::cli::evaluate(loom::cli::make_schedule(r), r.cost);
+    if (*as_json)
+      fmt::print("{}\n", to_json(e, r.cost).dump());
+    else
+      print_summary(e, r.cost);
+    if (!e.valid.ok || !e.sim.ok)
+      throw loom::cli::run_failure("schedule '" + e.sched.name + "' is not valid: " +
+                                   (e.valid.ok ? e.sim.error : e.valid.message));
+  });
+}}};
+
+}  // namespace
