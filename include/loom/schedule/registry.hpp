@@ -16,6 +16,12 @@
 #include <utility>
 #include <vector>
 
+#include "loom/schedule/bitpipe.hpp"
+#include "loom/schedule/chimera.hpp"
+#include "loom/schedule/gpipe_2bp.hpp"
+#include "loom/schedule/hanayo.hpp"
+#include "loom/schedule/looped_bfs.hpp"
+#include "loom/schedule/one_f_one_b_2bp.hpp"
 #include "loom/schedule/dualpipe.hpp"
 #include "loom/schedule/dualpipe_v.hpp"
 #include "loom/schedule/error.hpp"
@@ -29,7 +35,7 @@
 namespace loom {
 
 //! The built-in schedule families, in the order `loom list` prints them.
-using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v>;
+using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v, chimera, bitpipe, hanayo, looped_bfs, gpipe_2bp, one_f_one_b_2bp>;
 
 //! A type-erased family: what the registry stores.
 struct family_entry {
@@ -81,21 +87,25 @@ class registry {
   registry& add() {
     return add(make_entry<F>());
   }
-  //! The entry called `name`, or nullptr.
-  const family_entry* find(std::string_view name) const {
+  //! The entry called `name`, or nullptr. Not on a temporary registry (it would dangle).
+  const family_entry* find(std::string_view name) const& {
     for (auto const& e : entries_)
       if (e.name == name) return &e;
     return nullptr;
   }
   //! The entry called `name`; throws `schedule_error` listing the known names otherwise.
-  const family_entry& at(std::string_view name) const {
+  const family_entry& at(std::string_view name) const& {
     if (auto const* e = find(name)) return *e;
     std::string known;
     for (auto const& e : entries_) known += (known.empty() ? "" : ", ") + e.name;
     throw schedule_error("unknown schedule '" + std::string(name) + "' (known: " + known + ")");
   }
   //! All entries in insertion order.
-  const std::vector<family_entry>& entries() const { return entries_; }
+  const std::vector<family_entry>& entries() const& { return entries_; }
+  //! All entries, moved out of a temporary registry (safe in range-for over a temporary).
+  std::vector<family_entry> entries() && { return std::move(entries_); }
+  const family_entry* find(std::string_view) && = delete;
+  const family_entry& at(std::string_view) && = delete;
 
  private:
   std::vector<family_entry> entries_;

@@ -1,0 +1,63 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Chimera (Li & Hoefler, "Chimera: Efficiently Training Large-Scale Neural Networks with
+//! Bidirectional Pipelines", SC 2021, §3.1 and §3.5).
+//!
+//! Two model replicas run as two pipelines in opposite directions over the same D = P ranks:
+//! the *down* pipeline puts stage s on rank s, the *up* pipeline stage s on rank P-1-s
+//! (placement `bidirectional`, directions = 2, S = P stages per path, q = 1, param_copies = 2).
+//! A basic unit holds D microbatches, D/2 per direction (the first ceil(D/2) of the unit go
+//! down, the rest up); more microbatches concatenate units directly (§3.5, "direct
+//! concatenation"), a new unit entering when the previous unit's first microbatch has finished.
+//! The order is the authors' step construction (see `wavefront.hpp`): each microbatch advances
+//! one stage per step, a new one enters every second step; for even D no rank is ever given two
+//! things in one step. Any P >= 1 and m >= 1 run (odd P or a partial last unit just leave more
+//! idle steps); one stage per rank per direction, so chunks must be 1.
+//!
+//! Closed forms (N = m = the microbatches every rank runs per iteration, §3: "N micro-batches
+//! executed by each worker"; D = P even; N a multiple of D; c = 0; a forward as long as a full
+//! backward, i.e. loom costs f = b + w, the step model of the authors' generator):
+//! bubble ratio (D-2)/(2N+D-2), i.e. D-2 idle steps per rank against 2(D-1) for 1F1B.
+//! Peak activation: D/2+1 on the end ranks up to D in the middle (the paper's
+//! [(D/2+1)M_a, D M_a]), counting both replicas' activations. With the paper's other setting,
+//! backward = 2 x forward, this order leaves more idle time than the formula (see
+//! docs/schedules-more.md).
+//!
+//! D = 4, N = 4, f = 2, b = w = 1, one character per step of 2 time units (mbs 0,1 down, 2,3 up;
+//! 4 idle steps of 20 per rank, ratio 2/10):
+//! (digit j: F of microbatch j; letter a+j: its fused backward BW; capital A+j: its W; `.` idle)
+//! ```
+//! r0 01.2c3da.b
+//! r1 .0213cadb.
+//! r2 .2031acbd.
+//! r3 23.0a1bc.d
+//! ```
+
+#include <string>
+#include <vector>
+
+#include "loom/schedule/family.hpp"
+#include "loom/schedule/schedule.hpp"
+#include "loom/schedule/wavefront.hpp"
+
+namespace loom {
+
+//! The Chimera schedule family (`chimera`): two replicas, bidirectional pipelines.
+struct chimera {
+  static constexpr std::string_view name = "chimera";
+  static constexpr std::string_view summary =
+      "Chimera: two model replicas as down and up pipelines over the same ranks (Li & Hoefler 2021)";
+  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr schedule generate(shape s) const {
+    const int p = s.ranks;
+    return detail::wavefront_schedule(name, s, p, 1, 2, 2, placement_kind::bidirectional,
+                                      std::vector<int>{(p + 1) / 2, p / 2}, 2L * p,
+                                      [p](int d, int st) { return d == 0 ? st : p - 1 - st; });
+  }
+};
+static_assert(schedule_family<chimera>);
+
+}  // namespace loom
