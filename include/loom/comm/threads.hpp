@@ -597,16 +597,13 @@ void run_threads(int n, F f, std::chrono::milliseconds timeout = default_comm_ti
       std::string cause = "threw an exception";
       try {
         throw;
-      } catch (const comm_error&) {
-        cause.clear();  // already a communicator failure: it aborted the world or reports one
+      } catch (const comm_error& e) {
+        cause = std::string("failed: ") + e.what();  // no-op when this error is the world's abort
       } catch (const std::exception& e) {
         cause = std::string("threw: ") + e.what();
       } catch (...) {
       }
-      if (!cause.empty())
-        c.abort_with_cause(cause);
-      else
-        c.abort_with_cause("failed with a communicator error");
+      c.abort_with_cause(cause);
     }
   };
   std::vector<std::thread> pool;

@@ -1,0 +1,65 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// The communicator test bodies (tests/comm/comm_suite.hpp) on the MPI backend. Every process
+// runs this program under mpiexec; each test case runs the body collectively on a new world.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+
+#include "../comm/comm_suite.hpp"
+#include "loom/comm/mpi.hpp"
+
+namespace {
+
+template <class Body>
+void run_suite(Body body) {
+  try {
+    loom::run_mpi(body, std::chrono::seconds(30));
+  } catch (const std::exception& e) {
+    FAIL(std::string(e.what()));
+  }
+}
+
+}  // namespace
+
+static_assert(loom::communicator<loom::mpi::comm>);
+
+TEST_CASE("mpi: sends and receives are matched per peer in FIFO order whatever the posting order") {
+  run_suite([](auto& c) { comm_suite::fifo_per_peer(c); });
+}
+
+TEST_CASE("mpi: test() polls a receive to completion") {
+  run_suite([](auto& c) { comm_suite::test_polls_to_completion(c); });
+}
+
+TEST_CASE("mpi: a receive whose size differs from the matching send fails naming the sizes") {
+  run_suite([](auto& c) { comm_suite::size_mismatch_fails_the_receive(c); });
+}
+
+TEST_CASE("mpi: every collective is exact for every reduction, size and element type") {
+  run_suite([](auto& c) { comm_suite::collectives_exact(c); });
+}
+
+TEST_CASE("mpi: split forms sub-groups ordered by key that work beside their parent") {
+  run_suite([](auto& c) { comm_suite::split_forms_subgroups(c); });
+}
+
+// The failure cases leave a dead world behind; ctest runs each in its own mpiexec.
+TEST_CASE("mpi fault: an abort ends every rank's pending call with an error naming the aborting rank") {
+  run_suite([](auto& c) { comm_suite::abort_reaches_every_rank(c, c.size() - 1); });
+}
+
+TEST_CASE("mpi fault: a timeout ends the waiting rank and, through the abort it raises, every other rank") {
+  run_suite([](auto& c) { comm_suite::timeout_ends_every_rank(c, 0); });
+}
+
+int main(int argc, char** argv) {
+  loom::mpi::environment env(argc, argv);
+  doctest::Context ctx(argc, argv);
+  int rc = ctx.run();
+  if (ctx.shouldExit()) return rc;
+  return rc;
+}
