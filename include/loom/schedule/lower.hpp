@@ -29,7 +29,7 @@ constexpr schedule lower(const schedule& s) {
   const int P = s.ranks, S = s.stages;
   const auto uP = static_cast<std::size_t>(P);
   const auto cells = static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(S);
-  auto idx = [S](int mb, int st) { return static_cast<std::size_t>(mb) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st); };
+  auto idx = [M = s.microbatches](int mb, int st) { return detail::cell(mb, st, M); };
 
   schedule out;
   out.name = s.name;
@@ -44,56 +44,56 @@ constexpr schedule lower(const schedule& s) {
   out.mb_direction = s.mb_direction;
   out.programs.resize(uP);
 
-  // Pass 1: the send order on every channel, and each item's index in its channel.
-  std::vector<std::vector<action>> chan(uP * uP);
+  // Pass 1: the send order on every channel (items as codes cell * 2 + payload), each item's
+  // index in its channel, and how many transfers each rank takes part in.
+  std::vector<std::vector<std::size_t>> chan(uP * uP);
   std::vector<int> act_index(cells, -1), grad_index(cells, -1);
-  auto emit_sends = [&](int rank, op kind, int mb, int st, std::vector<action>* prog) {
+  std::vector<std::size_t> transfers(uP, 0);
+  // The transfers action half (kind, mb, st) on `rank` causes: calls f(to, payload) for each.
+  auto sends_of = [&](int rank, op kind, int mb, int st, auto&& f) {
     if (kind == op::F && st + 1 < S) {
       int to = s.rank_of(mb, st + 1);
-      if (to != rank) {
-        auto& c = chan[static_cast<std::size_t>(rank) * uP + static_cast<std::size_t>(to)];
-        if (!prog) {
-          act_index[idx(mb, st)] = static_cast<int>(c.size());
-          c.push_back(send_to(to, payload::activation, mb, st));
-        } else {
-          prog->push_back(send_to(to, payload::activation, mb, st));
-        }
-      }
+      if (to != rank) f(to, payload::activation);
     }
     if (is_input_backward(kind) && st > 0) {
       int to = s.rank_of(mb, st - 1);
-      if (to != rank) {
-        auto& c = chan[static_cast<std::size_t>(rank) * uP + static_cast<std::size_t>(to)];
-        if (!prog) {
-          grad_index[idx(mb, st)] = static_cast<int>(c.size());
-          c.push_back(send_to(to, payload::gradient, mb, st));
-        } else {
-          prog->push_back(send_to(to, payload::gradient, mb, st));
-        }
-      }
+      if (to != rank) f(to, payload::gradient);
     }
   };
   for (int r = 0; r < P; ++r)
     for (const action& a : s.programs[static_cast<std::size_t>(r)]) {
       if (!is_compute(a.kind)) continue;
-      emit_sends(r, a.kind, a.mb, a.stage, nullptr);
-      if (a.kind == op::FB) emit_sends(r, a.bkind, a.bmb, a.bstage, nullptr);
+      auto note = [&](int mb, int st) {
+        return [&, mb, st](int to, payload w) {
+          auto& c = chan[static_cast<std::size_t>(r) * uP + static_cast<std::size_t>(to)];
+          (w == payload::activation ? act_index : grad_index)[idx(mb, st)] = static_cast<int>(c.size());
+          c.push_back(idx(mb, st) * 2 + (w == payload::gradient ? 1 : 0));
+          ++transfers[static_cast<std::size_t>(r)];
+          ++transfers[static_cast<std::size_t>(to)];
+        };
+      };
+      sends_of(r, a.kind == op::FB ? op::F : a.kind, a.mb, a.stage, note(a.mb, a.stage));
+      if (a.kind == op::FB) sends_of(r, a.bkind, a.bmb, a.bstage, note(a.bmb, a.bstage));
     }
 
   // Pass 2: per rank, receives (in channel order, hoisted as needed) before consumers and
   // sends after producers.
+  const auto M = static_cast<std::size_t>(s.microbatches);
   std::vector<std::size_t> next(uP * uP, 0);  // next unreceived index per channel
   for (int r = 0; r < P; ++r) {
+    auto const& in = s.programs[static_cast<std::size_t>(r)];
     auto& prog = out.programs[static_cast<std::size_t>(r)];
-    prog.reserve(s.programs[static_cast<std::size_t>(r)].size() * 2);
+    prog.reserve(in.size() + transfers[static_cast<std::size_t>(r)]);
     auto receive_through = [&](int from, int index) {
       auto c = static_cast<std::size_t>(from) * uP + static_cast<std::size_t>(r);
       while (static_cast<int>(next[c]) <= index) {
-        const action& item = chan[c][next[c]++];
-        prog.push_back(recv_from(from, item.what, item.mb, item.stage));
+        std::size_t code = chan[c][next[c]++];
+        std::size_t cl = code / 2;
+        prog.push_back(recv_from(from, code % 2 ? payload::gradient : payload::activation, static_cast<int>(cl % M),
+                                 static_cast<int>(cl / M)));
       }
     };
-    auto emit_recvs = [&](op kind, int mb, int st) {
+    auto recvs_for = [&](op kind, int mb, int st) {
       if (kind == op::F && st > 0) {
         int from = s.rank_of(mb, st - 1);
         if (from != r) receive_through(from, act_index[idx(mb, st - 1)]);
@@ -103,13 +103,17 @@ constexpr schedule lower(const schedule& s) {
         if (from != r) receive_through(from, grad_index[idx(mb, st + 1)]);
       }
     };
-    for (const action& a : s.programs[static_cast<std::size_t>(r)]) {
+    auto send = [&](int mb, int st) {
+      return [&, mb, st](int to, payload w) { prog.push_back(send_to(to, w, mb, st)); };
+    };
+    for (const action& a : in) {
       if (!is_compute(a.kind)) continue;
-      emit_recvs(a.kind, a.mb, a.stage);
-      if (a.kind == op::FB) emit_recvs(a.bkind, a.bmb, a.bstage);
+      const op first = a.kind == op::FB ? op::F : a.kind;
+      recvs_for(first, a.mb, a.stage);
+      if (a.kind == op::FB) recvs_for(a.bkind, a.bmb, a.bstage);
       prog.push_back(a);
-      emit_sends(r, a.kind, a.mb, a.stage, &prog);
-      if (a.kind == op::FB) emit_sends(r, a.bkind, a.bmb, a.bstage, &prog);
+      sends_of(r, first, a.mb, a.stage, send(a.mb, a.stage));
+      if (a.kind == op::FB) sends_of(r, a.bkind, a.bmb, a.bstage, send(a.bmb, a.bstage));
     }
   }
   return out;

@@ -71,6 +71,14 @@ struct schedule {
   }
 };
 
+namespace detail {
+//! Index of (microbatch `mb`, stage `st`) in per-cell tables of `m` microbatches. Stage-major:
+//! consecutive actions of a rank touch neighbouring cells.
+constexpr std::size_t cell(int mb, int st, int m) {
+  return static_cast<std::size_t>(st) * static_cast<std::size_t>(m) + static_cast<std::size_t>(mb);
+}
+}  // namespace detail
+
 //! An empty schedule of `s.ranks` programs over `stages` stages placed by `kind` (loop or v).
 //! Generators start from this.
 constexpr schedule make_schedule(std::string_view name, shape s, int stages, placement_kind kind) {

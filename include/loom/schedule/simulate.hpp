@@ -112,11 +112,18 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
   }
   const double q = s.stage_fraction();
   const double r = k.mem_w_ratio;
+  const double c = k.c;
   const auto cells = static_cast<std::size_t>(M) * static_cast<std::size_t>(S);
-  // End times per (mb, stage); -1 = not yet done.
-  std::vector<double> f_end(cells, -1.0), bwd_end(cells, -1.0), b_end(cells, -1.0);
-  auto idx = [S](int mb, int st) { return static_cast<std::size_t>(mb) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st); };
+  // End times per (mb, stage): forward, input-gradient backward (B or BW), split B; -1 = pending.
+  struct cell_state {
+    double f = -1, bwd = -1, b = -1;
+  };
+  std::vector<cell_state> done(cells);
+  auto idx = [M](int mb, int st) { return detail::cell(mb, st, M); };
   auto in_range = [&](int mb, int st) { return mb >= 0 && mb < M && st >= 0 && st < S; };
+  const int* s2r = s.stage_to_rank.data();
+  const int* dir = s.mb_direction.empty() ? nullptr : s.mb_direction.data();
+  auto rank_of = [&](int mb, int st) { return s2r[(dir ? dir[mb] * S : 0) + st]; };
 
   std::vector<std::size_t> pos(uP, 0);
   std::vector<double> free_at(uP, 0.0), first(uP, -1.0), live(uP, 0.0);
@@ -127,42 +134,40 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
     work.push_back(rr);
     out.times[static_cast<std::size_t>(rr)].resize(s.programs[static_cast<std::size_t>(rr)].size());
   }
-
-  // Earliest start of one half (kind, mb, st) on rank `rank`, or -1 if a dependency is pending.
-  auto ready = [&](op kind, int mb, int st, int rank) -> double {
-    auto dep = [&](double end, int mbd, int std_) -> double {
-      if (end < 0) return -1.0;
-      return s.rank_of(mbd, std_) != rank ? end + k.c : end;
-    };
-    double t = 0;
-    if (kind == op::F) {
-      if (st > 0) t = dep(f_end[idx(mb, st - 1)], mb, st - 1);
-    } else if (kind == op::W) {
-      t = dep(b_end[idx(mb, st)], mb, st);
-    } else {
-      double own = dep(f_end[idx(mb, st)], mb, st);
-      if (own < 0) return -1.0;
-      t = st == S - 1 ? own : dep(bwd_end[idx(mb, st + 1)], mb, st + 1);
-      if (t >= 0 && own > t) t = own;
+  auto wake = [&](int w) {
+    if (!queued[static_cast<std::size_t>(w)]) {
+      queued[static_cast<std::size_t>(w)] = 1;
+      work.push_back(w);
     }
-    return t;
+  };
+  // Earliest start of one half (kind, mb, st) on `rank`, or -1 if a dependency is pending.
+  auto ready = [&](op kind, int mb, int st, int rank) -> double {
+    const cell_state& here = done[idx(mb, st)];
+    if (kind == op::F) {
+      if (st == 0) return 0;
+      const double e = done[idx(mb, st - 1)].f;
+      return e < 0 ? -1.0 : (rank_of(mb, st - 1) != rank ? e + c : e);
+    }
+    if (kind == op::W) return here.b;  // B ran on this rank (same stage)
+    if (here.f < 0) return -1.0;       // own forward first
+    if (st == S - 1) return here.f;
+    const double e = done[idx(mb, st + 1)].bwd;
+    if (e < 0) return -1.0;
+    const double t = rank_of(mb, st + 1) != rank ? e + c : e;
+    return t > here.f ? t : here.f;
   };
   auto finish = [&](op kind, int mb, int st, double end) {
+    cell_state& here = done[idx(mb, st)];
     if (kind == op::F) {
-      f_end[idx(mb, st)] = end;
-      if (st + 1 < S) {
-        auto w = static_cast<std::size_t>(s.rank_of(mb, st + 1));
-        if (!queued[w]) { queued[w] = 1; work.push_back(static_cast<int>(w)); }
-      }
+      here.f = end;
+      if (st + 1 < S) wake(rank_of(mb, st + 1));
     } else if (kind == op::B || kind == op::BW) {
-      bwd_end[idx(mb, st)] = end;
-      if (kind == op::B) b_end[idx(mb, st)] = end;
-      if (st > 0) {
-        auto w = static_cast<std::size_t>(s.rank_of(mb, st - 1));
-        if (!queued[w]) { queued[w] = 1; work.push_back(static_cast<int>(w)); }
-      }
+      here.bwd = end;
+      if (kind == op::B) here.b = end;
+      if (st > 0) wake(rank_of(mb, st - 1));
     }
   };
+  auto release = [&](op kind) { return kind == op::BW ? q : (kind == op::B ? (1 - r) * q : r * q); };
 
   while (!work.empty()) {
     const int rank = work.back();
@@ -170,50 +175,54 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
     const auto ur = static_cast<std::size_t>(rank);
     queued[ur] = 0;
     auto const& prog = s.programs[ur];
-    auto& times = out.times[ur];
-    while (pos[ur] < prog.size()) {
-      const action& a = prog[pos[ur]];
+    action_time* times = out.times[ur].data();
+    std::size_t i = pos[ur];
+    double t_free = free_at[ur];
+    while (i < prog.size()) {
+      const action& a = prog[i];
       if (!is_compute(a.kind)) {
-        times[pos[ur]] = {free_at[ur], free_at[ur]};
-        ++pos[ur];
+        times[i] = {t_free, t_free};
+        ++i;
         continue;
       }
-      bool fb = a.kind == op::FB;
+      const bool fb = a.kind == op::FB;
       if (!in_range(a.mb, a.stage) || (fb && !in_range(a.bmb, a.bstage))) {
-        out.error = "rank " + detail::to_text(rank) + ", position " + detail::to_text(static_cast<long long>(pos[ur])) +
+        out.error = "rank " + detail::to_text(rank) + ", position " + detail::to_text(static_cast<long long>(i)) +
                     ": action " + to_string(a) + " names a microbatch or stage out of range";
         return out;
       }
-      double t = fb ? ready(op::F, a.mb, a.stage, rank) : ready(a.kind, a.mb, a.stage, rank);
+      double t = ready(fb ? op::F : a.kind, a.mb, a.stage, rank);
       if (t < 0) break;
       if (fb) {
-        double tb = ready(a.bkind, a.bmb, a.bstage, rank);
+        const double tb = ready(a.bkind, a.bmb, a.bstage, rank);
         if (tb < 0) break;
         t = tb > t ? tb : t;
       }
-      double start = t > free_at[ur] ? t : free_at[ur];
-      double d = duration(a, k, q);
-      double end = start + d;
-      times[pos[ur]] = {start, end};
+      const double start = t > t_free ? t : t_free;
+      const double d = duration(a, k, q);
+      const double end = start + d;
+      times[i] = {start, end};
       if (first[ur] < 0) first[ur] = start;
-      free_at[ur] = end;
+      t_free = end;
       out.busy[ur] += d;
       // Memory in program order.
-      auto release = [&](op kind) { return kind == op::BW ? q : (kind == op::B ? (1 - r) * q : r * q); };
       if (a.kind == op::F || fb) {
         live[ur] += q;
         if (live[ur] > out.peak_activation[ur]) out.peak_activation[ur] = live[ur];
+        if (fb) live[ur] -= release(a.bkind);
+      } else {
+        live[ur] -= release(a.kind);
       }
-      if (fb) live[ur] -= release(a.bkind);
-      else if (a.kind != op::F) live[ur] -= release(a.kind);
       if (fb) {
         finish(op::F, a.mb, a.stage, end);
         finish(a.bkind, a.bmb, a.bstage, end);
       } else {
         finish(a.kind, a.mb, a.stage, end);
       }
-      ++pos[ur];
+      ++i;
     }
+    pos[ur] = i;
+    free_at[ur] = t_free;
   }
 
   double g_start = -1, g_end = 0, max_span = 0, total = 0;

@@ -8,12 +8,14 @@
 //!     (stage -> rank is a function);
 //!  2. every (microbatch, stage) has exactly one `F` and exactly one backward: `B` + `W`, or
 //!     `BW` (an `FB` counts as its two halves);
-//!  3. every dependency is respected: replaying the programs in order with blocking waits on
-//!     dependencies finishes (no deadlock);
-//!  4. if the programs are lowered (contain send/recv): replaying them with asynchronous sends,
-//!     blocking receives and tagless per-peer FIFO matching finishes, every receive gets the
-//!     item it names, every remote input is received before it is consumed, every item is
-//!     sent after it is produced, and nothing is left in flight.
+//!  3. every dependency is respected: replaying the compute programs in order, with blocking
+//!     waits on dependencies, finishes (no deadlock);
+//!  4. if the programs are lowered (contain send/recv): replaying them as they would run —
+//!     asynchronous sends, blocking receives, tagless per-peer FIFO matching — finishes; every
+//!     receive gets the item it names; every input is produced (locally) or received (remotely)
+//!     before it is consumed; every item is sent after it is produced and received exactly once.
+//!     Rule 4 implies rule 3, so a lowered schedule is checked by the lowered replay alone (the
+//!     dependency replay runs only to explain a failure).
 //! Errors name the rank, the position and the action, and render the offending grid.
 
 #include <cstddef>
@@ -45,75 +47,129 @@ constexpr validation fail_at(const schedule& s, int rank, std::size_t pos, std::
   return {false, m};
 }
 
-//! Rule 4: FIFO replay of lowered programs.
-constexpr validation check_fifo(const schedule& s) {
-  const int P = s.ranks, S = s.stages;
+//! Rule 4: replays lowered programs with asynchronous sends and blocking FIFO receives.
+constexpr validation replay_lowered(const schedule& s) {
+  const int P = s.ranks, S = s.stages, M = s.microbatches;
   const auto uP = static_cast<std::size_t>(P);
-  const auto cells = static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(S);
-  auto idx = [S](int mb, int st) { return static_cast<std::size_t>(mb) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st); };
-  // Per rank: which items it holds (produced locally or received).
-  std::vector<char> have_act(cells * uP, 0), have_grad(cells * uP, 0);
-  auto holds = [&](int rank, payload w, int mb, int st) -> char& {
-    auto i = static_cast<std::size_t>(rank) * cells + idx(mb, st);
-    return w == payload::activation ? have_act[i] : have_grad[i];
+  const auto cells = static_cast<std::size_t>(M) * static_cast<std::size_t>(S);
+  auto idx = [M](int mb, int st) { return cell(mb, st, M); };
+  // Who produced / received each item (-1: nobody yet). Items have one producer and one consumer.
+  std::vector<int> act_made(cells, -1), grad_made(cells, -1), act_got(cells, -1), grad_got(cells, -1);
+  auto held = [&](int rank, payload w, std::size_t i) {
+    return w == payload::activation ? (act_made[i] == rank || act_got[i] == rank) : (grad_made[i] == rank || grad_got[i] == rank);
   };
-  std::vector<std::vector<action>> chan(uP * uP);
+  // Channel src -> dst holds item codes (cell * 2 + payload) in send order.
+  std::vector<std::vector<std::size_t>> chan(uP * uP);
   std::vector<std::size_t> head(uP * uP, 0), pos(uP, 0);
-  auto needs = [&](int rank, int mb, int st, op kind, std::size_t at) -> validation {
-    // Remote inputs of a compute half must already be held.
-    if (kind == op::F && st > 0 && s.rank_of(mb, st - 1) != rank && !holds(rank, payload::activation, mb, st - 1))
-      return fail_at(s, rank, at, "consumes the activation of mb " + to_text(mb) + " stage " + to_text(st - 1) + " from rank " + to_text(s.rank_of(mb, st - 1)) + " before receiving it");
-    if (is_input_backward(kind) && st + 1 < S && s.rank_of(mb, st + 1) != rank && !holds(rank, payload::gradient, mb, st + 1))
-      return fail_at(s, rank, at, "consumes the gradient of mb " + to_text(mb) + " stage " + to_text(st + 1) + " from rank " + to_text(s.rank_of(mb, st + 1)) + " before receiving it");
+  std::vector<int> waiter(uP * uP, -1);
+  std::vector<char> queued(uP, 1);
+  std::vector<int> work;
+  for (int r = P - 1; r >= 0; --r) work.push_back(r);
+
+  auto missing = [&](int rank, std::size_t at, payload w, int mb, int st, int from) -> validation {
+    std::string item = std::string(w == payload::activation ? "the activation" : "the gradient") + " of mb " +
+                       to_text(mb) + " stage " + to_text(st);
+    if (from == rank) return fail_at(s, rank, at, "needs " + item + " before this rank has produced it");
+    return fail_at(s, rank, at, "needs " + item + " from rank " + to_text(from) + " before receiving it");
+  };
+  // Checks that the inputs of one compute half are held, then records what it produces.
+  auto run_half = [&](int rank, std::size_t at, op kind, int mb, int st) -> validation {
+    if (kind == op::F) {
+      if (st > 0 && !held(rank, payload::activation, idx(mb, st - 1)))
+        return missing(rank, at, payload::activation, mb, st - 1, s.rank_of(mb, st - 1));
+      act_made[idx(mb, st)] = rank;
+    } else if (kind == op::W) {
+      if (grad_made[idx(mb, st)] != rank) return fail_at(s, rank, at, "runs before the B of the same microbatch and stage");
+    } else {
+      if (act_made[idx(mb, st)] != rank) return fail_at(s, rank, at, "runs before the F of the same microbatch and stage");
+      if (st + 1 < S && !held(rank, payload::gradient, idx(mb, st + 1)))
+        return missing(rank, at, payload::gradient, mb, st + 1, s.rank_of(mb, st + 1));
+      grad_made[idx(mb, st)] = rank;
+    }
     return {};
   };
-  auto produce = [&](int rank, int mb, int st, op kind) {
-    if (kind == op::F) holds(rank, payload::activation, mb, st) = 1;
-    if (is_input_backward(kind)) holds(rank, payload::gradient, mb, st) = 1;
-  };
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int rank = 0; rank < P; ++rank) {
-      auto ur = static_cast<std::size_t>(rank);
-      auto const& prog = s.programs[ur];
-      while (pos[ur] < prog.size()) {
-        const action& a = prog[pos[ur]];
-        if (a.kind == op::send || a.kind == op::recv) {
-          if (a.peer < 0 || a.peer >= P || a.peer == rank)
-            return fail_at(s, rank, pos[ur], "names peer " + to_text(a.peer) + ", which is not another rank");
-          if (a.mb < 0 || a.mb >= s.microbatches || a.stage < 0 || a.stage >= S)
-            return fail_at(s, rank, pos[ur], "names a microbatch or stage out of range");
-        }
+
+  while (!work.empty()) {
+    const int rank = work.back();
+    work.pop_back();
+    const auto ur = static_cast<std::size_t>(rank);
+    queued[ur] = 0;
+    auto const& prog = s.programs[ur];
+    while (pos[ur] < prog.size()) {
+      const std::size_t at = pos[ur];
+      const action& a = prog[at];
+      if (a.kind == op::send || a.kind == op::recv) {
+        if (a.peer < 0 || a.peer >= P || a.peer == rank)
+          return fail_at(s, rank, at, "names peer " + to_text(a.peer) + ", which is not another rank");
+        if (a.mb < 0 || a.mb >= M || a.stage < 0 || a.stage >= S)
+          return fail_at(s, rank, at, "names a microbatch or stage out of range");
+        const std::size_t code = idx(a.mb, a.stage) * 2 + (a.what == payload::gradient ? 1 : 0);
         if (a.kind == op::send) {
-          if (!holds(rank, a.what, a.mb, a.stage))
-            return fail_at(s, rank, pos[ur], "sends an item this rank has not produced");
-          chan[ur * uP + static_cast<std::size_t>(a.peer)].push_back(a);
-        } else if (a.kind == op::recv) {
-          auto c = static_cast<std::size_t>(a.peer) * uP + ur;
-          if (head[c] == chan[c].size()) break;  // blocks
-          const action& got = chan[c][head[c]++];
-          if (got.what != a.what || got.mb != a.mb || got.stage != a.stage)
-            return fail_at(s, rank, pos[ur], "the FIFO from rank " + to_text(a.peer) + " delivers " + to_string(got) + " here (tagless matching pairs them in order)");
-          holds(rank, a.what, a.mb, a.stage) = 1;
+          if ((a.what == payload::activation ? act_made : grad_made)[idx(a.mb, a.stage)] != rank)
+            return fail_at(s, rank, at, "sends an item before this rank has produced it");
+          const auto c = ur * uP + static_cast<std::size_t>(a.peer);
+          chan[c].push_back(code);
+          if (int w = waiter[c]; w >= 0 && !queued[static_cast<std::size_t>(w)]) {
+            queued[static_cast<std::size_t>(w)] = 1;
+            work.push_back(w);
+          }
         } else {
-          if (auto v = needs(rank, a.mb, a.stage, a.kind, pos[ur]); !v.ok) return v;
-          if (a.kind == op::FB)
-            if (auto v = needs(rank, a.bmb, a.bstage, a.bkind, pos[ur]); !v.ok) return v;
-          produce(rank, a.mb, a.stage, a.kind);
-          if (a.kind == op::FB) produce(rank, a.bmb, a.bstage, a.bkind);
+          const auto c = static_cast<std::size_t>(a.peer) * uP + ur;
+          if (head[c] == chan[c].size()) {
+            waiter[c] = rank;  // blocks until the peer sends on this channel
+            break;
+          }
+          waiter[c] = -1;
+          const std::size_t got = chan[c][head[c]++];
+          if (got != code) {
+            auto gcell = got / 2;
+            int gst = static_cast<int>(gcell / static_cast<std::size_t>(M)), gmb = static_cast<int>(gcell % static_cast<std::size_t>(M));
+            return fail_at(s, rank, at, "the FIFO from rank " + to_text(a.peer) + " delivers " + (got % 2 ? "the gradient" : "the activation") +
+                                            " of mb " + to_text(gmb) + " stage " + to_text(gst) + " here (tagless matching pairs them in order)");
+          }
+          auto& by = a.what == payload::activation ? act_got[idx(a.mb, a.stage)] : grad_got[idx(a.mb, a.stage)];
+          if (by >= 0) return fail_at(s, rank, at, "receives an item that rank " + to_text(by) + " already received");
+          by = rank;
         }
-        ++pos[ur];
-        progress = true;
+      } else {
+        if (auto v = run_half(rank, at, a.kind == op::FB ? op::F : a.kind, a.mb, a.stage); !v.ok) return v;
+        if (a.kind == op::FB)
+          if (auto v = run_half(rank, at, a.bkind, a.bmb, a.bstage); !v.ok) return v;
       }
+      ++pos[ur];
     }
   }
-  for (int rank = 0; rank < P; ++rank)
-    if (pos[static_cast<std::size_t>(rank)] < s.programs[static_cast<std::size_t>(rank)].size())
-      return fail_at(s, rank, pos[static_cast<std::size_t>(rank)], "deadlock: this receive never matches a send (blocking recv, tagless per-peer FIFO)");
+  for (std::size_t r = 0; r < uP; ++r)
+    if (pos[r] < s.programs[r].size())
+      return fail_at(s, static_cast<int>(r), pos[r], "deadlock: this receive never matches a send (asynchronous sends, blocking receives, tagless per-peer FIFO)");
   for (std::size_t c = 0; c < chan.size(); ++c)
-    if (head[c] != chan[c].size())
-      return fail_at(s, static_cast<int>(c / uP), 0, "rank " + to_text(static_cast<long long>(c / uP)) + " sends " + to_string(chan[c][head[c]]) + " that rank " + to_text(static_cast<long long>(c % uP)) + " never receives");
+    if (head[c] != chan[c].size()) {
+      std::size_t code = chan[c][head[c]];
+      auto gcell = code / 2;
+      return {false, "rank " + to_text(static_cast<long long>(c / uP)) + " sends " + (code % 2 ? "the gradient" : "the activation") +
+                         " of mb " + to_text(static_cast<long long>(gcell % static_cast<std::size_t>(M))) + " stage " +
+                         to_text(static_cast<long long>(gcell / static_cast<std::size_t>(M))) + " that rank " +
+                         to_text(static_cast<long long>(c % uP)) + " never receives\n" + format_programs(s)};
+    }
+  return {};
+}
+
+//! Where (mb, st)'s action of `kind` first appears (error path only).
+struct place {
+  int rank = -1;
+  std::size_t pos = 0;
+};
+constexpr place find_first(const schedule& s, op kind, int mb, int st) {
+  for (std::size_t r = 0; r < s.programs.size(); ++r) {
+    auto const& prog = s.programs[r];
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
+      bool fb = a.kind == op::FB;
+      if ((a.kind == kind && a.mb == mb && a.stage == st) || (fb && kind == op::F && a.mb == mb && a.stage == st) ||
+          (fb && a.bkind == kind && a.bmb == mb && a.bstage == st))
+        return {static_cast<int>(r), i};
+    }
+  }
   return {};
 }
 
@@ -141,26 +197,27 @@ constexpr validation validate(const schedule& s) {
         return {false, "microbatch " + to_text(static_cast<long long>(j)) + " has direction " + to_text(s.mb_direction[j]) + ", outside 0.." + to_text(D - 1)};
   }
 
-  // Rules 1 and 2: placement and counts, remembering where each action was first seen.
-  const auto cells = static_cast<std::size_t>(M) * static_cast<std::size_t>(S);
-  enum { kF, kB, kW, kBW, kinds };
-  std::vector<unsigned char> count(cells * kinds, 0);
-  std::vector<int> where_rank(cells * kinds, -1);
-  std::vector<std::size_t> where_pos(cells * kinds, 0);
+  // Rules 1 and 2: placement and counts (one bit per kind and cell).
+  enum : unsigned char { kF = 1, kB = 2, kW = 4, kBW = 8 };
+  std::vector<unsigned char> seen(static_cast<std::size_t>(M) * static_cast<std::size_t>(S), 0);
   bool lowered = false;
-  auto note = [&](int rank, std::size_t pos, op kind, int mb, int st) -> validation {
+  auto note = [&](int rank, std::size_t pos, op kind, int mb, int st) -> bool {
+    if (mb < 0 || mb >= M || st < 0 || st >= S || s.rank_of(mb, st) != rank) return false;
+    unsigned char bit = kind == op::F ? kF : kind == op::B ? kB : kind == op::W ? kW : kBW;
+    auto& cell = seen[detail::cell(mb, st, M)];
+    if (cell & bit) return false;
+    cell = static_cast<unsigned char>(cell | bit);
+    (void)pos;
+    return true;
+  };
+  // Explains why `note` refused (error path only).
+  auto refusal = [&](int rank, std::size_t pos, op kind, int mb, int st) -> validation {
     if (mb < 0 || mb >= M || st < 0 || st >= S)
       return fail_at(s, rank, pos, "microbatch " + to_text(mb) + " / stage " + to_text(st) + " is out of range (microbatches=" + to_text(M) + ", stages=" + to_text(S) + ")");
     if (s.rank_of(mb, st) != rank)
       return fail_at(s, rank, pos, "stage " + to_text(st) + " of microbatch " + to_text(mb) + " is placed on rank " + to_text(s.rank_of(mb, st)) + ", not here");
-    int k = kind == op::F ? kF : kind == op::B ? kB : kind == op::W ? kW : kBW;
-    auto i = (static_cast<std::size_t>(mb) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st)) * kinds + static_cast<std::size_t>(k);
-    if (count[i] == 1)
-      return fail_at(s, rank, pos, "duplicates " + std::string(to_string(kind)) + " of microbatch " + to_text(mb) + " stage " + to_text(st) + ", already at rank " + to_text(where_rank[i]) + " position " + to_text(static_cast<long long>(where_pos[i])));
-    count[i] = 1;
-    where_rank[i] = rank;
-    where_pos[i] = pos;
-    return {};
+    detail::place first = detail::find_first(s, kind, mb, st);
+    return fail_at(s, rank, pos, "duplicates " + std::string(to_string(kind)) + " of microbatch " + to_text(mb) + " stage " + to_text(st) + ", already at rank " + to_text(first.rank) + " position " + to_text(static_cast<long long>(first.pos)));
   };
   for (int r = 0; r < P; ++r) {
     auto const& prog = s.programs[static_cast<std::size_t>(r)];
@@ -168,35 +225,45 @@ constexpr validation validate(const schedule& s) {
       const action& a = prog[i];
       if (!is_compute(a.kind)) {
         lowered = true;
-        continue;
-      }
-      if (a.kind == op::FB) {
+      } else if (a.kind == op::FB) {
         if (!is_input_backward(a.bkind)) return fail_at(s, r, i, "the backward half of an FB must be B or BW");
-        if (auto v = note(r, i, op::F, a.mb, a.stage); !v.ok) return v;
-        if (auto v = note(r, i, a.bkind, a.bmb, a.bstage); !v.ok) return v;
-      } else if (auto v = note(r, i, a.kind, a.mb, a.stage); !v.ok) {
-        return v;
+        if (!note(r, i, op::F, a.mb, a.stage)) return refusal(r, i, op::F, a.mb, a.stage);
+        if (!note(r, i, a.bkind, a.bmb, a.bstage)) return refusal(r, i, a.bkind, a.bmb, a.bstage);
+      } else if (!note(r, i, a.kind, a.mb, a.stage)) {
+        return refusal(r, i, a.kind, a.mb, a.stage);
       }
     }
   }
-  for (int mb = 0; mb < M; ++mb)
-    for (int st = 0; st < S; ++st) {
-      auto base = (static_cast<std::size_t>(mb) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st)) * kinds;
+  for (int st = 0; st < S; ++st)
+    for (int mb = 0; mb < M; ++mb) {
+      const unsigned char c = seen[detail::cell(mb, st, M)];
+      if (c == (kF | kB | kW) || c == (kF | kBW)) continue;
       std::string what = "microbatch " + to_text(mb) + " stage " + to_text(st) + " (rank " + to_text(s.rank_of(mb, st)) + ")";
-      if (!count[base + kF]) return {false, what + " has no F\n" + format_programs(s)};
-      bool split = count[base + kB] || count[base + kW];
-      if (split && count[base + kBW])
-        return fail_at(s, where_rank[base + kBW], where_pos[base + kBW], what + " has both a fused BW and a split B/W backward");
-      if (!split && !count[base + kBW]) return {false, what + " has no backward (B+W or BW)\n" + format_programs(s)};
-      if (split && !count[base + kB]) return fail_at(s, where_rank[base + kW], where_pos[base + kW], what + " has a W but no B");
-      if (split && !count[base + kW]) return fail_at(s, where_rank[base + kB], where_pos[base + kB], what + " has a B but no W");
+      auto at = [&](op kind) { return detail::find_first(s, kind, mb, st); };
+      if (!(c & kF)) return {false, what + " has no F\n" + format_programs(s)};
+      if ((c & kBW) && (c & (kB | kW))) {
+        auto p = at(op::BW);
+        return fail_at(s, p.rank, p.pos, what + " has both a fused BW and a split B/W backward");
+      }
+      if (!(c & (kB | kW | kBW))) return {false, what + " has no backward (B+W or BW)\n" + format_programs(s)};
+      if (!(c & kB)) {
+        auto p = at(op::W);
+        return fail_at(s, p.rank, p.pos, what + " has a W but no B");
+      }
+      auto p = at(op::B);
+      return fail_at(s, p.rank, p.pos, what + " has a B but no W");
     }
 
-  // Rule 3: dependency replay.
-  simulation sim = simulate(s);
+  if (lowered) {
+    validation v = detail::replay_lowered(s);
+    if (v.ok) return v;
+    // Explain a failure by the compute schedule itself when it is the cause (rule 3).
+    simulation sim = simulate(s);
+    if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
+    return v;
+  }
+  simulation sim = simulate(s);  // rule 3
   if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
-  // Rule 4.
-  if (lowered) return detail::check_fifo(s);
   return {};
 }
 

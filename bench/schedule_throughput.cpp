@@ -1,0 +1,47 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// Throughput of the schedule engine: generate + validate + lower + validate(lowered) +
+// simulate, in compute actions per second, for every built-in family up to p = 128,
+// m = 1024, v = 4. Run: ./build/bench/schedule_throughput --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include <loom/schedule.hpp>
+
+namespace {
+
+// One full pass of the engine; returns the number of compute actions.
+std::size_t engine_pass(const loom::family_entry& fam, loom::shape s) {
+  loom::schedule sched = fam.make(s);
+  loom::require_valid(sched);
+  loom::schedule low = loom::lower(sched);
+  loom::require_valid(low);
+  loom::simulation sim = loom::simulate(sched, {.f = 1, .b = 2, .w = 1, .c = 0.1});
+  benchmark::DoNotOptimize(sim.makespan);
+  return sched.size();
+}
+
+void engine(benchmark::State& state, std::string name) {
+  static const loom::registry families = loom::builtin_registry();
+  auto const& fam = families.at(name);
+  loom::shape s{.ranks = static_cast<int>(state.range(0)), .microbatches = static_cast<int>(state.range(1)),
+                .chunks = static_cast<int>(state.range(2))};
+  std::size_t actions = 0;
+  for (auto _ : state) actions += engine_pass(fam, s);
+  state.counters["actions"] = static_cast<double>(actions) / static_cast<double>(state.iterations());
+  state.counters["actions_per_s"] = benchmark::Counter(static_cast<double>(actions), benchmark::Counter::kIsRate);
+}
+
+void shapes(benchmark::internal::Benchmark* b, int chunks) {
+  for (auto [p, m] : {std::pair{8, 64}, {32, 256}, {128, 1024}}) b->Args({p, m, chunks});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(engine, gpipe, std::string("gpipe"))->Apply([](auto* b) { shapes(b, 1); });
+BENCHMARK_CAPTURE(engine, 1f1b, std::string("1f1b"))->Apply([](auto* b) { shapes(b, 1); });
+BENCHMARK_CAPTURE(engine, interleaved_1f1b, std::string("interleaved-1f1b"))->Apply([](auto* b) { shapes(b, 4); });
+BENCHMARK_CAPTURE(engine, zb_h1, std::string("zb-h1"))->Apply([](auto* b) { shapes(b, 1); });
+BENCHMARK_CAPTURE(engine, zb_h2, std::string("zb-h2"))->Apply([](auto* b) { shapes(b, 1); });
+
+BENCHMARK_MAIN();
