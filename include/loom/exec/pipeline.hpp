@@ -1,0 +1,745 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! `loom::pipeline`: binds a schedule, the user's stages and a communicator, and runs one
+//! training step of this rank's lowered program.
+//!
+//! The loop. For a `loom::static_schedule` the rank's lowered program
+//! (`Sched::lowered_program<Rank>`) is a compile-time constant: the step is a fold over its
+//! indices, each action a template argument, so every dispatch is resolved at compile time and no
+//! table is interpreted. For a run-time `loom::schedule` the same action handlers run from the
+//! program vector. Overlapped `FB` actions (DualPipe) run as their forward, then their backward.
+//!
+//! Communication. Receives are posted `recv_ahead` ahead of their place in the program, into the
+//! slots of the buffer plan (`loom/stage/buffer_plan.hpp`); sends are asynchronous, each from its
+//! own slot, and are completed at the end of the step. So the step never blocks on a send, and
+//! runs the lowered program exactly as `validate`'s FIFO replay proves deadlock-free.
+//!
+//! Buffers. Everything is allocated when the pipeline is built, sized by the buffer plan and the
+//! stages' sizes; a step allocates nothing itself (the communicator may allocate its request
+//! control blocks).
+//!
+//! Handshake. Before the first step the ranks exchange a hash of their lowered schedule and
+//! options, then the sizes of their stages' inputs and outputs; a mismatch throws
+//! `pipeline_error` on every rank, naming the ranks and what differs.
+//!
+//! Failures. An exception in a stage function, or a user batch of the wrong size, does not stop
+//! this rank's program: the rank keeps sending and receiving as the program says (skipping the
+//! stage functions), so no peer waits forever; at the end of the step every rank contributes its
+//! status to an all-reduce and every rank throws the same `pipeline_error` naming the first
+//! failed rank and its cause. Communication failures (a dead peer, a timeout, an abort) abort the
+//! communicator so every rank stops within its bounded wait, and are reported the same way.
+//! Optimizer hooks (`update()`) run only after every rank agreed that the step succeeded, so a
+//! failed step leaves every weight as it was and can be retried.
+//!
+//! Numerics. Gradient accumulators are zeroed at the start of each step. In the default mode a
+//! stage adds each microbatch's weight gradient into its accumulator in execution order. In
+//! deterministic mode it adds into a zeroed per-microbatch slot and the pipeline folds the slots
+//! into the accumulator in microbatch order, `acc += g(0); acc += g(1); ...`, so the result is
+//! bitwise the same for every schedule and rank count (with one parameter copy per stage). The
+//! step's loss is the sum of the microbatch losses in microbatch order, times the loss scale.
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/schedule/action.hpp"
+#include "loom/schedule/error.hpp"
+#include "loom/schedule/lower.hpp"
+#include "loom/schedule/schedule.hpp"
+#include "loom/schedule/static_schedule.hpp"
+#include "loom/schedule/validate.hpp"
+#include "loom/stage/buffer_plan.hpp"
+#include "loom/stage/stage.hpp"
+
+namespace loom {
+
+//! How the step's loss (and so every gradient) is scaled: the mean over microbatches (the
+//! last stage's backward is seeded with `1/m`) or their sum (seeded with `1`).
+enum class loss_scaling : unsigned char { mean, sum };
+
+//! Knobs of a pipeline (designated initialisers: `{.deterministic = true}`).
+struct pipeline_options {
+  bool deterministic = false;                 //!< fold weight gradients in microbatch order
+  loss_scaling scaling = loss_scaling::mean;  //!< loss and gradient scale
+  int recv_ahead = default_recv_ahead;        //!< receives posted ahead of the program (>= 1)
+  bool measure = false;                       //!< time every stage call (for the measured bubble)
+  std::chrono::milliseconds timeout{0};       //!< if positive, set as the communicator's timeout
+};
+
+//! A training step failed. Thrown on every rank with the same text: the rank whose failure
+//! started it (`rank()`, -1 if unknown) and the cause.
+class pipeline_error : public std::runtime_error {
+ public:
+  //! An error started by `rank` with sentence `cause`.
+  pipeline_error(int rank, std::string cause)
+      : std::runtime_error(rank < 0 ? "loom pipeline: " + cause
+                                    : "loom pipeline: rank " + std::to_string(rank) + ": " + cause),
+        rank_(rank),
+        cause_(std::move(cause)) {}
+  //! The rank whose failure started it, or -1.
+  int rank() const noexcept { return rank_; }
+  //! The cause, without the rank prefix.
+  const std::string& cause() const noexcept { return cause_; }
+
+ private:
+  int rank_;
+  std::string cause_;
+};
+
+//! What one step reports (identical on every rank except `seconds` and `busy_seconds`).
+struct step_result {
+  double loss = 0;          //!< scaled loss: (sum of microbatch losses in order) * scale
+  double seconds = 0;       //!< this rank's wall time for the program (excluding the agreement)
+  double busy_seconds = 0;  //!< this rank's time inside stage functions (`measure` only)
+  double busy_sum = 0;      //!< sum of every rank's busy time (`measure` only)
+  double makespan = 0;      //!< largest rank wall time (`measure` only)
+  //! Measured bubble ratio 1 - busy_sum / (P * makespan) (`measure` only).
+  double bubble_ratio = 0;
+};
+
+namespace detail {
+
+//! FNV-1a over 64-bit words.
+struct fnv64 {
+  std::uint64_t h = 1469598103934665603ull;
+  constexpr void add(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  }
+};
+
+//! A hash of everything two ranks must agree on: the lowered schedule and the numerics options.
+constexpr std::uint64_t schedule_hash(const schedule& s, const pipeline_options& o) {
+  fnv64 f;
+  for (char c : s.name) f.add(static_cast<unsigned char>(c));
+  for (int v : {s.ranks, s.microbatches, s.chunks, s.stages, s.directions, s.param_copies, static_cast<int>(s.placement)})
+    f.add(static_cast<std::uint64_t>(v));
+  for (int v : s.stage_to_rank) f.add(static_cast<std::uint64_t>(v));
+  for (int v : s.mb_direction) f.add(static_cast<std::uint64_t>(v));
+  for (auto const& p : s.programs) {
+    f.add(p.size());
+    for (auto const& a : p)
+      for (int v : {static_cast<int>(a.kind), static_cast<int>(a.bkind), static_cast<int>(a.what), static_cast<int>(a.mb),
+                    static_cast<int>(a.stage), static_cast<int>(a.bmb), static_cast<int>(a.bstage), static_cast<int>(a.peer)})
+        f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(v)));
+  }
+  f.add(o.deterministic ? 1 : 0);
+  f.add(static_cast<std::uint64_t>(o.scaling));
+  return f.h;
+}
+
+//! Which actions of `s` need a split stage: the first `B`, `W` or `FB` with a `B` half, or none.
+constexpr bool needs_split_stage(const schedule& s) {
+  for (auto const& p : s.programs)
+    for (auto const& a : p)
+      if (a.kind == op::B || a.kind == op::W || (a.kind == op::FB && a.bkind == op::B)) return true;
+  return false;
+}
+
+//! The sentence explaining why `Stage` cannot run schedule `s`, or "".
+template <class Stage>
+constexpr std::string split_rule(const schedule& s) {
+  if constexpr (split_stage<Stage>) {
+    return {};
+  } else {
+    if (!needs_split_stage(s)) return {};
+    std::string missing;
+    if constexpr (!requires(Stage& st, const stage_context& c, backward_buffers<typename Stage::value_type> b) {
+                    st.backward_input(c, b);
+                  })
+      missing = "backward_input";
+    if constexpr (!requires(Stage& st, const stage_context& c, weight_buffers<typename Stage::value_type> w) {
+                    st.backward_weight(c, w);
+                  })
+      missing += missing.empty() ? "backward_weight" : " and backward_weight";
+    return "schedule " + s.name + " has separate B and W actions, so its stage must be a loom::split_stage; the stage type has no member " + missing;
+  }
+}
+
+//! Instantiated with a non-empty message, fails to compile with the message in the diagnostic.
+template <fixed_message Why>
+struct stage_cannot_run_schedule {
+  static_assert(Why.empty(),
+                "loom: this stage type cannot run this static schedule; the reason is the text in "
+                "'stage_cannot_run_schedule<fixed_message{\"...\"}>' above");
+};
+
+//! True for `static_schedule` types.
+template <class Sched>
+concept static_schedule_type = requires {
+  Sched::shape_v;
+  typename Sched::family;
+  Sched::ranks;
+};
+
+//! The diagnostic text for a static schedule `Sched` run by `Stage`, or empty.
+template <class Sched, class Stage>
+constexpr fixed_message static_split_message() {
+  if constexpr (static_schedule_type<Sched>) {
+    if constexpr (Sched::ok) return fixed_message{split_rule<Stage>(typename Sched::family{}.generate(Sched::shape_v))};
+    else return fixed_message{};
+  } else {
+    return fixed_message{};
+  }
+}
+
+//! A fixed set of equal-width slots of `T`, handed out per microbatch (a stack of free slots).
+template <class T>
+struct slot_pool {
+  std::vector<T> data;
+  std::size_t width = 0;
+  std::vector<int> free;  // free slot indices; the top is free[top - 1]
+  std::vector<int> slot;  // slot of each microbatch, -1 if none
+  int count = 0;
+  int top = 0;
+
+  void init(int slots, std::size_t w, int microbatches) {
+    count = slots;
+    width = w;
+    data.assign(static_cast<std::size_t>(slots) * w, T{});
+    free.assign(static_cast<std::size_t>(slots), 0);
+    slot.assign(static_cast<std::size_t>(microbatches), -1);
+    reset();
+  }
+  void reset() {
+    for (int i = 0; i < count; ++i) free[static_cast<std::size_t>(i)] = count - 1 - i;
+    top = count;
+    std::fill(slot.begin(), slot.end(), -1);
+  }
+  std::span<T> at(int s) { return {data.data() + static_cast<std::size_t>(s) * width, width}; }
+  std::span<T> take(int mb) {
+    if (top == 0) throw std::logic_error("loom: buffer plan exhausted (a loom bug)");
+    int s = free[static_cast<std::size_t>(--top)];
+    slot[static_cast<std::size_t>(mb)] = s;
+    return at(s);
+  }
+  std::span<T> get(int mb) {
+    int s = slot[static_cast<std::size_t>(mb)];
+    if (s < 0) throw std::logic_error("loom: microbatch has no slot (a loom bug)");
+    return at(s);
+  }
+  void give(int mb) {
+    int& s = slot[static_cast<std::size_t>(mb)];
+    free[static_cast<std::size_t>(top++)] = s;
+    s = -1;
+  }
+};
+
+}  // namespace detail
+
+//! Runs one training step of this rank's part of a pipeline schedule (see the file comment).
+//! `Sched` is `loom::schedule` (run-time shape) or a `loom::static_schedule<F, shape{...}>`
+//! type; `Stage` models `loom::stage` (`loom::split_stage` for schedules with separate B/W);
+//! `Comm` models `loom::communicator` and must have as many ranks as the schedule.
+template <class Sched, stage Stage, communicator Comm>
+class pipeline {
+ public:
+  using value_type = typename Stage::value_type;  //!< element type of every buffer
+  //! True when the rank's program is a compile-time constant.
+  static constexpr bool is_static = detail::static_schedule_type<Sched>;
+
+ private:
+  [[no_unique_address]] detail::stage_cannot_run_schedule<detail::static_split_message<Sched, Stage>()> split_check_{};
+
+ public:
+  //! Builds the pipeline for a run-time schedule `s` (generated or lowered). `make_stage(id)`
+  //! is called once per virtual stage placed on this rank, in (direction, stage) order.
+  template <class Factory>
+    requires(!is_static && std::is_invocable_r_v<Stage, Factory&, stage_id>)
+  pipeline(const schedule& s, Comm& comm, Factory&& make_stage, pipeline_options opt = {})
+      : comm_(&comm), opt_(opt) {
+    init(s, make_stage);
+  }
+
+  //! Builds the pipeline for the static schedule `Sched` (pass `Sched{}`).
+  template <class Factory>
+    requires(is_static && std::is_invocable_r_v<Stage, Factory&, stage_id>)
+  pipeline(Sched, Comm& comm, Factory&& make_stage, pipeline_options opt = {}) : comm_(&comm), opt_(opt) {
+    init(typename Sched::family{}.generate(Sched::shape_v), make_stage);
+  }
+
+  //! Runs one step over the microbatches of `inputs` (`m * input_size()` elements of the first
+  //! stage, microbatch-major; ranks without a first stage may pass an empty span). Returns the
+  //! scaled loss on every rank, or throws `pipeline_error` on every rank (see the file comment).
+  step_result step(std::span<const value_type> inputs) {
+    step_result res;
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      if (!handshaken_) handshake();
+      begin_step(inputs);
+      run_program();
+      for (std::size_t i = 0; i < nsend_; ++i) comm_->wait(send_reqs_[i]);
+      res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      res.busy_seconds = busy_;
+      agree(res);
+    } catch (const pipeline_error&) {
+      throw;  // a handshake mismatch: every rank found the same and throws the same
+    } catch (const comm_error& e) {
+      abort_quietly(std::string("stopped its pipeline step: ") + e.what());
+      throw pipeline_error(e.rank(), "communication failed: " + e.cause());
+    } catch (const std::exception& e) {
+      abort_quietly(std::string("stopped its pipeline step: ") + e.what());
+      throw pipeline_error(rank_, e.what());
+    }
+    if (failed_rank_ >= 0) throw pipeline_error(failed_rank_, failure_);
+    if constexpr (updatable_stage<Stage>)
+      for (auto& st : stages_) st.update();
+    return res;
+  }
+
+  //! This rank's stages, in (direction, stage) order (see `ids()`).
+  std::span<Stage> stages() { return stages_; }
+  //! The virtual stage of each element of `stages()`.
+  std::span<const stage_id> ids() const { return ids_; }
+  //! The buffer plan in use.
+  const buffer_plan& plan() const { return plan_; }
+  //! The lowered schedule being run.
+  const schedule& lowered() const { return sched_; }
+  //! The loss of each microbatch of the last step (unscaled; identical on every rank).
+  std::span<const double> microbatch_losses() const { return {losses_.data(), static_cast<std::size_t>(M_)}; }
+  //! This rank.
+  int rank() const { return rank_; }
+
+ private:
+  struct local_stage {
+    detail::slot_pool<value_type> in, stash, grad, send_act, send_grad, wgrad;
+    std::vector<char> contributed;
+    int next_fold = 0;
+    std::size_t in_size = 0, out_size = 0, stash_size = 0, wg_size = 0;
+  };
+
+  template <class Factory>
+  void init(const schedule& generated, Factory& make_stage) {
+    rank_ = comm_->rank();
+    if (comm_->size() != generated.ranks)
+      throw config_error("schedule " + generated.name + " has " + std::to_string(generated.ranks) +
+                         " ranks but the communicator has " + std::to_string(comm_->size()));
+    if (opt_.timeout.count() > 0) comm_->set_timeout(opt_.timeout);
+    if (auto v = validate(generated); !v.ok) throw schedule_error("schedule " + generated.name + " is invalid: " + v.message);
+    bool lowered = false;
+    for (auto const& p : generated.programs)
+      for (auto const& a : p) lowered = lowered || !is_compute(a.kind);
+    sched_ = lowered || generated.ranks == 1 ? generated : lower(generated);
+    if (std::string why = detail::split_rule<Stage>(sched_); !why.empty()) throw config_error(why);
+    plan_ = plan_buffers(sched_, rank_, opt_.recv_ahead);
+    hash_ = detail::schedule_hash(sched_, opt_);
+    S_ = sched_.stages;
+    M_ = sched_.microbatches;
+    program_ = sched_.programs[static_cast<std::size_t>(rank_)];
+    const auto L = plan_.local.size();
+    stages_.reserve(L);
+    locals_.resize(L);
+    std::size_t max_out_last = 0, max_in_first = 0, sends = 0;
+    for (std::size_t li = 0; li < L; ++li) {
+      auto const& sl = plan_.local[li];
+      ids_.push_back(sl.id);
+      stages_.push_back(make_stage(sl.id));
+      Stage& st = stages_.back();
+      auto& l = locals_[li];
+      l.in_size = static_cast<std::size_t>(st.input_size());
+      l.out_size = static_cast<std::size_t>(st.output_size());
+      l.stash_size = static_cast<std::size_t>(st.stash_size());
+      l.wg_size = std::span<value_type>(st.weight_grad()).size();
+      l.in.init(sl.input, l.in_size, M_);
+      l.stash.init(sl.stash, l.stash_size, M_);
+      l.grad.init(sl.grad, l.out_size, M_);
+      l.send_act.init(sl.send_act, l.out_size, M_);
+      l.send_grad.init(sl.send_grad, l.in_size, M_);
+      l.wgrad.init(opt_.deterministic ? sl.wgrad : 0, l.wg_size, M_);
+      l.contributed.assign(static_cast<std::size_t>(M_), 0);
+      sends += static_cast<std::size_t>(sl.send_act + sl.send_grad);
+      if (sl.id.stage == S_ - 1) max_out_last = std::max(max_out_last, l.out_size);
+      if (sl.id.stage == 0) max_in_first = std::max(max_in_first, l.in_size);
+    }
+    loss_out_.assign(max_out_last, value_type{});
+    seed_.assign(max_out_last, value_type{});
+    discard_.assign(max_in_first, value_type{});
+    const double scale = opt_.scaling == loss_scaling::mean ? 1.0 / M_ : 1.0;
+    std::fill(seed_.begin(), seed_.end(), static_cast<value_type>(scale));
+    scale_ = scale;
+    recv_reqs_.resize(plan_.recv_positions.size());
+    send_reqs_.resize(sends);
+    const auto P = static_cast<std::size_t>(sched_.ranks);
+    status_.assign(P * status_words, 0);
+    losses_.assign(static_cast<std::size_t>(M_) + 2 * P, 0.0);
+  }
+
+  void abort_quietly(const std::string& why) noexcept {
+    try {
+      comm_->abort(why);
+    } catch (...) {
+    }
+  }
+
+  // ---- handshake ---------------------------------------------------------------------------
+  static constexpr std::size_t name_words = 4;
+  static constexpr std::size_t hs_words = 7 + name_words;
+
+  void handshake() {
+    const auto P = static_cast<std::size_t>(sched_.ranks);
+    std::vector<std::int64_t> hs(P * hs_words, 0);
+    auto* me = hs.data() + static_cast<std::size_t>(rank_) * hs_words;
+    me[0] = static_cast<std::int64_t>(hash_);
+    me[1] = sched_.ranks;
+    me[2] = sched_.microbatches;
+    me[3] = sched_.chunks;
+    me[4] = sched_.stages;
+    me[5] = sched_.directions;
+    me[6] = opt_.deterministic ? 1 : 0;
+    pack(sched_.name, std::span<std::int64_t>(me + 7, name_words));
+    comm_->all_reduce(std::span<std::int64_t>(hs), reduce_op::sum);
+    auto describe = [&](std::size_t r) {
+      const auto* w = hs.data() + r * hs_words;
+      return "rank " + std::to_string(r) + " holds " + unpack(std::span<const std::int64_t>(w + 7, name_words)) +
+             " (ranks " + std::to_string(w[1]) + ", microbatches " + std::to_string(w[2]) + ", chunks " +
+             std::to_string(w[3]) + ", stages " + std::to_string(w[4]) + (w[6] ? ", deterministic" : "") + ", hash " +
+             std::to_string(static_cast<std::uint64_t>(w[0])) + ")";
+    };
+    for (std::size_t r = 1; r < P; ++r)
+      if (hs[r * hs_words] != hs[0])
+        throw pipeline_error(static_cast<int>(r), "schedule mismatch: " + describe(0) + " but " + describe(r) +
+                                                      "; every rank must run the same schedule with the same options");
+    // Sizes: every stage's input and output, gathered; neighbours must agree.
+    const auto D = static_cast<std::size_t>(sched_.directions), S = static_cast<std::size_t>(S_);
+    std::vector<std::int64_t> sz(D * S * 2, 0);
+    for (std::size_t li = 0; li < locals_.size(); ++li) {
+      auto id = ids_[li];
+      auto k = (static_cast<std::size_t>(id.direction) * S + static_cast<std::size_t>(id.stage)) * 2;
+      sz[k] = static_cast<std::int64_t>(locals_[li].in_size);
+      sz[k + 1] = static_cast<std::int64_t>(locals_[li].out_size);
+    }
+    comm_->all_reduce(std::span<std::int64_t>(sz), reduce_op::sum);
+    for (std::size_t d = 0; d < D; ++d)
+      for (std::size_t s = 1; s < S; ++s) {
+        auto in = sz[(d * S + s) * 2], out = sz[(d * S + s - 1) * 2 + 1];
+        if (in != out) {
+          int r = sched_.stage_to_rank[d * S + s], q = sched_.stage_to_rank[d * S + s - 1];
+          throw pipeline_error(r, "wrong buffer size: stage " + std::to_string(s) + " (rank " + std::to_string(r) +
+                                      ") takes inputs of " + std::to_string(in) + " elements but stage " +
+                                      std::to_string(s - 1) + " (rank " + std::to_string(q) + ") produces " +
+                                      std::to_string(out) + (D > 1 ? " on direction " + std::to_string(d) : std::string{}));
+        }
+      }
+    handshaken_ = true;
+  }
+
+  static void pack(std::string_view text, std::span<std::int64_t> words) {
+    std::fill(words.begin(), words.end(), 0);
+    const std::size_t n = std::min(text.size(), words.size() * 8);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto u = static_cast<std::uint64_t>(static_cast<unsigned char>(text[i])) << (8 * (i % 8));
+      words[i / 8] = static_cast<std::int64_t>(static_cast<std::uint64_t>(words[i / 8]) | u);
+    }
+  }
+  static std::string unpack(std::span<const std::int64_t> words) {
+    std::string out;
+    for (std::size_t i = 0; i < words.size() * 8; ++i) {
+      auto c = static_cast<char>((static_cast<std::uint64_t>(words[i / 8]) >> (8 * (i % 8))) & 0xffu);
+      if (c == '\0') break;
+      out.push_back(c);
+    }
+    return out;
+  }
+
+  // ---- one step ----------------------------------------------------------------------------
+  void begin_step(std::span<const value_type> inputs) {
+    failure_.clear();
+    failed_rank_ = -1;
+    busy_ = 0;
+    recv_k_ = 0;
+    nsend_ = 0;
+    inputs_ = inputs;
+    std::fill(losses_.begin(), losses_.end(), 0.0);
+    for (std::size_t li = 0; li < locals_.size(); ++li) {
+      auto& l = locals_[li];
+      for (auto* p : {&l.in, &l.stash, &l.grad, &l.send_act, &l.send_grad, &l.wgrad}) p->reset();
+      std::fill(l.contributed.begin(), l.contributed.end(), 0);
+      l.next_fold = first_of_direction(ids_[li].direction, 0);
+      auto wg = std::span<value_type>(stages_[li].weight_grad());
+      std::fill(wg.begin(), wg.end(), value_type{});
+      if (ids_[li].stage == 0 && inputs.size() != static_cast<std::size_t>(M_) * l.in_size)
+        fail("wrong buffer size: the batch has " + std::to_string(inputs.size()) + " elements but stage 0 needs " +
+             std::to_string(M_) + " microbatches x " + std::to_string(l.in_size) + " = " +
+             std::to_string(static_cast<std::size_t>(M_) * l.in_size));
+    }
+    for (std::size_t k = 0; k < static_cast<std::size_t>(opt_.recv_ahead); ++k) post(k);
+  }
+
+  void run_program() {
+    if constexpr (is_static) {
+      [&]<int... R>(std::integer_sequence<int, R...>) {
+        ((rank_ == R ? run_static<R>() : void()), ...);
+      }(std::make_integer_sequence<int, Sched::ranks>{});
+    } else {
+      for (const action& a : program_) run(a);
+    }
+  }
+
+  template <int R>
+  void run_static() {
+    constexpr auto& prog = Sched::template lowered_program<R>;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (run_constant<prog[I]>(), ...);
+    }(std::make_index_sequence<prog.size()>{});
+  }
+
+  //! One action known at compile time: the dispatch folds away.
+  template <action A>
+  void run_constant() {
+    if constexpr (A.kind == op::recv) on_recv();
+    else if constexpr (A.kind == op::send) on_send(A);
+    else if constexpr (A.kind == op::F) forward_half(A.mb, A.stage);
+    else if constexpr (A.kind == op::B || A.kind == op::BW) backward_half<A.kind>(A.mb, A.stage);
+    else if constexpr (A.kind == op::W) weight(A.mb, A.stage);
+    else {
+      forward_half(A.mb, A.stage);
+      backward_half<A.bkind>(A.bmb, A.bstage);
+    }
+  }
+
+  //! One action from the run-time program.
+  void run(const action& a) {
+    switch (a.kind) {
+      case op::recv: on_recv(); break;
+      case op::send: on_send(a); break;
+      case op::F: forward_half(a.mb, a.stage); break;
+      case op::B: backward_half<op::B>(a.mb, a.stage); break;
+      case op::BW: backward_half<op::BW>(a.mb, a.stage); break;
+      case op::W: weight(a.mb, a.stage); break;
+      case op::FB:
+        forward_half(a.mb, a.stage);
+        if (a.bkind == op::B) backward_half<op::B>(a.bmb, a.bstage);
+        else backward_half<op::BW>(a.bmb, a.bstage);
+        break;
+    }
+  }
+
+  void post(std::size_t k) {
+    if (k >= plan_.recv_positions.size()) return;
+    const action& r = program_[plan_.recv_positions[k]];
+    std::span<value_type> buf = r.what == payload::activation ? local(r.mb, r.stage + 1).in.take(r.mb)
+                                                              : local(r.mb, r.stage - 1).grad.take(r.mb);
+    recv_reqs_[k] = comm_->irecv(r.peer, std::as_writable_bytes(buf));
+  }
+  void on_recv() {
+    const std::size_t k = recv_k_++;
+    comm_->wait(recv_reqs_[k]);
+    post(k + static_cast<std::size_t>(opt_.recv_ahead));
+  }
+  void on_send(const action& a) {
+    auto& l = local(a.mb, a.stage);
+    std::span<value_type> buf = a.what == payload::activation ? l.send_act.get(a.mb) : l.send_grad.get(a.mb);
+    send_reqs_[nsend_++] = comm_->isend(a.peer, std::as_bytes(buf));
+  }
+
+  local_stage& local(int mb, int s) { return locals_[local_index(mb, s)]; }
+  std::size_t local_index(int mb, int s) const {
+    return static_cast<std::size_t>(plan_.index_of(sched_.direction_of(mb), s));
+  }
+  int first_of_direction(int dir, int from) const {
+    while (from < M_ && sched_.direction_of(from) != dir) ++from;
+    return from;
+  }
+  stage_context context(int mb, int s) const {
+    return {.microbatch = mb, .stage = s, .direction = sched_.direction_of(mb), .rank = rank_, .stages = S_, .microbatches = M_};
+  }
+  std::span<const value_type> batch_input(std::size_t li, int mb) const {
+    const auto w = locals_[li].in_size;
+    if (inputs_.size() < (static_cast<std::size_t>(mb) + 1) * w) return {};
+    return inputs_.subspan(static_cast<std::size_t>(mb) * w, w);
+  }
+
+  void fail(std::string why) {
+    if (failed_rank_ < 0) {
+      failed_rank_ = rank_;
+      failure_ = std::move(why);
+    }
+  }
+  template <class Fn>
+  void guarded(const char* what, int mb, int s, Fn&& fn) {
+    if (failed_rank_ >= 0) return;
+    try {
+      if (opt_.measure) {
+        auto t = std::chrono::steady_clock::now();
+        fn();
+        busy_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      } else {
+        fn();
+      }
+    } catch (const std::exception& e) {
+      fail(std::string("stage ") + std::to_string(s) + " " + what + " of microbatch " + std::to_string(mb) + " threw: " + e.what());
+    } catch (...) {
+      fail(std::string("stage ") + std::to_string(s) + " " + what + " of microbatch " + std::to_string(mb) + " threw a non-standard exception");
+    }
+  }
+
+  void forward_half(int mb, int s) {
+    const std::size_t li = local_index(mb, s);
+    auto& l = locals_[li];
+    std::span<const value_type> in = s == 0 ? batch_input(li, mb) : std::span<const value_type>(l.in.get(mb));
+    std::span<value_type> stash = l.stash.take(mb);
+    std::span<value_type> out;
+    if (s == S_ - 1) out = std::span<value_type>(loss_out_.data(), l.out_size);
+    else if (sched_.rank_of(mb, s + 1) == rank_) out = local(mb, s + 1).in.take(mb);
+    else out = l.send_act.take(mb);
+    guarded("forward", mb, s, [&] { stages_[li].forward(context(mb, s), forward_buffers<value_type>{in, out, stash}); });
+    if (s == S_ - 1 && failed_rank_ < 0) {
+      double sum = 0;
+      for (auto v : out) sum += static_cast<double>(v);
+      losses_[static_cast<std::size_t>(mb)] = sum;
+    }
+  }
+
+  template <op Kind>
+  void backward_half(int mb, int s) {
+    const std::size_t li = local_index(mb, s);
+    auto& l = locals_[li];
+    std::span<const value_type> in = s == 0 ? batch_input(li, mb) : std::span<const value_type>(l.in.get(mb));
+    std::span<value_type> stash = l.stash.get(mb);
+    std::span<const value_type> og =
+        s == S_ - 1 ? std::span<const value_type>(seed_.data(), l.out_size) : std::span<const value_type>(l.grad.get(mb));
+    std::span<value_type> ig;
+    if (s == 0) ig = std::span<value_type>(discard_.data(), l.in_size);
+    else if (sched_.rank_of(mb, s - 1) == rank_) ig = local(mb, s - 1).grad.take(mb);
+    else ig = l.send_grad.take(mb);
+    if constexpr (Kind == op::BW) {
+      std::span<value_type> wg = weight_target(li, mb);
+      guarded("backward", mb, s, [&] {
+        stages_[li].backward(context(mb, s), backward_buffers<value_type>{in, stash, og, ig, wg});
+      });
+      fold(li, mb);
+      if (s > 0) l.in.give(mb);
+      l.stash.give(mb);
+    } else {
+      if constexpr (split_stage<Stage>)
+        guarded("backward_input", mb, s, [&] {
+          stages_[li].backward_input(context(mb, s), backward_buffers<value_type>{in, stash, og, ig, {}});
+        });
+    }
+    if (s + 1 < S_) l.grad.give(mb);
+  }
+
+  void weight(int mb, int s) {
+    const std::size_t li = local_index(mb, s);
+    auto& l = locals_[li];
+    std::span<const value_type> in = s == 0 ? batch_input(li, mb) : std::span<const value_type>(l.in.get(mb));
+    std::span<value_type> stash = l.stash.get(mb);
+    std::span<value_type> wg = weight_target(li, mb);
+    if constexpr (split_stage<Stage>)
+      guarded("backward_weight", mb, s, [&] {
+        stages_[li].backward_weight(context(mb, s), weight_buffers<value_type>{in, stash, wg});
+      });
+    fold(li, mb);
+    if (s > 0) l.in.give(mb);
+    l.stash.give(mb);
+  }
+
+  std::span<value_type> weight_target(std::size_t li, int mb) {
+    if (!opt_.deterministic) return stages_[li].weight_grad();
+    auto g = locals_[li].wgrad.take(mb);
+    std::fill(g.begin(), g.end(), value_type{});
+    return g;
+  }
+
+  //! Deterministic mode: adds every contiguous ready microbatch's slot into the accumulator.
+  void fold(std::size_t li, int mb) {
+    if (!opt_.deterministic) return;
+    auto& l = locals_[li];
+    l.contributed[static_cast<std::size_t>(mb)] = 1;
+    const int dir = ids_[li].direction;
+    while (l.next_fold < M_ && l.contributed[static_cast<std::size_t>(l.next_fold)]) {
+      std::span<value_type> acc = stages_[li].weight_grad();
+      auto g = l.wgrad.get(l.next_fold);
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
+      l.wgrad.give(l.next_fold);
+      l.next_fold = first_of_direction(dir, l.next_fold + 1);
+    }
+  }
+
+  // ---- agreement ---------------------------------------------------------------------------
+  static constexpr std::size_t status_words = 1 + 32;
+
+  void agree(step_result& res) {
+    const auto P = static_cast<std::size_t>(sched_.ranks);
+    std::fill(status_.begin(), status_.end(), 0);
+    auto* me = status_.data() + static_cast<std::size_t>(rank_) * status_words;
+    if (failed_rank_ >= 0) {
+      me[0] = 1;
+      pack(failure_, std::span<std::int64_t>(me + 1, status_words - 1));
+    }
+    comm_->all_reduce(std::span<std::int64_t>(status_), reduce_op::sum);
+    losses_[static_cast<std::size_t>(M_) + static_cast<std::size_t>(rank_)] = res.busy_seconds;
+    losses_[static_cast<std::size_t>(M_) + P + static_cast<std::size_t>(rank_)] = res.seconds;
+    comm_->all_reduce(std::span<double>(losses_), reduce_op::sum);
+    failed_rank_ = -1;
+    std::string others;
+    for (std::size_t r = 0; r < P; ++r) {
+      if (status_[r * status_words] == 0) continue;
+      if (failed_rank_ < 0) {
+        failed_rank_ = static_cast<int>(r);
+        failure_ = unpack(std::span<const std::int64_t>(status_.data() + r * status_words + 1, status_words - 1));
+      } else {
+        others += (others.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (failed_rank_ >= 0) {
+      failure_ += "; the step was abandoned on every rank and no weights were updated";
+      if (!others.empty()) failure_ += " (ranks " + others + " failed too)";
+      return;
+    }
+    double total = 0;
+    for (int j = 0; j < M_; ++j) total += losses_[static_cast<std::size_t>(j)];
+    res.loss = total * scale_;
+    for (std::size_t r = 0; r < P; ++r) {
+      res.busy_sum += losses_[static_cast<std::size_t>(M_) + r];
+      res.makespan = std::max(res.makespan, losses_[static_cast<std::size_t>(M_) + P + r]);
+    }
+    if (opt_.measure && res.makespan > 0) res.bubble_ratio = 1 - res.busy_sum / (static_cast<double>(P) * res.makespan);
+  }
+
+  Comm* comm_;
+  pipeline_options opt_;
+  int rank_ = 0, S_ = 0, M_ = 0;
+  schedule sched_;
+  std::vector<action> program_;
+  buffer_plan plan_;
+  std::uint64_t hash_ = 0;
+  bool handshaken_ = false;
+  std::vector<Stage> stages_;
+  std::vector<stage_id> ids_;
+  std::vector<local_stage> locals_;
+  std::vector<value_type> loss_out_, seed_, discard_;
+  double scale_ = 1;
+  std::vector<typename Comm::request> recv_reqs_, send_reqs_;
+  std::size_t recv_k_ = 0, nsend_ = 0;
+  std::span<const value_type> inputs_;
+  std::vector<std::int64_t> status_;
+  std::vector<double> losses_;  // [M microbatch losses | P busy times | P wall times]
+  int failed_rank_ = -1;
+  std::string failure_;
+  double busy_ = 0;
+};
+
+//! Deduces the stage type from the factory: `pipeline p(schedule, comm, make_stage, options)`.
+template <class Sched, class Comm, class Factory>
+pipeline(Sched, Comm&, Factory&&, pipeline_options = {})
+    -> pipeline<Sched, std::remove_cvref_t<std::invoke_result_t<Factory&, stage_id>>, Comm>;
+
+}  // namespace loom
