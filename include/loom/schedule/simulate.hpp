@@ -120,7 +120,11 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
   };
   std::vector<cell_state> done(cells);
   auto idx = [M](int mb, int st) { return detail::cell(mb, st, M); };
-  auto in_range = [&](int mb, int st) { return mb >= 0 && mb < M && st >= 0 && st < S; };
+  auto in_range = [uM = static_cast<unsigned>(M), uS = static_cast<unsigned>(S)](int mb, int st) {
+    return static_cast<unsigned>(mb) < uM && static_cast<unsigned>(st) < uS;
+  };
+  // Durations of the plain actions, indexed by op (F, B, W, BW).
+  const double dur[4] = {q * k.f, q * k.b, q * k.w, q * (k.b + k.w)};
   const int* s2r = s.stage_to_rank.data();
   const int* dir = s.mb_direction.empty() ? nullptr : s.mb_direction.data();
   auto rank_of = [&](int mb, int st) { return s2r[(dir ? dir[mb] * S : 0) + st]; };
@@ -199,7 +203,7 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
         t = tb > t ? tb : t;
       }
       const double start = t > t_free ? t : t_free;
-      const double d = duration(a, k, q);
+      const double d = fb ? duration(a, k, q) : dur[static_cast<int>(a.kind)];
       const double end = start + d;
       times[i] = {start, end};
       if (first[ur] < 0) first[ur] = start;

@@ -72,22 +72,29 @@ constexpr validation replay_lowered(const schedule& s) {
     if (from == rank) return fail_at(s, rank, at, "needs " + item + " before this rank has produced it");
     return fail_at(s, rank, at, "needs " + item + " from rank " + to_text(from) + " before receiving it");
   };
-  // Checks that the inputs of one compute half are held, then records what it produces.
-  auto run_half = [&](int rank, std::size_t at, op kind, int mb, int st) -> validation {
+  // Runs one compute half: true if its inputs are held (then records what it produces).
+  auto run_half = [&](int rank, op kind, int mb, int st) -> bool {
+    const std::size_t i = idx(mb, st);
     if (kind == op::F) {
-      if (st > 0 && !held(rank, payload::activation, idx(mb, st - 1)))
-        return missing(rank, at, payload::activation, mb, st - 1, s.rank_of(mb, st - 1));
-      act_made[idx(mb, st)] = rank;
+      if (st > 0 && !held(rank, payload::activation, i - static_cast<std::size_t>(M))) return false;
+      act_made[i] = rank;
     } else if (kind == op::W) {
-      if (grad_made[idx(mb, st)] != rank) return fail_at(s, rank, at, "runs before the B of the same microbatch and stage");
+      if (grad_made[i] != rank) return false;
     } else {
-      if (act_made[idx(mb, st)] != rank) return fail_at(s, rank, at, "runs before the F of the same microbatch and stage");
-      if (st + 1 < S && !held(rank, payload::gradient, idx(mb, st + 1)))
-        return missing(rank, at, payload::gradient, mb, st + 1, s.rank_of(mb, st + 1));
-      grad_made[idx(mb, st)] = rank;
+      if (act_made[i] != rank) return false;
+      if (st + 1 < S && !held(rank, payload::gradient, i + static_cast<std::size_t>(M))) return false;
+      grad_made[i] = rank;
     }
-    return {};
+    return true;
   };
+  // Why `run_half` refused (error path only).
+  auto explain_half = [&](int rank, std::size_t at, op kind, int mb, int st) -> validation {
+    if (kind == op::F) return missing(rank, at, payload::activation, mb, st - 1, s.rank_of(mb, st - 1));
+    if (kind == op::W) return fail_at(s, rank, at, "runs before the B of the same microbatch and stage");
+    if (act_made[idx(mb, st)] != rank) return fail_at(s, rank, at, "runs before the F of the same microbatch and stage");
+    return missing(rank, at, payload::gradient, mb, st + 1, s.rank_of(mb, st + 1));
+  };
+  const auto uM = static_cast<unsigned>(M), uS = static_cast<unsigned>(S), uPu = static_cast<unsigned>(P);
 
   while (!work.empty()) {
     const int rank = work.back();
@@ -99,9 +106,9 @@ constexpr validation replay_lowered(const schedule& s) {
       const std::size_t at = pos[ur];
       const action& a = prog[at];
       if (a.kind == op::send || a.kind == op::recv) {
-        if (a.peer < 0 || a.peer >= P || a.peer == rank)
+        if (static_cast<unsigned>(a.peer) >= uPu || a.peer == rank)
           return fail_at(s, rank, at, "names peer " + to_text(a.peer) + ", which is not another rank");
-        if (a.mb < 0 || a.mb >= M || a.stage < 0 || a.stage >= S)
+        if (static_cast<unsigned>(a.mb) >= uM || static_cast<unsigned>(a.stage) >= uS)
           return fail_at(s, rank, at, "names a microbatch or stage out of range");
         const std::size_t code = idx(a.mb, a.stage) * 2 + (a.what == payload::gradient ? 1 : 0);
         if (a.kind == op::send) {
@@ -132,9 +139,10 @@ constexpr validation replay_lowered(const schedule& s) {
           by = rank;
         }
       } else {
-        if (auto v = run_half(rank, at, a.kind == op::FB ? op::F : a.kind, a.mb, a.stage); !v.ok) return v;
-        if (a.kind == op::FB)
-          if (auto v = run_half(rank, at, a.bkind, a.bmb, a.bstage); !v.ok) return v;
+        const op first = a.kind == op::FB ? op::F : a.kind;
+        if (!run_half(rank, first, a.mb, a.stage)) return explain_half(rank, at, first, a.mb, a.stage);
+        if (a.kind == op::FB && !run_half(rank, a.bkind, a.bmb, a.bstage))
+          return explain_half(rank, at, a.bkind, a.bmb, a.bstage);
       }
       ++pos[ur];
     }
