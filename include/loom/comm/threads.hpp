@@ -320,11 +320,7 @@ class comm {
     check_same("all_reduce", true);
     auto [lo, hi] = slice(data.size(), rank_);
     auto tmp = scratch<T>(hi - lo);
-    for (std::size_t i = lo; i < hi; ++i) {
-      T acc = in_of<T>(0)[i];
-      for (int j = 1; j < size(); ++j) acc = detail::reduce_apply(op, acc, in_of<T>(j)[i]);
-      tmp[i - lo] = acc;
-    }
+    reduce_segment(op, tmp, lo);
     meet("all_reduce");
     if (hi > lo)
       for (int j = 0; j < size(); ++j) std::memcpy(out_of<T>(j) + lo, tmp.data(), (hi - lo) * sizeof(T));
@@ -363,12 +359,10 @@ class comm {
                                          std::to_string(out.size()));
     meet("reduce_scatter");
     check_same("reduce_scatter", true);
-    const std::size_t k = out.size(), base = static_cast<std::size_t>(rank_) * k;
-    for (std::size_t i = 0; i < k; ++i) {
-      T acc = in_of<T>(0)[base + i];
-      for (int j = 1; j < size(); ++j) acc = detail::reduce_apply(op, acc, in_of<T>(j)[base + i]);
-      out[i] = acc;
-    }
+    // Into scratch first: `out` may be this rank's own segment of `in`, still needed as input.
+    auto tmp = scratch<T>(out.size());
+    reduce_segment(op, tmp, static_cast<std::size_t>(rank_) * out.size());
+    if (!out.empty()) std::memcpy(out.data(), tmp.data(), out.size() * sizeof(T));
     meet("reduce_scatter");
   }
 
@@ -506,6 +500,30 @@ class comm {
                          std::string(name) + ": rank " + std::to_string(j) +
                              " called a different collective, element type, size or reduction than rank 0 (" +
                              std::to_string(b.in_count) + " vs " + std::to_string(a.in_count) + " input elements)");
+    }
+  }
+
+  //! acc[i] = in_0[base+i] op in_1[base+i] op ... in rank order; rank-major loops so that the
+  //! inner loop streams (and vectorizes), with the operator chosen outside it.
+  template <class T>
+  void reduce_segment(reduce_op op, std::span<T> acc, std::size_t base) const {
+    if (acc.empty()) return;
+    std::memcpy(acc.data(), in_of<T>(0) + base, acc.size() * sizeof(T));
+    for (int j = 1; j < size(); ++j) {
+      const T* src = in_of<T>(j) + base;
+      T* a = acc.data();
+      const std::size_t k = acc.size();
+      switch (op) {
+        case reduce_op::sum:
+          for (std::size_t i = 0; i < k; ++i) a[i] = static_cast<T>(a[i] + src[i]);
+          break;
+        case reduce_op::max:
+          for (std::size_t i = 0; i < k; ++i) a[i] = a[i] < src[i] ? src[i] : a[i];
+          break;
+        case reduce_op::min:
+          for (std::size_t i = 0; i < k; ++i) a[i] = src[i] < a[i] ? src[i] : a[i];
+          break;
+      }
     }
   }
 
