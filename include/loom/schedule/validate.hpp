@@ -58,9 +58,17 @@ constexpr validation replay_lowered(const schedule& s) {
   auto held = [&](int rank, payload w, std::size_t i) {
     return w == payload::activation ? (act_made[i] == rank || act_got[i] == rank) : (grad_made[i] == rank || grad_got[i] == rank);
   };
-  // Channel src -> dst holds item codes (cell * 2 + payload) in send order.
-  std::vector<std::vector<std::size_t>> chan(uP * uP);
-  std::vector<std::size_t> head(uP * uP, 0), pos(uP, 0);
+  // FIFO matching without storing channel contents: a send records its item's channel and its
+  // index there; a receive must name the item whose index is the channel's next to deliver.
+  // Items are coded cell * 2 + payload.
+  std::vector<std::size_t> sent(uP * uP, 0), head(uP * uP, 0), pos(uP, 0);
+  std::vector<std::size_t> item_chan(cells * 2, ~std::size_t{0}), item_index(cells * 2, 0);
+  // The item sent `index`-th on channel `c` (error path only).
+  auto item_at = [&](std::size_t c, std::size_t index) {
+    for (std::size_t code = 0; code < item_chan.size(); ++code)
+      if (item_chan[code] == c && item_index[code] == index) return code;
+    return ~std::size_t{0};
+  };
   std::vector<int> waiter(uP * uP, -1);
   std::vector<char> queued(uP, 1);
   std::vector<int> work;
@@ -115,25 +123,28 @@ constexpr validation replay_lowered(const schedule& s) {
           if ((a.what == payload::activation ? act_made : grad_made)[idx(a.mb, a.stage)] != rank)
             return fail_at(s, rank, at, "sends an item before this rank has produced it");
           const auto c = ur * uP + static_cast<std::size_t>(a.peer);
-          chan[c].push_back(code);
+          if (item_chan[code] != ~std::size_t{0}) return fail_at(s, rank, at, "sends an item that was already sent");
+          item_chan[code] = c;
+          item_index[code] = sent[c]++;
           if (int w = waiter[c]; w >= 0 && !queued[static_cast<std::size_t>(w)]) {
             queued[static_cast<std::size_t>(w)] = 1;
             work.push_back(w);
           }
         } else {
           const auto c = static_cast<std::size_t>(a.peer) * uP + ur;
-          if (head[c] == chan[c].size()) {
+          if (head[c] == sent[c]) {
             waiter[c] = rank;  // blocks until the peer sends on this channel
             break;
           }
           waiter[c] = -1;
-          const std::size_t got = chan[c][head[c]++];
-          if (got != code) {
+          if (item_chan[code] != c || item_index[code] != head[c]) {
+            const std::size_t got = item_at(c, head[c]);
             auto gcell = got / 2;
             int gst = static_cast<int>(gcell / static_cast<std::size_t>(M)), gmb = static_cast<int>(gcell % static_cast<std::size_t>(M));
             return fail_at(s, rank, at, "the FIFO from rank " + to_text(a.peer) + " delivers " + (got % 2 ? "the gradient" : "the activation") +
                                             " of mb " + to_text(gmb) + " stage " + to_text(gst) + " here (tagless matching pairs them in order)");
           }
+          ++head[c];
           auto& by = a.what == payload::activation ? act_got[idx(a.mb, a.stage)] : grad_got[idx(a.mb, a.stage)];
           if (by >= 0) return fail_at(s, rank, at, "receives an item that rank " + to_text(by) + " already received");
           by = rank;
@@ -150,9 +161,9 @@ constexpr validation replay_lowered(const schedule& s) {
   for (std::size_t r = 0; r < uP; ++r)
     if (pos[r] < s.programs[r].size())
       return fail_at(s, static_cast<int>(r), pos[r], "deadlock: this receive never matches a send (asynchronous sends, blocking receives, tagless per-peer FIFO)");
-  for (std::size_t c = 0; c < chan.size(); ++c)
-    if (head[c] != chan[c].size()) {
-      std::size_t code = chan[c][head[c]];
+  for (std::size_t c = 0; c < sent.size(); ++c)
+    if (head[c] != sent[c]) {
+      std::size_t code = item_at(c, head[c]);
       auto gcell = code / 2;
       return {false, "rank " + to_text(static_cast<long long>(c / uP)) + " sends " + (code % 2 ? "the gradient" : "the activation") +
                          " of mb " + to_text(static_cast<long long>(gcell % static_cast<std::size_t>(M))) + " stage " +
