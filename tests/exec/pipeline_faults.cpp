@@ -88,10 +88,10 @@ TEST_CASE("a stage that throws on one rank fails the step on every rank, and the
       REQUIRE(x.losses.size() == 1);
       CHECK(std::memcmp(&x.losses[0], &want.losses[0], sizeof(double)) == 0);
     }
-    // Two-direction schedules keep a copy of each stage per direction (synchronising the copies
-    // is not part of the executor yet), so only one-direction schedules are compared here.
-    if (s.directions == 1)
-      for (std::size_t l = 0; l < params.size(); ++l) CHECK(same_bits(params[l], want.params[l]));
+    for (std::size_t l = 0; l < params.size(); ++l) {
+      if (s.directions == 1) CHECK(same_bits(params[l], want.params[l]));
+      else CHECK(rel_diff(params[l], want.params[l]) <= 1e-12);  // the two copies' sum is not in microbatch order
+    }
   }
 }
 

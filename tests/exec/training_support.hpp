@@ -31,10 +31,11 @@ inline quickstart::mlp_spec spec_for(int stages) {
 }
 
 //! What a run produced: the loss of each step and the final parameters and gradients per layer
-//! (for two-direction schedules, the gradients of both copies summed and the first copy's params).
+//! (for two-direction schedules, one copy's).
 struct outcome {
   std::vector<double> losses;
   std::vector<std::vector<double>> params, grads;
+  bool copies_identical = true;  // two-direction schedules: both copies hold the same bits
 };
 
 inline outcome run_reference(const quickstart::mlp_spec& m, int microbatches, int steps, loom::loss_scaling sc) {
@@ -79,7 +80,9 @@ outcome run_pipeline(const Sched& sched, const loom::schedule& rt, const quickst
           auto w = s.layer_params(l);
           o.params[ul].assign(w.begin(), w.end());
         } else {
-          for (std::size_t i = 0; i < g.size(); ++i) o.grads[ul][i] += g[i];
+          auto w = s.layer_params(l);
+          o.copies_identical = o.copies_identical && std::equal(g.begin(), g.end(), o.grads[ul].begin()) &&
+                               std::equal(w.begin(), w.end(), o.params[ul].begin());
         }
       }
   });

@@ -40,6 +40,11 @@
 //! into the accumulator in microbatch order, `acc += g(0); acc += g(1); ...`, so the result is
 //! bitwise the same for every schedule and rank count (with one parameter copy per stage). The
 //! step's loss is the sum of the microbatch losses in microbatch order, times the loss scale.
+//! Bidirectional schedules (two paths, `param_copies = 2`) hold virtual stage `s` of each path as
+//! a copy of the same model chunk: after the agreement both copies' accumulators are set to
+//! (direction 0's gradient) + (direction 1's), so the copies stay identical; this sum is not in
+//! microbatch order, so there deterministic mode is reproducible run to run but matches a
+//! single-rank reference to rounding only.
 
 #include <algorithm>
 #include <chrono>
@@ -299,6 +304,14 @@ class pipeline {
       throw pipeline_error(rank_, e.what());
     }
     if (failed_rank_ >= 0) throw pipeline_error(failed_rank_, failure_);
+    if (sched_.directions == 2) {
+      try {
+        sync_copies();
+      } catch (const comm_error& e) {
+        abort_quietly(std::string("stopped its pipeline step: ") + e.what());
+        throw pipeline_error(e.rank(), "communication failed while summing the two parameter copies: " + e.cause());
+      }
+    }
     if constexpr (updatable_stage<Stage>)
       for (auto& st : stages_) st.update();
     return res;
@@ -321,6 +334,7 @@ class pipeline {
   struct local_stage {
     detail::slot_pool<value_type> in, stash, grad, send_act, send_grad, wgrad;
     std::vector<char> contributed;
+    std::vector<value_type> twin;  // the other direction's gradient (two-copy schedules)
     int next_fold = 0;
     std::size_t in_size = 0, out_size = 0, stash_size = 0, wg_size = 0;
   };
@@ -364,6 +378,7 @@ class pipeline {
       l.send_grad.init(sl.send_grad, l.in_size, M_);
       l.wgrad.init(opt_.deterministic ? sl.wgrad : 0, l.wg_size, M_);
       l.contributed.assign(static_cast<std::size_t>(M_), 0);
+      if (sched_.directions == 2) l.twin.assign(l.wg_size, value_type{});
       sends += static_cast<std::size_t>(sl.send_act + sl.send_grad);
       if (sl.id.stage == S_ - 1) max_out_last = std::max(max_out_last, l.out_size);
       if (sl.id.stage == 0) max_in_first = std::max(max_in_first, l.in_size);
@@ -376,6 +391,10 @@ class pipeline {
     scale_ = scale;
     recv_reqs_.resize(plan_.recv_positions.size());
     send_reqs_.resize(sends);
+    copy_reqs_.resize(2 * L);
+    for (std::size_t li = 0; li < L; ++li) copy_order_.push_back(li);
+    std::stable_sort(copy_order_.begin(), copy_order_.end(),
+                     [&](std::size_t a, std::size_t b) { return ids_[a].stage < ids_[b].stage; });
     const auto P = static_cast<std::size_t>(sched_.ranks);
     status_.assign(P * status_words, 0);
     losses_.assign(static_cast<std::size_t>(M_) + 2 * P, 0.0);
@@ -673,6 +692,40 @@ class pipeline {
     }
   }
 
+  // ---- two parameter copies ---------------------------------------------------------------
+  //! Bidirectional schedules hold stage s of each path as a copy of the same model chunk; both
+  //! copies end the step with the gradient (direction 0's) + (direction 1's), bit for bit.
+  void sync_copies() {
+    // Exchanges in stage order: between two ranks each stage index pairs one copy with the other,
+    // so both sides post their sends and receives in the same (FIFO-matched) order.
+    std::size_t nreq = 0;
+    for (std::size_t li : copy_order_) {
+      auto id = ids_[li];
+      int twin = sched_.stage_to_rank[static_cast<std::size_t>((1 - id.direction) * S_ + id.stage)];
+      if (twin == rank_) continue;
+      std::span<value_type> acc = stages_[li].weight_grad();
+      copy_reqs_[nreq++] = comm_->irecv(twin, std::as_writable_bytes(std::span<value_type>(locals_[li].twin)));
+      copy_reqs_[nreq++] = comm_->isend(twin, std::as_bytes(acc));
+    }
+    for (std::size_t i = 0; i < nreq; ++i) comm_->wait(copy_reqs_[i]);
+    for (std::size_t li = 0; li < locals_.size(); ++li) {
+      auto id = ids_[li];
+      std::span<value_type> acc = stages_[li].weight_grad();
+      int twin = sched_.stage_to_rank[static_cast<std::size_t>((1 - id.direction) * S_ + id.stage)];
+      if (twin == rank_) {
+        if (id.direction != 0) continue;
+        std::span<value_type> other = stages_[static_cast<std::size_t>(plan_.index_of(1, id.stage))].weight_grad();
+        for (std::size_t i = 0; i < acc.size(); ++i) other[i] = acc[i] = acc[i] + other[i];
+      } else {
+        auto const& t = locals_[li].twin;
+        if (id.direction == 0)
+          for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + t[i];
+        else
+          for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = t[i] + acc[i];
+      }
+    }
+  }
+
   // ---- agreement ---------------------------------------------------------------------------
   static constexpr std::size_t status_words = 1 + 32;
 
@@ -727,7 +780,8 @@ class pipeline {
   std::vector<local_stage> locals_;
   std::vector<value_type> loss_out_, seed_, discard_;
   double scale_ = 1;
-  std::vector<typename Comm::request> recv_reqs_, send_reqs_;
+  std::vector<typename Comm::request> recv_reqs_, send_reqs_, copy_reqs_;
+  std::vector<std::size_t> copy_order_;  // local stages by stage index (copy exchange order)
   std::size_t recv_k_ = 0, nsend_ = 0;
   std::span<const value_type> inputs_;
   std::vector<std::int64_t> status_;
