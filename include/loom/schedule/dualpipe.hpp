@@ -18,12 +18,13 @@
 //! Shapes: any even `P >= 2`, 2 chunks per rank, any `m >= 1`. The reference requires `m`
 //! even and `m >= 2P`; loom builds the same order for those shapes and, for fewer or an odd
 //! number of microbatches, drops the missing microbatches from the order planned for
-//! `max(ceil(m/2), P-1)` per direction (valid by construction; an odd `m` then costs as much
-//! time as `m+1`).
+//! `max(ceil(m/2), P-1)` per direction (valid by construction; with `fb >= max(f, b+w)` an
+//! odd `m` then takes as long as `m+1`: the unpaired microbatch keeps the pairing structure).
 //!
 //! Closed forms. In DualPipe's notation (per stage chunk) `F = q*f`, `B = q*(b+w)` (the full
 //! backward), `W = q*w`, `F&B = q*fb` (`q*(f+b+w)` when `fb < 0`), `PP = P` stages. For
-//! `m` even, `m >= 2P`, `c = 0`, `f = b` and `f + 2w <= fb <= f + b + w`, the largest per-rank
+//! `m` even, `m >= 2P`, `c = 0`, `f = b` and `b + w <= fb <= f + b + w` (the pair no
+//! shorter than its longer half, no longer than both halves in turn), the largest per-rank
 //! bubble (makespan - busy) is exactly the paper's `(PP/2-1)(F&B + B - 3W) = (P/2-1)(fb + b - 2w)`
 //! (every rank has it when `fb = f+b+w`; otherwise the two middle ranks). Peak activation with
 //! `M_W/M_B = 1` is the paper's `PP+1` chunks on every rank: `P+1` units.

@@ -20,7 +20,8 @@
 //!
 //! Closed forms. In DualPipe's notation (per stage chunk) `F = q*f`, `B = q*(b+w)` (the full
 //! backward), `W = q*w`, `F&B = q*fb` (`q*(f+b+w)` when `fb < 0`), `PP = 2P` stages. For
-//! `m >= 2P`, `c = 0`, `f = b` and `f + 2w <= fb <= f + b + w`, the largest per-rank bubble
+//! `m >= 2P`, `c = 0`, `f = b` and `b + w <= fb <= f + b + w` (the pair no
+//! shorter than its longer half, no longer than both halves in turn), the largest per-rank bubble
 //! (makespan - busy) is exactly the paper's `(PP/2-1)(F&B + B - 3W) = (P-1)(fb + b - 2w)/2`
 //! (every rank has it when `fb = f+b+w`; otherwise the last ranks). Peak activation with
 //! `M_W/M_B = 1` is the paper's `PP+1` chunks on every rank: `(2P+1)/2 = P + 1/2` units.
