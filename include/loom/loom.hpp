@@ -5,4 +5,5 @@
 //! \file
 //! Umbrella header of everything loom offers to a host-compiled program.
 
+#include "loom/render.hpp"
 #include "loom/schedule.hpp"

@@ -296,7 +296,10 @@ inline schedule make_schedule(const request& r) {
   auto const* e = default_registry().find(r.schedule);
   if (e == nullptr) {
     std::string known;
-    for (auto const& x : default_registry().entries()) known += (known.empty() ? "" : ", ") + x.name;
+    for (auto const& x : default_registry().entries()) {
+      if (!known.empty()) known += ", ";
+      known += x.name;
+    }
     throw usage_error("unknown schedule '" + r.schedule + "' (known: " + known + ")");
   }
   return e->make(r.shape, r.options);

@@ -47,8 +47,10 @@ int main(int argc, char** argv) {
   // CLI11 reports an unknown first word as "A subcommand is required"; name it instead.
   if (argc > 1 && argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->check_name(argv[1]); }).empty()) {
     std::string known;
-    for (auto const* s : app.get_subcommands([](CLI::App*) { return true; }))
-      known += (known.empty() ? "" : ", ") + s->get_name();
+    for (auto const* s : app.get_subcommands([](CLI::App*) { return true; })) {
+      if (!known.empty()) known += ", ";
+      known += s->get_name();
+    }
     return fail(cli::exit_usage, std::string("unknown command '") + argv[1] + "' (known: " + known + ")");
   }
   try {
