@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -141,7 +142,10 @@ class mlp_stage {
   std::span<double> weight_grad() { return grad_; }
 
   void forward(const loom::stage_context& c, loom::forward_buffers<double> b) {
-    if (c.microbatch == fail_on) throw std::runtime_error("injected failure");
+    if (c.microbatch == fail_on) {
+      if (exit_on_fail) std::exit(3);
+      throw std::runtime_error("injected failure");
+    }
     check(b.input.size() == input_size() && b.output.size() == output_size(), "forward buffer sizes");
     const double* x = b.input.data();
     const auto n = static_cast<std::size_t>(m_->samples);
@@ -211,6 +215,7 @@ class mlp_stage {
   int last_layer() const { return last_; }
 
   int fail_on = -1;  //!< microbatch whose forward throws (fault injection), or -1
+  bool exit_on_fail = false;  //!< the injected failure ends the process instead (fault tests)
 
  private:
   std::size_t idx(int l) const { return static_cast<std::size_t>(l - first_); }

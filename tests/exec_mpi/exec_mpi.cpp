@@ -1,0 +1,190 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// The executor under MPI (run by ctest under mpiexec, see CMakeLists.txt). Modes:
+//   train    - every registered family, several shapes, deterministic (bitwise) and default
+//              (1e-12) against the single-rank reference; rank 0 prints EXEC-MPI-TRAIN-OK.
+//   throw    - rank 1's stage throws: every rank must get the pipeline_error naming rank 1, and the
+//              retried step must match the reference.
+//   mismatch - the last rank holds another schedule: every rank must get the mismatch error.
+//   exit     - rank 1 exits inside a stage: every other rank must end with an error within seconds
+//              and print EXEC-FAULT-OK.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <loom/comm/mpi.hpp>
+#include <loom/exec/pipeline.hpp>
+#include <loom/schedule.hpp>
+
+#include "../../examples/01_quickstart/mlp.hpp"
+
+namespace {
+
+quickstart::mlp_spec spec_for(int stages) {
+  quickstart::mlp_spec m;
+  const int L = stages > 6 ? stages : 6;
+  m.widths.clear();
+  m.widths.push_back(4);
+  for (int l = 1; l < L; ++l) m.widths.push_back(3 + (l * 5) % 4);
+  m.widths.push_back(3);
+  return m;
+}
+
+struct trainer {
+  loom::mpi::comm& c;
+  const loom::schedule& s;
+  quickstart::mlp_spec m = spec_for(s.stages);
+  std::vector<double> targets;
+  loom::pipeline<loom::schedule, quickstart::mlp_stage, loom::mpi::comm> p;
+  trainer(loom::mpi::comm& comm, const loom::schedule& sched, loom::pipeline_options o)
+      : c(comm), s(sched), p(sched, comm, [this](loom::stage_id id) {
+          auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
+          return quickstart::mlp_stage(m, a, b, id.stage == s.stages - 1, &targets);
+        }, o) {}
+};
+
+//! Trains `steps` steps; returns the number of values that differ from the reference (bitwise
+//! when `bitwise`, else beyond 1e-12 relative), summed over all ranks.
+long long train_and_compare(loom::mpi::comm& c, const loom::schedule& s, bool deterministic, int steps) {
+  trainer t(c, s, {.deterministic = deterministic});
+  std::vector<std::vector<double>> ref_params, ref_grads;
+  for (int l = 0; l < t.m.layers(); ++l) ref_params.push_back(quickstart::initial_params(t.m, l));
+  const bool bitwise = deterministic && s.directions == 1;
+  long long bad = 0;
+  auto differs = [&](double a, double b, double norm) {
+    return bitwise ? std::memcmp(&a, &b, sizeof(double)) != 0 : std::abs(a - b) > 1e-12 * norm;
+  };
+  for (int st = 0; st < steps; ++st) {
+    auto data = quickstart::make_batch(t.m, s.microbatches, st);
+    t.targets = data.targets;
+    double got = t.p.step(data.inputs).loss;
+    double want = quickstart::reference_step(t.m, s.microbatches, data, 1.0 / s.microbatches, ref_params, ref_grads);
+    if (c.rank() == 0 && differs(got, want, std::abs(want))) ++bad;
+  }
+  for (auto& stg : t.p.stages())
+    for (int l = stg.first_layer(); l < stg.last_layer(); ++l) {
+      auto w = stg.layer_params(l);
+      auto const& ref = ref_params[static_cast<std::size_t>(l)];
+      double norm = 0;
+      for (double v : ref) norm = std::max(norm, std::abs(v));
+      for (std::size_t i = 0; i < w.size(); ++i) bad += differs(w[i], ref[i], norm) ? 1 : 0;
+    }
+  std::vector<std::int64_t> total{bad};
+  c.all_reduce(std::span<std::int64_t>(total), loom::reduce_op::sum);
+  return total[0];
+}
+
+int mode_train(loom::mpi::comm& c) {
+  const int P = c.size();
+  int runs = 0, failures = 0;
+  for (auto const& e : loom::default_registry().entries())
+    for (int m : {P, 2 * P + 1})
+      for (int v : {0, 2}) {
+        loom::shape sh = e.resolve({P, m, v});
+        if (!e.check(sh).empty()) continue;
+        loom::schedule s = e.make(sh);
+        for (bool det : {true, false}) {
+          long long bad = train_and_compare(c, s, det, 2);
+          ++runs;
+          if (bad != 0) {
+            ++failures;
+            if (c.rank() == 0)
+              std::printf("MISMATCH %s P=%d m=%d chunks=%d %s: %lld values differ\n", e.name.c_str(), sh.ranks,
+                          sh.microbatches, sh.chunks, det ? "deterministic" : "default", bad);
+          }
+        }
+      }
+  if (c.rank() == 0) {
+    std::printf("%d runs, %d mismatches\n", runs, failures);
+    if (failures == 0 && runs > 10) std::printf("EXEC-MPI-TRAIN-OK\n");
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+void expect(bool ok, int rank, const std::string& what) {
+  std::printf("%s rank %d: %s\n", ok ? "EXEC-FAULT-OK" : "EXEC-FAULT-MISSED", rank, what.c_str());
+  std::fflush(stdout);
+}
+
+int mode_throw(loom::mpi::comm& c) {
+  loom::schedule s = loom::generate(loom::zb_h1{}, {c.size(), 2 * c.size()});
+  trainer t(c, s, {.deterministic = true});
+  for (auto& st : t.p.stages()) st.fail_on = c.rank() == 1 ? 1 : -1;
+  auto data = quickstart::make_batch(t.m, s.microbatches, 0);
+  t.targets = data.targets;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    t.p.step(data.inputs);
+    expect(false, c.rank(), "no error");
+  } catch (const loom::pipeline_error& e) {
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    expect(e.rank() == 1 && std::string(e.what()).find("injected failure") != std::string::npos && sec < 5, c.rank(), e.what());
+  }
+  for (auto& st : t.p.stages()) st.fail_on = -1;
+  double got = t.p.step(data.inputs).loss;
+  std::vector<std::vector<double>> rp, rg;
+  for (int l = 0; l < t.m.layers(); ++l) rp.push_back(quickstart::initial_params(t.m, l));
+  double want = quickstart::reference_step(t.m, s.microbatches, data, 1.0 / s.microbatches, rp, rg);
+  expect(std::memcmp(&got, &want, sizeof(double)) == 0, c.rank(), "retried step matches the reference bitwise");
+  return 0;
+}
+
+int mode_mismatch(loom::mpi::comm& c) {
+  const int P = c.size();
+  loom::schedule a = loom::generate(loom::gpipe{}, {P, 4}), b = loom::generate(loom::one_f_one_b{}, {P, 4});
+  const loom::schedule& mine = c.rank() == P - 1 ? b : a;
+  trainer t(c, mine, {});
+  auto data = quickstart::make_batch(t.m, 4, 0);
+  t.targets = data.targets;
+  try {
+    t.p.step(data.inputs);
+    expect(false, c.rank(), "no error");
+  } catch (const loom::pipeline_error& e) {
+    expect(e.rank() == P - 1 && std::string(e.what()).find("schedule mismatch") != std::string::npos, c.rank(), e.what());
+  }
+  return 0;
+}
+
+
+//! A stage that exits the process in the middle of its forward on rank 1.
+int mode_exit(loom::mpi::comm& c) {
+  c.set_timeout(std::chrono::milliseconds(10000));
+  loom::schedule s = loom::generate(loom::one_f_one_b{}, {c.size(), 2 * c.size()});
+  trainer t(c, s, {});
+  auto data = quickstart::make_batch(t.m, s.microbatches, 0);
+  t.targets = data.targets;
+  t.p.step(data.inputs);  // one good step: the handshake is behind us
+  if (c.rank() == 1)
+    for (auto& st : t.p.stages()) {
+      st.fail_on = 2;  // rank 1's forward of microbatch 2 ends the process, mid-step
+      st.exit_on_fail = true;
+    }
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    t.p.step(data.inputs);
+    expect(false, c.rank(), "no error");
+  } catch (const loom::pipeline_error& e) {
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    expect(e.rank() == 1 && sec < 8, c.rank(), std::string(e.what()) + " after " + std::to_string(sec) + " s");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  loom::mpi::environment env(argc, argv);
+  auto c = loom::mpi::comm::world();
+  c.set_timeout(std::chrono::milliseconds(20000));
+  std::string mode = argc > 1 ? argv[1] : "train";
+  if (mode == "train") return mode_train(c);
+  if (mode == "throw") return mode_throw(c);
+  if (mode == "mismatch") return mode_mismatch(c);
+  if (mode == "exit") return mode_exit(c);
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
