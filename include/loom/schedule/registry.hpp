@@ -32,11 +32,14 @@
 #include "loom/schedule/zb_h1.hpp"
 #include "loom/schedule/zb_auto.hpp"
 #include "loom/schedule/zb_h2.hpp"
+#include "loom/schedule/v_half.hpp"
+#include "loom/schedule/v_min.hpp"
+#include "loom/schedule/zb_v.hpp"
 
 namespace loom {
 
 //! The built-in schedule families, in the order `loom list` prints them.
-using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v, chimera, bitpipe, hanayo, looped_bfs, gpipe_2bp, one_f_one_b_2bp, zb_auto>;
+using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v, chimera, bitpipe, hanayo, looped_bfs, gpipe_2bp, one_f_one_b_2bp, zb_auto, zb_v, v_half, v_min>;
 
 //! A type-erased family: what the registry stores.
 struct family_entry {
