@@ -90,7 +90,7 @@ inline ascii_grid ascii_cells(const schedule& s, const simulation& sim, double s
       std::size_t c1 = std::max(col(t.end), c0 + 1);
       if (row.size() < c1) row.resize(c1);
       row[c0] = detail::action_label(s, chunks, a, with_chunk);
-      for (std::size_t c = c0 + 1; c < c1; ++c) row[c] = "~";
+      for (std::size_t c = c0 + 1; c < c1; ++c) row[c].assign(1, '~');
       next_free = c1;
     }
     g.columns = std::max(g.columns, row.size());
@@ -141,7 +141,8 @@ inline std::string render_ascii(const schedule& s, const simulation& sim, const 
     }
     out += trim(ruler);
     for (std::size_t r = 0; r < g.cells.size(); ++r) {
-      std::string name = "r" + detail::to_text(static_cast<long long>(r));
+      std::string name = "r";
+      name += detail::to_text(static_cast<long long>(r));
       name.resize(prefix - 2, ' ');
       std::string line = name + "| ";
       for (std::size_t c = b0; c < b1; ++c) {

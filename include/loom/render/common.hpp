@@ -80,14 +80,20 @@ inline int chunk_of(const schedule& s, const std::vector<int>& chunks, int mb, i
 //! Label of one half: op + microbatch, plus `.k` for the model chunk when `with_chunk`.
 inline std::string half_label(op k, int mb, int chunk, bool with_chunk) {
   std::string t = std::string(to_string(k)) + to_text(mb);
-  if (with_chunk) t += "." + to_text(chunk);
+  if (with_chunk) {
+    t += '.';
+    t += to_text(chunk);
+  }
   return t;
 }
 
 //! Label of a compute action: `F3`, `BW0`, `F3.1` (chunk 1), `F3+B1` for an overlapped pair.
 inline std::string action_label(const schedule& s, const std::vector<int>& chunks, const action& a, bool with_chunk) {
   std::string t = half_label(a.kind == op::FB ? op::F : a.kind, a.mb, chunk_of(s, chunks, a.mb, a.stage), with_chunk);
-  if (a.kind == op::FB) t += "+" + half_label(a.bkind, a.bmb, chunk_of(s, chunks, a.bmb, a.bstage), with_chunk);
+  if (a.kind == op::FB) {
+    t += '+';
+    t += half_label(a.bkind, a.bmb, chunk_of(s, chunks, a.bmb, a.bstage), with_chunk);
+  }
   return t;
 }
 
