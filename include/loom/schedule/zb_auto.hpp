@@ -50,15 +50,14 @@
 //! is at least `(p-1)(b+2c) + (p-k)f`, so memory `k` must reach
 //! `floor(((p-1)(b+2c) + p f) / f)` before the warm-up bubble closes.
 //!
-//! p = 4, m = 8, f = b = w = 1, c = 0, mem_limit = 4 (loop): the greedy result (B's and W's
-//! interleave once memory is full; the tail is W's)
+//! p = 4, m = 8, f = b = w = 1, c = 0, mem_limit = 4 (loop; one column per time unit). At unit
+//! costs and 1F1B's memory the best order found is ZB-H1's (bubble rate 3/27 = 0.111, peak 4):
 //! ```
-//!   r0 | F0 F1 F2 F3 .  .  B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
-//!   r1 |    F0 F1 F2 F3 B0 F4 B1 W0 F5 B2 W1 F6 B3 W2 F7 B4 W3 B5 W4 B6 W5 B7 W6 W7
-//!   r2 |       F0 F1 F2 B0 F3 B1 F4 B2 W0 F5 B3 W1 F6 B4 W2 F7 B5 W3 B6 W4 B7 W5 W6 W7
-//!   r3 |          F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7
+//!   r0 | F0 F1 F2 F3  .  .  . B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
+//!   r1 |  . F0 F1 F2  .  . B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
+//!   r2 |  .  . F0 F1  . B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7
+//!   r3 |  .  .  . F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7
 //! ```
-//! (illustrative; `loom render zb-auto` prints the exact grid for a given shape and costs).
 
 #include <cstddef>
 #include <string>

@@ -1,0 +1,116 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// `loom best` ranks every runnable family: the table is sorted (within the memory limit first,
+// then by bubble rate), every row agrees with the library's own generate/simulate/lower, and bad
+// input exits 2 with one line on stderr.
+#include <doctest/doctest.h>
+
+#include <loom/schedule.hpp>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct result {
+  int status = -1;
+  std::string out;
+};
+
+result run(const std::string& args) {
+  result r;
+  std::string cmd = std::string(LOOM_CLI) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  REQUIRE(f != nullptr);
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), f)) r.out.append(buf.data(), n);
+  int st = pclose(f);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+void check_ranking(int p, int m, const loom::costs& k, double limit) {
+  char args[256];
+  std::snprintf(args, sizeof args, "best -p %d -m %d --f %g --b %g --w %g --c %g --mem-w-ratio %g --mem-limit %g --json",
+                p, m, k.f, k.b, k.w, k.c, k.mem_w_ratio, limit);
+  INFO(args);
+  result r = run(args);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  auto const& rows = j.at("ranking");
+  REQUIRE(rows.size() >= 5);
+  bool seen_over = false;
+  double prev = -1;
+  bool saw_auto = false;
+  for (auto const& x : rows) {
+    const bool fits = x.at("within_mem_limit").get<bool>();
+    const double rate = x.at("bubble_rate").get<double>();
+    // Sorted: fitting rows first, each group by bubble rate.
+    if (!fits && !seen_over) {
+      seen_over = true;
+      prev = -1;
+    }
+    CHECK((fits ? !seen_over : true));
+    CHECK(rate >= prev - 1e-12);
+    prev = rate;
+    // Agrees with the library.
+    std::string name = x.at("schedule").get<std::string>();
+    loom::generate_options o{.cost = k, .mem_limit = limit};
+    loom::shape s{p, m, 0};
+    std::string family = name;
+    if (auto sp = name.find(" ("); sp != std::string::npos) {
+      family = name.substr(0, sp);
+      bool vee = name.find("(v)") != std::string::npos;
+      o.placement = vee ? loom::placement_kind::v : loom::placement_kind::loop;
+      s.chunks = vee ? 2 : 1;
+      saw_auto = true;
+    }
+    auto const& e = loom::default_registry().at(family);
+    loom::schedule sched = e.make(s, o);
+    auto sim = loom::simulate(sched, k);
+    CHECK(rate == doctest::Approx(sim.bubble_rate).epsilon(1e-9));
+    CHECK(x.at("peak_activation").get<double>() == doctest::Approx(sim.max_peak_activation()).epsilon(1e-9));
+    CHECK(fits == (sim.max_peak_activation() <= limit + 1e-9));
+    CHECK(x.at("param_copies").get<int>() == sched.param_copies);
+    long long sends = 0;
+    for (auto const& prog : loom::lower(sched).programs)
+      for (auto const& a : prog) sends += a.kind == loom::op::send ? 1 : 0;
+    CHECK(x.at("p2p_transfers").get<long long>() == sends);
+  }
+  CHECK(saw_auto);
+}
+
+}  // namespace
+
+TEST_CASE("loom best ranks every runnable family, sorted, in agreement with the library") {
+  check_ranking(4, 8, {.f = 1, .b = 1, .w = 0.5, .c = 0.05}, 4);
+  check_ranking(4, 12, {.f = 1, .b = 1.1, .w = 0.6, .c = 0.02, .mem_w_ratio = 0.4}, 8);
+  check_ranking(6, 6, {}, 6);
+}
+
+TEST_CASE("loom best prints a table whose first row is the JSON ranking's first, and bytes when asked") {
+  result t = run("best -p 4 -m 8 --w 0.5 --mem-limit 4 --activation-bytes 1000");
+  REQUIRE(t.status == 0);
+  result j = run("best -p 4 -m 8 --w 0.5 --mem-limit 4 --activation-bytes 1000 --json");
+  REQUIRE(j.status == 0);
+  auto first = nlohmann::json::parse(j.out).at("ranking").at(0);
+  std::string name = first.at("schedule").get<std::string>();
+  auto line = t.out.find("\n   1  ");
+  REQUIRE(line != std::string::npos);
+  CHECK(t.out.find(name, line) == line + 7);
+  CHECK(first.at("p2p_bytes").get<double>() == doctest::Approx(1000.0 * first.at("p2p_transfers").get<double>()));
+}
+
+TEST_CASE("loom best rejects a missing shape, a --schedule and a bad limit with one line and exit 2") {
+  for (const char* args : {"best -m 8", "best -p 4", "best -p 4 -m 8 -s 1f1b", "best -p 4 -m 8 --mem-limit 0.5",
+                           "best -p 4 -m 8 --mem-limit x"}) {
+    INFO(args);
+    result r = run(args);
+    CHECK(r.status == 2);
+    CHECK(r.out.find("loom: ") == 0);
+    CHECK(r.out.find('\n') == r.out.size() - 1);
+  }
+}

@@ -1,0 +1,164 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// `loom best`: given costs, a shape and a memory limit, generates every registered family that
+// can run the shape (cost-aware ones such as zb-auto on both the loop and the V placement),
+// validates and simulates each, and prints them ranked: schedules within the memory limit first,
+// then by bubble rate, peak activation and communication volume. With --json, one JSON object.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+//! One ranked row.
+struct row {
+  std::string name;       // family (and placement for cost-aware families)
+  std::string placement;  // loop, v, bidirectional, custom
+  int chunks = 1;
+  double bubble_rate = 0, bubble_ratio = 0, makespan = 0, peak = 0;
+  int param_copies = 1;
+  long long transfers = 0;  // p2p sends after lowering
+  bool fits = true;         // peak <= mem limit on every rank (always true without a limit)
+};
+
+//! Number of point-to-point transfers in the lowered programs (sends; each has one receive).
+long long transfers_of(const loom::schedule& lowered) {
+  long long n = 0;
+  for (auto const& p : lowered.programs)
+    for (auto const& a : p) n += a.kind == loom::op::send ? 1 : 0;
+  return n;
+}
+
+struct best_text {
+  std::shared_ptr<loom::cli::request_text> req;
+  bool json = false;
+  std::string activation_bytes;
+};
+
+void run_best(const best_text& t) {
+  loom::cli::request r = loom::cli::parse_request(*t.req);
+  if (!r.schedule.empty()) throw loom::cli::usage_error("loom best ranks every family; do not give --schedule");
+  if (r.shape.ranks == 0) throw loom::cli::usage_error("--ranks is required");
+  if (r.shape.microbatches == 0) throw loom::cli::usage_error("--microbatches is required");
+  double bytes = -1;
+  if (!t.activation_bytes.empty()) bytes = loom::cli::parse_real("--activation-bytes", t.activation_bytes, 0);
+  const double limit = r.options.mem_limit;  // 0: none given
+
+  std::vector<row> rows;
+  json skipped = json::array();
+  for (auto const& e : loom::default_registry().entries()) {
+    // Cost-aware families run on both placements they support: the chunk count names it.
+    std::vector<std::pair<loom::shape, loom::generate_options>> runs;
+    if (e.cost_aware) {
+      for (auto pk : {loom::placement_kind::loop, loom::placement_kind::v}) {
+        loom::generate_options o = r.options;
+        o.placement = pk;
+        loom::shape s = r.shape;
+        s.chunks = pk == loom::placement_kind::v ? 2 : 1;
+        runs.push_back({s, o});
+      }
+    } else {
+      runs.push_back({e.resolve(r.shape), r.options});
+    }
+    for (auto const& [s, o] : runs) {
+      std::string label = e.cost_aware ? e.name + " (" + std::string(loom::to_string(o.placement)) + ")" : e.name;
+      if (std::string rule = e.check(e.resolve(s)); !rule.empty()) {
+        skipped.push_back({{"schedule", label}, {"reason", rule}});
+        continue;
+      }
+      loom::schedule sched;
+      try {
+        sched = e.make(s, o);
+      } catch (const loom::config_error&) {
+        throw;  // a bad cost or limit is the user's input: report it (exit 2)
+      } catch (const loom::schedule_error& ex) {
+        skipped.push_back({{"schedule", label}, {"reason", loom::cli::one_line(ex.what())}});
+        continue;
+      }
+      auto ev = loom::cli::evaluate(sched, r.cost);
+      if (!ev.valid.ok || !ev.sim.ok)
+        throw loom::cli::run_failure("family " + label + " produced an invalid schedule: " +
+                                     loom::cli::one_line(ev.valid.ok ? ev.sim.error : ev.valid.message));
+      row x;
+      x.name = label;
+      x.placement = std::string(loom::to_string(ev.sched.placement));
+      x.chunks = ev.sched.chunks;
+      x.bubble_rate = ev.sim.bubble_rate;
+      x.bubble_ratio = ev.sim.bubble_ratio;
+      x.makespan = ev.sim.makespan;
+      x.peak = ev.sim.max_peak_activation();
+      x.param_copies = ev.sched.param_copies;
+      x.transfers = transfers_of(loom::lower(ev.sched));
+      x.fits = limit <= 0 || x.peak <= limit + 1e-9;
+      rows.push_back(x);
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const row& a, const row& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.bubble_rate != b.bubble_rate) return a.bubble_rate < b.bubble_rate;
+    if (a.peak != b.peak) return a.peak < b.peak;
+    return a.transfers < b.transfers;
+  });
+
+  if (t.json) {
+    json j;
+    j["ranks"] = r.shape.ranks;
+    j["microbatches"] = r.shape.microbatches;
+    j["costs"] = {{"f", r.cost.f}, {"b", r.cost.b}, {"w", r.cost.w}, {"c", r.cost.c},
+                  {"fb", r.cost.fb >= 0 ? json(r.cost.fb) : json(nullptr)}, {"mem_w_ratio", r.cost.mem_w_ratio}};
+    j["mem_limit"] = limit > 0 ? json(limit) : json(nullptr);
+    json arr = json::array();
+    int rank = 1;
+    for (auto const& x : rows) {
+      json o{{"rank", rank++},          {"schedule", x.name},         {"placement", x.placement},
+             {"chunks", x.chunks},      {"bubble_rate", x.bubble_rate}, {"bubble_ratio", x.bubble_ratio},
+             {"makespan", x.makespan},  {"peak_activation", x.peak},  {"param_copies", x.param_copies},
+             {"p2p_transfers", x.transfers}, {"within_mem_limit", x.fits}};
+      if (bytes >= 0) o["p2p_bytes"] = bytes * static_cast<double>(x.transfers);
+      arr.push_back(o);
+    }
+    j["ranking"] = arr;
+    j["skipped"] = skipped;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::string head = fmt::format("# loom best: p={} m={} f={} b={} w={} c={} mem_w_ratio={} mem_limit={}\n", r.shape.ranks,
+                                 r.shape.microbatches, r.cost.f, r.cost.b, r.cost.w, r.cost.c, r.cost.mem_w_ratio,
+                                 limit > 0 ? fmt::format("{}", limit) : std::string("none"));
+  std::string out = head;
+  out += fmt::format("{:>4}  {:<24} {:>11} {:>10} {:>6} {:>9} {:>6}", "rank", "schedule", "bubble_rate", "peak_act",
+                     "params", "p2p", "fits");
+  if (bytes >= 0) out += fmt::format(" {:>12}", "p2p_bytes");
+  out += "\n";
+  int rank = 1;
+  for (auto const& x : rows) {
+    out += fmt::format("{:>4}  {:<24} {:>11.6f} {:>10.3f} {:>6} {:>9} {:>6}", rank++, x.name, x.bubble_rate, x.peak,
+                       x.param_copies, x.transfers, x.fits ? "yes" : "no");
+    if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
+    out += "\n";
+  }
+  for (auto const& s : skipped)
+    out += fmt::format("# skipped {}: {}\n", s["schedule"].get<std::string>(), s["reason"].get<std::string>());
+  std::fputs(out.c_str(), stdout);
+}
+
+loom::cli::register_command best_cmd{{.name = "best", .order = 40, .install = [](CLI::App& app) {
+  auto* sub = app.add_subcommand("best", "rank every family that can run a shape under costs and a memory limit");
+  auto t = std::make_shared<best_text>();
+  t->req = loom::cli::add_request_options(*sub);
+  sub->add_flag("--json", t->json, "print one JSON object");
+  sub->add_option("--activation-bytes", t->activation_bytes, "bytes per p2p transfer, to report communication bytes");
+  sub->callback([t] { run_best(*t); });
+}}};
+
+}  // namespace
