@@ -93,9 +93,14 @@ TEST_CASE("a receive with no matching send is reported as a deadlock, an unrecei
   low.programs[1].insert(low.programs[1].begin(), loom::recv_from(0, loom::payload::activation, 0, 0));
   CHECK(message_of(low).find("deadlock: this receive never matches a send") != std::string::npos);
 
+  // Rank 0's last action produces the input gradient of stage 0, which nobody consumes.
   auto low2 = loom::lower(loom::generate(loom::gpipe{}, {.ranks = 2, .microbatches = 1}));
-  low2.programs[0].push_back(loom::send_to(1, loom::payload::activation, 0, 0));
-  CHECK(message_of(low2).find("that rank 1 never receives") != std::string::npos);
+  low2.programs[0].push_back(loom::send_to(1, loom::payload::gradient, 0, 0));
+  CHECK(message_of(low2).find("rank 0 sends the gradient of mb 0 stage 0 that rank 1 never receives") != std::string::npos);
+
+  auto low3 = loom::lower(loom::generate(loom::gpipe{}, {.ranks = 2, .microbatches = 1}));
+  low3.programs[0].push_back(loom::send_to(1, loom::payload::activation, 0, 0));
+  CHECK(message_of(low3).find("sends an item that was already sent") != std::string::npos);
 }
 
 TEST_CASE("a malformed placement is rejected before any replay") {
