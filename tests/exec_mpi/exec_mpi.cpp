@@ -157,14 +157,18 @@ int mode_exit(loom::mpi::comm& c) {
   trainer t(c, s, {});
   auto data = quickstart::make_batch(t.m, s.microbatches, 0);
   t.targets = data.targets;
-  t.p.step(data.inputs);  // one good step: the handshake is behind us
-  if (c.rank() == 1)
-    for (auto& st : t.p.stages()) {
-      st.fail_on = 2;  // rank 1's forward of microbatch 2 ends the process, mid-step
-      st.exit_on_fail = true;
-    }
   auto t0 = std::chrono::steady_clock::now();
   try {
+    // One good step (the handshake is behind us), then rank 1's forward of microbatch 2 ends
+    // its process mid-step. A peer may still be completing the first step's final all-reduce
+    // when rank 1 leaves, so the error may surface there: both steps are inside the try.
+    t.p.step(data.inputs);
+    if (c.rank() == 1)
+      for (auto& st : t.p.stages()) {
+        st.fail_on = 2;
+        st.exit_on_fail = true;
+      }
+    t0 = std::chrono::steady_clock::now();
     t.p.step(data.inputs);
     expect(false, c.rank(), "no error");
   } catch (const loom::pipeline_error& e) {
