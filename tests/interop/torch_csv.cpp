@@ -25,9 +25,9 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// The shared test vectors live beside the repository: <repo>/../shared/interop/torch.
+// The PyTorch test vectors, copied into tests/interop/data/ from ../shared/interop/torch.
 std::string vector_file(std::string_view name) {
-  auto dir = std::filesystem::path(__FILE__).parent_path() / ".." / ".." / ".." / "shared" / "interop" / "torch";
+  auto dir = std::filesystem::path(__FILE__).parent_path() / "data";
   return slurp((dir / std::string(name)).string());
 }
 

@@ -16,7 +16,7 @@
 namespace {
 
 loom::schedule imported_dualpipev() {
-  auto path = std::filesystem::path(__FILE__).parent_path() / ".." / ".." / ".." / "shared" / "interop" / "torch" /
+  auto path = std::filesystem::path(__FILE__).parent_path() / "data" /
               "dualpipev_4rank_10mb.csv";
   std::ifstream f(path, std::ios::binary);
   REQUIRE_MESSAGE(f.good(), "cannot open " << path.string());
