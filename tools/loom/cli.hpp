@@ -211,6 +211,10 @@ struct request_text {
   std::string schedule, ranks, microbatches, chunks;
   std::string f = "1", b = "1", w = "1", c = "0", fb, mem_w_ratio = "1";
   std::string mem_limit, placement = "loop";
+  //! The options behind the optional values, set by `add_request_options`: an option given with
+  //! an empty value ("--ranks ''") is an error, not "absent". Null: absent when empty.
+  CLI::Option *ranks_opt = nullptr, *microbatches_opt = nullptr, *chunks_opt = nullptr, *fb_opt = nullptr,
+              *mem_limit_opt = nullptr;
 };
 
 //! The parsed common options. `shape.ranks`/`microbatches` are 0 when not given (a schedule
@@ -227,17 +231,17 @@ struct request {
 inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
   auto t = std::make_shared<request_text>();
   sub.add_option("--schedule,-s", t->schedule, "schedule family (see `loom list`)");
-  sub.add_option("--ranks,-p", t->ranks, "P: pipeline ranks (devices)");
-  sub.add_option("--microbatches,-m", t->microbatches, "m: microbatches per step");
-  sub.add_option("--chunks,-v", t->chunks, "V: model chunks per rank (default: the family's natural value)");
+  t->ranks_opt = sub.add_option("--ranks,-p", t->ranks, "P: pipeline ranks (devices)");
+  t->microbatches_opt = sub.add_option("--microbatches,-m", t->microbatches, "m: microbatches per step");
+  t->chunks_opt = sub.add_option("--chunks,-v", t->chunks, "V: model chunks per rank (default: the family's natural value)");
   sub.add_option("--f", t->f, "forward time of one microbatch through 1/P of the model")->capture_default_str();
   sub.add_option("--b", t->b, "input-gradient backward time")->capture_default_str();
   sub.add_option("--w", t->w, "weight-gradient backward time")->capture_default_str();
   sub.add_option("--c", t->c, "p2p latency between dependent actions on different ranks")->capture_default_str();
-  sub.add_option("--fb", t->fb, "time of an overlapped forward+backward pair (default: the sum of its parts)");
+  t->fb_opt = sub.add_option("--fb", t->fb, "time of an overlapped forward+backward pair (default: the sum of its parts)");
   sub.add_option("--mem-w-ratio", t->mem_w_ratio, "M_W/M_B: fraction of an activation that lives until W")
       ->capture_default_str();
-  sub.add_option("--mem-limit", t->mem_limit, "per-rank activation limit for cost-aware families");
+  t->mem_limit_opt = sub.add_option("--mem-limit", t->mem_limit, "per-rank activation limit for cost-aware families");
   sub.add_option("--placement", t->placement, "loop|v: placement request for cost-aware families")
       ->capture_default_str();
   return t;
@@ -245,23 +249,25 @@ inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
 
 //! Parses and checks the common options; throws `usage_error` naming the option and the value.
 inline request parse_request(const request_text& t) {
+  auto given = [](const CLI::Option* o, const std::string& text) { return o != nullptr ? o->count() > 0 : !text.empty(); };
   request r;
   r.schedule = t.schedule;
-  if (!t.schedule.empty() && t.ranks.empty()) throw usage_error("--ranks is required with --schedule '" + t.schedule + "'");
-  if (!t.schedule.empty() && t.microbatches.empty())
+  const bool ranks = given(t.ranks_opt, t.ranks), microbatches = given(t.microbatches_opt, t.microbatches);
+  if (!t.schedule.empty() && !ranks) throw usage_error("--ranks is required with --schedule '" + t.schedule + "'");
+  if (!t.schedule.empty() && !microbatches)
     throw usage_error("--microbatches is required with --schedule '" + t.schedule + "'");
-  if (!t.ranks.empty()) r.shape.ranks = parse_int("--ranks", t.ranks, 1, max_ranks);
-  if (!t.microbatches.empty()) r.shape.microbatches = parse_int("--microbatches", t.microbatches, 1, max_microbatches);
-  if (!t.chunks.empty()) r.shape.chunks = parse_int("--chunks", t.chunks, 1, max_chunks);
+  if (ranks) r.shape.ranks = parse_int("--ranks", t.ranks, 1, max_ranks);
+  if (microbatches) r.shape.microbatches = parse_int("--microbatches", t.microbatches, 1, max_microbatches);
+  if (given(t.chunks_opt, t.chunks)) r.shape.chunks = parse_int("--chunks", t.chunks, 1, max_chunks);
   r.cost.f = parse_real("--f", t.f, 0);
   r.cost.b = parse_real("--b", t.b, 0);
   r.cost.w = parse_real("--w", t.w, 0);
   r.cost.c = parse_real("--c", t.c, 0);
-  if (!t.fb.empty()) r.cost.fb = parse_real("--fb", t.fb, 0);
+  if (given(t.fb_opt, t.fb)) r.cost.fb = parse_real("--fb", t.fb, 0);
   r.cost.mem_w_ratio = parse_real("--mem-w-ratio", t.mem_w_ratio, 0, 1);
   if (r.cost.f + r.cost.b + r.cost.w <= 0) throw usage_error("--f, --b and --w are all 0; at least one must be > 0");
   r.options.cost = r.cost;
-  if (!t.mem_limit.empty()) {
+  if (given(t.mem_limit_opt, t.mem_limit)) {
     r.options.mem_limit = parse_real("--mem-limit", t.mem_limit, 0);
     if (r.options.mem_limit <= 0) throw usage_error("--mem-limit '" + t.mem_limit + "' must be > 0");
   }

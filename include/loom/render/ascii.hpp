@@ -122,7 +122,7 @@ inline std::string render_ascii(const schedule& s, const simulation& sim, const 
   if (o.header) {
     out += s.name + ": " + detail::to_text(s.ranks) + " ranks x " + detail::to_text(s.microbatches) + " microbatches";
     if (s.chunks > 1) out += ", " + detail::to_text(s.chunks) + " chunks per rank";
-    out += ", makespan " + detail::number(sim.makespan) + ", bubble ratio " + detail::rounded(sim.bubble_ratio, 3) +
+    out += ", makespan " + detail::rounded(sim.makespan, 4) + ", bubble ratio " + detail::rounded(sim.bubble_ratio, 3) +
            " (1 column = " + detail::number(g.step) + (g.step == 1 ? " time unit)\n" : " time units)\n");
   }
   auto trim = [](std::string line) {

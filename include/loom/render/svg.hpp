@@ -116,10 +116,10 @@ inline std::string render_svg(const schedule& s, const simulation& sim, const sv
                                             detail::to_text(s.microbatches) + " microbatches" +
                                             (s.chunks > 1 ? ", " + detail::to_text(s.chunks) + " chunks per rank" : "")
                                       : o.title;
-  std::string sub = "makespan " + detail::number(sim.makespan) + " \xC2\xB7 bubble ratio " +
+  std::string sub = "makespan " + detail::rounded(sim.makespan, 4) + " \xC2\xB7 bubble ratio " +
                     detail::rounded(100 * sim.bubble_ratio, 1) + "% \xC2\xB7 bubble rate " +
                     detail::rounded(100 * sim.bubble_rate, 1) + "% \xC2\xB7 peak activation " +
-                    detail::number(sim.max_peak_activation()) + " \xC2\xB7 " + std::string(to_string(s.placement)) +
+                    detail::rounded(sim.max_peak_activation(), 4) + " \xC2\xB7 " + std::string(to_string(s.placement)) +
                     " placement" + (s.param_copies > 1 ? " \xC2\xB7 " + detail::to_text(s.param_copies) + " parameter copies" : "");
 
   std::string out;

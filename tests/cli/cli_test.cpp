@@ -1,0 +1,273 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// Runs the `loom` binary (LOOM_CLI_PATH) and checks it against the library it is built from.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <loom/loom.hpp>
+
+namespace {
+
+struct result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string quote(const std::string& a) {
+  std::string q = "'";
+  for (char c : a) {
+    if (c == '\'') q += "'\\''";
+    else q += c;
+  }
+  return q + "'";
+}
+
+// Runs `loom args...` with a 60 s limit (a hang fails the test with code 124).
+result run(const std::vector<std::string>& args) {
+  const std::string dir = LOOM_CLI_WORKDIR;
+  const std::string out = dir + "/last.out", err = dir + "/last.err";
+  std::string cmd = "timeout 60 " + quote(LOOM_CLI_PATH);
+  for (auto const& a : args) cmd += " " + quote(a);
+  cmd += " >" + quote(out) + " 2>" + quote(err) + " </dev/null";
+  int status = std::system(cmd.c_str());
+  result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::size_t line_count(const std::string& s) {
+  std::size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+std::string tmp_path(const std::string& name) { return std::string(LOOM_CLI_WORKDIR) + "/" + name; }
+
+// Families and shapes compared with the library: every registered family on the shapes it
+// accepts, under costs with unequal f, b, w and a p2p latency.
+struct case_ {
+  std::string family;
+  loom::shape shape;
+};
+
+std::vector<case_> cases() {
+  std::vector<case_> out;
+  for (auto const& e : loom::default_registry().entries())
+    for (loom::shape sh : {loom::shape{2, 3, 0}, loom::shape{4, 8, 0}, loom::shape{3, 7, 0}})
+      if (e.check(e.resolve(sh)).empty()) out.push_back({e.name, sh});
+  out.push_back({"interleaved-1f1b", {3, 6, 3}});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("loom list prints every registered schedule name, one per line") {
+  auto r = run({"list"});
+  CHECK(r.code == 0);
+  CHECK(r.err.empty());
+  std::string expected;
+  for (auto const& e : loom::default_registry().entries()) expected += e.name + "\n";
+  CHECK(r.out == expected);
+  for (auto name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"})
+    CHECK(r.out.find(std::string(name) + "\n") != std::string::npos);
+}
+
+TEST_CASE("loom simulate --json agrees with the library's own simulation for every family") {
+  const loom::costs k{.f = 1, .b = 1.5, .w = 0.75, .c = 0.25, .fb = 2.25, .mem_w_ratio = 0.5};
+  for (auto const& c : cases()) {
+    CAPTURE(c.family);
+    CAPTURE(c.shape.ranks);
+    CAPTURE(c.shape.microbatches);
+    std::vector<std::string> args{"simulate", "--schedule", c.family, "--ranks", std::to_string(c.shape.ranks),
+                                  "--microbatches", std::to_string(c.shape.microbatches), "--f", "1", "--b", "1.5",
+                                  "--w", "0.75", "--c", "0.25", "--fb", "2.25", "--mem-w-ratio", "0.5", "--json"};
+    if (c.shape.chunks > 0) {
+      args.push_back("--chunks");
+      args.push_back(std::to_string(c.shape.chunks));
+    }
+    auto r = run(args);
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());
+    CHECK(line_count(r.out) == 1);
+    auto j = nlohmann::json::parse(r.out);
+
+    auto const& e = loom::default_registry().at(c.family);
+    loom::generate_options o;
+    o.cost = k;
+    auto s = e.make(c.shape, o);
+    auto sim = loom::simulate(s, k);
+    REQUIRE(sim.ok);
+    CHECK(j.at("schedule") == c.family);
+    CHECK(j.at("ranks") == c.shape.ranks);
+    CHECK(j.at("microbatches") == c.shape.microbatches);
+    CHECK(j.at("chunks") == s.chunks);
+    CHECK(j.at("valid") == true);
+    CHECK(j.at("makespan").get<double>() == sim.makespan);
+    CHECK(j.at("bubble_ratio").get<double>() == sim.bubble_ratio);
+    CHECK(j.at("bubble_rate").get<double>() == sim.bubble_rate);
+    CHECK(j.at("peak_activation").get<std::vector<double>>() == sim.peak_activation);
+    CHECK(j.at("param_copies") == s.param_copies);
+    REQUIRE(j.at("stage_to_rank").size() == static_cast<std::size_t>(s.directions));
+    for (int d = 0; d < s.directions; ++d)
+      for (int st = 0; st < s.stages; ++st)
+        CHECK(j.at("stage_to_rank").at(d).at(st) == s.stage_to_rank[static_cast<std::size_t>(d * s.stages + st)]);
+    REQUIRE(j.at("mb_direction").size() == static_cast<std::size_t>(s.microbatches));
+    for (int mb = 0; mb < s.microbatches; ++mb) CHECK(j.at("mb_direction").at(mb) == s.direction_of(mb));
+    REQUIRE(j.at("actions").size() == s.programs.size());
+    for (std::size_t rk = 0; rk < s.programs.size(); ++rk) {
+      auto const& row = j.at("actions").at(rk);
+      REQUIRE(row.size() == s.programs[rk].size());
+      for (std::size_t i = 0; i < row.size(); ++i) {
+        auto const& a = s.programs[rk][i];
+        auto const& x = row.at(i);
+        CHECK(x.at("op") == loom::to_string(a.kind));
+        CHECK(x.at("mb") == a.mb);
+        CHECK(x.at("stage") == a.stage);
+        CHECK(x.at("start").get<double>() == sim.times[rk][i].start);
+        CHECK(x.at("end").get<double>() == sim.times[rk][i].end);
+        if (a.kind == loom::op::FB) {
+          CHECK(x.at("bop") == loom::to_string(a.bkind));
+          CHECK(x.at("bmb") == a.bmb);
+          CHECK(x.at("bstage") == a.bstage);
+        } else {
+          CHECK(!x.contains("bop"));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("loom simulate's summary reports the closed-form numbers of ZB-H1") {
+  // ARCHITECTURE.md: ZB-H1 bubble time (p-1)(f+b-w) = 3 at p = 4, f = b = w = 1; peak p = 4;
+  // makespan m(f+b+w) + 3 = 27.
+  auto r = run({"simulate", "--schedule", "zb-h1", "--ranks", "4", "--microbatches", "8"});
+  CHECK(r.code == 0);
+  CHECK(r.err.empty());
+  CHECK(r.out.find("valid            yes") != std::string::npos);
+  CHECK(r.out.find("makespan         27\n") != std::string::npos);
+  CHECK(r.out.find("bubble time      3 3 3 3 ") != std::string::npos);
+  CHECK(r.out.find("peak activation  4 4 4 4 ") != std::string::npos);
+  CHECK(r.out.find("param copies     1\n") != std::string::npos);
+}
+
+TEST_CASE("loom render draws ASCII by default and writes a well-formed SVG and a parseable trace") {
+  auto r = run({"render", "--schedule", "zb-h2", "--ranks", "3", "--microbatches", "5"});
+  CHECK(r.code == 0);
+  CHECK(r.err.empty());
+  CHECK(r.out.rfind("zb-h2: 3 ranks x 5 microbatches", 0) == 0);
+  for (auto row : {"\nr0 | F0 ", "\nr1 | ", "\nr2 | "}) CHECK(r.out.find(row) != std::string::npos);
+
+  auto s = loom::generate(loom::zb_h2{}, {3, 5});
+  auto sim = loom::simulate(s);
+  const std::string svg = tmp_path("zb-h2.svg"), trace = tmp_path("zb-h2.json");
+  std::remove(svg.c_str());
+  std::remove(trace.c_str());
+  r = run({"render", "--schedule", "zb-h2", "--ranks", "3", "--microbatches", "5", "--svg", svg, "--trace", trace});
+  CHECK(r.code == 0);
+  CHECK(r.err.empty());
+  CHECK(r.out.find("wrote " + svg) != std::string::npos);
+  auto doc = slurp(svg);
+  CHECK(doc.rfind("<?xml", 0) == 0);
+  CHECK(doc.find("</svg>") != std::string::npos);
+  CHECK(doc == loom::render_svg(s, sim));  // the CLI draws what the library draws
+  std::size_t boxes = 0;
+  for (auto p = doc.find("class=\"action\""); p != std::string::npos; p = doc.find("class=\"action\"", p + 1)) ++boxes;
+  CHECK(boxes == s.size());
+  auto j = nlohmann::json::parse(slurp(trace));
+  std::size_t events = 0;
+  for (auto const& e : j.at("traceEvents")) events += e.at("ph") == "X";
+  CHECK(events == s.size());
+}
+
+TEST_CASE("bad input gives exit code 2 and exactly one stderr line naming the offending value") {
+  const std::string base[] = {"simulate", "--schedule", "zb-h1", "--ranks", "4", "--microbatches", "8"};
+  auto with = [&](std::initializer_list<std::string> extra) {
+    std::vector<std::string> v(std::begin(base), std::end(base));
+    v.insert(v.end(), extra);
+    return v;
+  };
+  auto shape_of = [](std::string sched, std::string p, std::string m) {
+    return std::vector<std::string>{"simulate", "--schedule", sched, "--ranks", p, "--microbatches", m};
+  };
+  struct bad {
+    std::vector<std::string> args;
+    std::string mentions;
+  };
+  const std::vector<bad> cases = {
+      {shape_of("no-such-schedule", "4", "8"), "no-such-schedule"},
+      {shape_of("zb-h1", "0", "8"), "--ranks '0'"},
+      {shape_of("zb-h1", "-3", "8"), "--ranks '-3'"},
+      {shape_of("zb-h1", "4", "0"), "--microbatches '0'"},
+      {shape_of("zb-h1", "4x", "8"), "'4x'"},
+      {shape_of("zb-h1", "", "8"), "--ranks ''"},
+      {shape_of("zb-h1", "4", "8.5"), "'8.5'"},
+      {shape_of("zb-h1", "99999999999999999999", "8"), "99999999999999999999"},
+      {with({"--f", "nan"}), "'nan'"},
+      {with({"--b", "1e999"}), "'1e999'"},
+      {with({"--w", "inf"}), "'inf'"},
+      {with({"--c", "-1"}), "'-1'"},
+      {with({"--f", "1x"}), "'1x'"},
+      {with({"--fb", ""}), "--fb"},
+      {with({"--mem-w-ratio", "2"}), "'2'"},
+      {with({"--chunks", "0"}), "--chunks '0'"},
+      {with({"--chunks", "2"}), "chunks=2"},  // a shape zb-h1 cannot run
+      {with({"--placement", "diagonal"}), "'diagonal'"},
+      {with({"--mem-limit", "0"}), "--mem-limit '0'"},
+      {with({"--bogus-flag"}), "--bogus-flag"},
+      {{"simulate", "--ranks", "4", "--microbatches", "8"}, "--schedule"},
+      {{"simulate", "--schedule", "zb-h1", "--ranks", "4"}, "--microbatches"},
+      {{"frobnicate"}, "'frobnicate'"},
+      {{"render", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--svg", "/nonexistent-dir/x.svg"},
+       "/nonexistent-dir/x.svg"},
+      {{"render", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--trace", LOOM_CLI_WORKDIR},
+       LOOM_CLI_WORKDIR},
+      {{"render", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--step", "-1"}, "'-1'"},
+      {{"render", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--width", "wide"}, "'wide'"},
+  };
+  for (auto const& c : cases) {
+    std::string shown;
+    for (auto const& a : c.args) shown += a + " ";
+    CAPTURE(shown);
+    auto r = run(c.args);
+    CHECK(r.code == 2);
+    CHECK(line_count(r.err) == 1);
+    CHECK(r.err.rfind("loom: ", 0) == 0);
+    CHECK(r.err.find(c.mentions) != std::string::npos);
+    CHECK(r.out.empty());
+  }
+  // A family's rule is reported verbatim: ZB-H1 runs one chunk per rank.
+  auto r = run(with({"--chunks", "3"}));
+  auto rule = loom::check(loom::zb_h1{}, {4, 8, 3});
+  REQUIRE(!rule.empty());
+  CHECK(r.err == "loom: " + rule + "\n");
+}
+
+TEST_CASE("help is not an error") {
+  auto r = run({"--help"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("simulate") != std::string::npos);
+  r = run({"render", "--help"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("--svg") != std::string::npos);
+}
