@@ -1,0 +1,12 @@
+# Runs the quick example and checks that README.md contains its output verbatim.
+execute_process(COMMAND ${EXE} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "quick example exited with ${rc}")
+endif()
+file(READ ${README} readme)
+string(STRIP "${out}" out)
+string(FIND "${readme}" "${out}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README.md does not show the quick example's current output:\n${out}")
+endif()
+message(STATUS "README shows the quick example's output")
