@@ -22,6 +22,13 @@
 //! which 24 busy on every rank (bubble ratio 1/7). Peak activation (both replicas)
 //! D on the middle ranks, a little less towards the ends (e.g. 3.5 4 4 3.5 for D = N = 4).
 //!
+//! Sources: the formulas above are what this construction achieves, not quotations (the paper's
+//! text was not available to us). The authors' Megatron schedule (wuhouming/BitPipe,
+//! `megatron/core/pipeline_parallel/bitpipe_schedule.py`) differs from this wavefront order: it
+//! requires m a multiple of P, uses 2P micro-batches as its basic unit and warms rank r up with
+//! P + P/2 + min(r, P-1-r) forwards (unless its micro-batch count equals P); loom's order
+//! matches only its published D = N = 4 figure.
+//!
 //! D = 4, N = 4, v = 2, f = 2, b = w = 2 (each chunk forward 1 unit, backward 2; the paper's
 //! Fig. "BitPipe"; mbs 0,1 down, 2,3 up; the figure delays some forwards to slot boundaries,
 //! loom runs them as soon as they are ready, with the same order and the same 28 units):

@@ -17,14 +17,24 @@
 //! things in one step. Any P >= 1 and m >= 1 run (odd P or a partial last unit just leave more
 //! idle steps); one stage per rank per direction, so chunks must be 1.
 //!
-//! Closed forms (N = m = the microbatches every rank runs per iteration, §3: "N micro-batches
-//! executed by each worker"; D = P even; N a multiple of D; c = 0; a forward as long as a full
-//! backward, i.e. loom costs f = b + w, the step model of the authors' generator):
-//! bubble ratio (D-2)/(2N+D-2), i.e. D-2 idle steps per rank against 2(D-1) for 1F1B.
-//! Peak activation: D/2+1 on the end ranks up to D in the middle (the paper's
-//! [(D/2+1)M_a, D M_a]), counting both replicas' activations. With the paper's other setting,
-//! backward = 2 x forward, this order leaves more idle time than the formula (see
-//! docs/schedules-more.md).
+//! What the paper states (§2, "Bubbles in the pipeline", and its comparison table): GPipe and
+//! DAPPLE incur 2(D-1) bubbles (D-1 in the forward passes, D-1 in the backward passes); Chimera
+//! incurs D-2 (D/2-1 in the forward and D/2-1 in the backward passes); bubble ratio
+//! (D-2)/(2N+D-2) against (D-1)/(N+D-1); weights 2M_theta; activations [(D/2+1)M_a, D M_a]
+//! (N = micro-batches each worker runs per iteration = m here, D = P even). The ratio counts
+//! passes and bubbles in pass units, so it is a statement about time exactly when every pass
+//! slot has one length, loom costs f = b + w; loom meets it there for every even D and every N
+//! multiple of D (tests), with peaks D/2+1 on the end ranks and D in the middle.
+//! At a full backward of two forwards (loom's default) the same order leaves more idle time
+//! than D/2-1 forward-sized plus D/2-1 backward-sized bubbles (D = N = 4: makespan 16, not 15).
+//!
+//! More micro-batches (§3.5): units are concatenated; the paper notes that direct concatenation
+//! leaves intermediate bubbles because a backward is longer than a forward, and proposes
+//! forward doubling (removes them, at twice the activation memory) and backward halving. loom
+//! implements direct concatenation only, as the authors' released generator does
+//! (Shigangli/Chimera, `chimera_pipeline_rank.py`; `pipeline.py` asserts an even stage count
+//! and whole units of micro-batches). Forward doubling and backward halving are not implemented: their
+//! exact op order was not available to us (see docs/schedules-more.md).
 //!
 //! D = 4, N = 4, f = 2, b = w = 1, one character per step of 2 time units (mbs 0,1 down, 2,3 up;
 //! 4 idle steps of 20 per rank, ratio 2/10):

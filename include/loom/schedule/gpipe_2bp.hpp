@@ -3,13 +3,19 @@
 #pragma once
 
 //! \file
-//! GPipe with 2-stage backpropagation (Rae, Lee & Richards, "2BP: 2-Stage Backpropagation",
-//! 2024, §3; GPipe: Huang et al. 2019).
+//! GPipe with 2-stage backpropagation (Rae, Lee & Richings, "2BP: 2-Stage Backpropagation",
+//! arXiv 2405.18047, 2024, §3 and Fig. 1; GPipe: Huang et al. 2019).
 //!
 //! 2BP splits each backward into backward-p1 (the input gradient, loom's B) and backward-p2
 //! (the weight gradient, W) and defers every backward-p2 until the rank has sent all its
 //! input gradients, so the next rank up the chain is never kept waiting on weight gradients.
 //! Rank r runs F(0..m-1), B(0..m-1), W(0..m-1). Loop placement, one stage per rank, any m >= 1.
+//!
+//! Sources: the paper's Fig. 1 draws Naive, GPipe, 1F1B-1 and 1F1B-2 with and without 2BP and
+//! assumes forward, backward-p1 and backward-p2 take equal time (loom f = b = w); the text says
+//! backward-p2 is delayed. That *every* backward-p2 waits for the end of the step is loom's
+//! reading of the figure, not a quoted rule (docs/schedules-more.md). The bubble time below is
+//! loom's, derived for this order, not a formula printed in the paper.
 //!
 //! Closed forms (c = 0): bubble time (P-1)(f+b) on rank 0, i.e. GPipe's (P-1)(f+b+w) minus
 //! (P-1)w; peak activation m (M_W/M_B = 1: activations live until their W).

@@ -20,6 +20,9 @@
 //! beyond full units. Peak activation P on the last rank, less towards rank 0 ((P+1)/2 for
 //! W = 1), never above P.
 //!
+//! Sources: the bubble formula above is what this construction achieves in loom's simulator,
+//! not a quotation of the paper's own formula or op order (not available to us).
+//!
 //! P = 4, N = 4, W = 1, f = 2, b = w = 1 (one character per time unit; each rank runs two
 //! stages, so every microbatch appears twice per row):
 //! (digit j: F of microbatch j; letter a+j: its fused backward BW; capital A+j: its W; `.` idle)

@@ -3,13 +3,19 @@
 #pragma once
 
 //! \file
-//! 1F1B with 2-stage backpropagation (Rae, Lee & Richards, "2BP: 2-Stage Backpropagation",
-//! 2024, §3; 1F1B: Narayanan et al. 2021).
+//! 1F1B with 2-stage backpropagation (Rae, Lee & Richings, "2BP: 2-Stage Backpropagation",
+//! arXiv 2405.18047, 2024, §3 and Fig. 1; 1F1B: Narayanan et al. 2021).
 //!
 //! 1F1B's order with every fused backward replaced by its input-gradient half (B, 2BP's
 //! backward-p1), and every weight-gradient half (W, backward-p2) deferred to the end of the
 //! step: rank r warms up with min(P-1-r, m) forwards, alternates F and B, drains the B's, then
 //! runs W(0..m-1). Loop placement, one stage per rank, any m >= 1.
+//!
+//! Sources: the paper's Fig. 1 draws Naive, GPipe, 1F1B-1 and 1F1B-2 with and without 2BP and
+//! assumes forward, backward-p1 and backward-p2 take equal time (loom f = b = w); the text says
+//! backward-p2 is delayed. That *every* backward-p2 waits for the end of the step is loom's
+//! reading of the figure, not a quoted rule (docs/schedules-more.md). The bubble time below is
+//! loom's, derived for this order, not a formula printed in the paper.
 //!
 //! Closed forms (c = 0): bubble time (P-1)(f+b) on rank 0, i.e. 1F1B's (P-1)(f+b+w) minus
 //! (P-1)w; the price is memory: with M_W/M_B = 1 every activation lives until the W tail, so
