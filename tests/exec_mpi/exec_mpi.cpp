@@ -53,7 +53,7 @@ long long train_and_compare(loom::mpi::comm& c, const loom::schedule& s, bool de
   trainer t(c, s, {.deterministic = deterministic});
   std::vector<std::vector<double>> ref_params, ref_grads;
   for (int l = 0; l < t.m.layers(); ++l) ref_params.push_back(quickstart::initial_params(t.m, l));
-  const bool bitwise = deterministic && s.directions == 1;
+  const bool bitwise = deterministic;
   long long bad = 0;
   auto differs = [&](double a, double b, double norm) {
     return bitwise ? std::memcmp(&a, &b, sizeof(double)) != 0 : std::abs(a - b) > 1e-12 * norm;

@@ -38,13 +38,22 @@
 //! stage adds each microbatch's weight gradient into its accumulator in execution order. In
 //! deterministic mode it adds into a zeroed per-microbatch slot and the pipeline folds the slots
 //! into the accumulator in microbatch order, `acc += g(0); acc += g(1); ...`, so the result is
-//! bitwise the same for every schedule and rank count (with one parameter copy per stage). The
-//! step's loss is the sum of the microbatch losses in microbatch order, times the loss scale.
-//! Bidirectional schedules (two paths, `param_copies = 2`) hold virtual stage `s` of each path as
-//! a copy of the same model chunk: after the agreement both copies' accumulators are set to
-//! (direction 0's gradient) + (direction 1's), so the copies stay identical; this sum is not in
-//! microbatch order, so there deterministic mode is reproducible run to run but matches a
-//! single-rank reference to rounding only.
+//! bitwise the same for every schedule and rank count. The step's loss is the sum of the
+//! microbatch losses in microbatch order, times the loss scale.
+//!
+//! Two parameter copies. Bidirectional schedules (two paths, `param_copies = 2`: DualPipe,
+//! Chimera, BitPipe) hold virtual stage `s` of each path as a copy of the same model chunk; each
+//! copy computes the weight gradients of its direction's microbatches. After the agreement both
+//! copies' accumulators are made equal, bit for bit:
+//! - default mode: both are set to (direction 0's gradient) + (direction 1's), exchanged once;
+//! - deterministic mode: both hold the fold of all `m` contributions in microbatch order, the
+//!   single-rank reference's sum. Each copy folds while the next microbatch is its own, keeps
+//!   the rest in their slots, and after the step the two ranks exchange the held contributions
+//!   (and the prefix already folded) and fold them in the same order; when both copies are on
+//!   one rank they share one reorder buffer. The extra memory (held slots and received buffers,
+//!   `stage_slots::copy_recv`) is `2(m - k) + 1` weight-gradient buffers per stage pair, `k` the
+//!   first microbatch whose direction differs from microbatch 0's; see
+//!   `loom/stage/buffer_plan.hpp`.
 
 #include <algorithm>
 #include <chrono>
@@ -333,8 +342,10 @@ class pipeline {
  private:
   struct local_stage {
     detail::slot_pool<value_type> in, stash, grad, send_act, send_grad, wgrad;
-    std::vector<char> contributed;
-    std::vector<value_type> twin;  // the other direction's gradient (two-copy schedules)
+    std::vector<char> contributed;   // deterministic mode, on the fold leader: microbatches handed in
+    std::vector<value_type> twin;    // two copies on two ranks: buffers received from the other copy
+    std::size_t leader = 0;          // local stage whose accumulator this stage's folds go to
+    int twin_rank = -1;              // rank of the other copy (two directions), or -1
     int next_fold = 0;
     std::size_t in_size = 0, out_size = 0, stash_size = 0, wg_size = 0;
   };
@@ -360,7 +371,8 @@ class pipeline {
     const auto L = plan_.local.size();
     stages_.reserve(L);
     locals_.resize(L);
-    std::size_t max_out_last = 0, max_in_first = 0, sends = 0;
+    std::size_t max_out_last = 0, max_in_first = 0, sends = 0, copy_req_count = 0;
+    first_change_ = detail::first_direction_change(sched_);
     for (std::size_t li = 0; li < L; ++li) {
       auto const& sl = plan_.local[li];
       ids_.push_back(sl.id);
@@ -378,7 +390,22 @@ class pipeline {
       l.send_grad.init(sl.send_grad, l.in_size, M_);
       l.wgrad.init(opt_.deterministic ? sl.wgrad : 0, l.wg_size, M_);
       l.contributed.assign(static_cast<std::size_t>(M_), 0);
-      if (sched_.directions == 2) l.twin.assign(l.wg_size, value_type{});
+      l.leader = li;
+      l.twin_rank = detail::twin_rank(sched_, sl.id.direction, sl.id.stage);
+      if (l.twin_rank == rank_) {
+        l.leader = static_cast<std::size_t>(plan_.index_of(0, sl.id.stage));
+      } else if (l.twin_rank >= 0) {
+        const int bufs = opt_.deterministic ? sl.copy_recv : 1;
+        l.twin.assign(static_cast<std::size_t>(bufs) * l.wg_size, value_type{});
+        // Requests of the exchange: one per received buffer and one per sent one (the held
+        // slots of this copy, plus the prefix on the leader; the accumulator in default mode).
+        int sent = 1;
+        if (opt_.deterministic) {
+          sent = sched_.direction_of(0) == sl.id.direction ? 1 : 0;
+          for (int j = first_change_; j < M_; ++j) sent += sched_.direction_of(j) == sl.id.direction ? 1 : 0;
+        }
+        copy_req_count += static_cast<std::size_t>(bufs + sent);
+      }
       sends += static_cast<std::size_t>(sl.send_act + sl.send_grad);
       if (sl.id.stage == S_ - 1) max_out_last = std::max(max_out_last, l.out_size);
       if (sl.id.stage == 0) max_in_first = std::max(max_in_first, l.in_size);
@@ -391,7 +418,7 @@ class pipeline {
     scale_ = scale;
     recv_reqs_.resize(plan_.recv_positions.size());
     send_reqs_.resize(sends);
-    copy_reqs_.resize(2 * L);
+    copy_reqs_.resize(copy_req_count);
     for (std::size_t li = 0; li < L; ++li) copy_order_.push_back(li);
     std::stable_sort(copy_order_.begin(), copy_order_.end(),
                      [&](std::size_t a, std::size_t b) { return ids_[a].stage < ids_[b].stage; });
@@ -435,19 +462,30 @@ class pipeline {
       if (hs[r * hs_words] != hs[0])
         throw pipeline_error(static_cast<int>(r), "schedule mismatch: " + describe(0) + " but " + describe(r) +
                                                       "; every rank must run the same schedule with the same options");
-    // Sizes: every stage's input and output, gathered; neighbours must agree.
+    // Sizes: every stage's input, output and weight gradient, gathered; neighbours must agree,
+    // and so must the two copies of a stage on two-direction schedules (they exchange gradients).
     const auto D = static_cast<std::size_t>(sched_.directions), S = static_cast<std::size_t>(S_);
-    std::vector<std::int64_t> sz(D * S * 2, 0);
+    std::vector<std::int64_t> sz(D * S * 3, 0);
     for (std::size_t li = 0; li < locals_.size(); ++li) {
       auto id = ids_[li];
-      auto k = (static_cast<std::size_t>(id.direction) * S + static_cast<std::size_t>(id.stage)) * 2;
+      auto k = (static_cast<std::size_t>(id.direction) * S + static_cast<std::size_t>(id.stage)) * 3;
       sz[k] = static_cast<std::int64_t>(locals_[li].in_size);
       sz[k + 1] = static_cast<std::int64_t>(locals_[li].out_size);
+      sz[k + 2] = static_cast<std::int64_t>(locals_[li].wg_size);
     }
     comm_->all_reduce(std::span<std::int64_t>(sz), reduce_op::sum);
+    if (D == 2)
+      for (std::size_t s = 0; s < S; ++s)
+        if (sz[s * 3 + 2] != sz[(S + s) * 3 + 2]) {
+          int r0 = sched_.stage_to_rank[s], r1 = sched_.stage_to_rank[S + s];
+          throw pipeline_error(r1, "wrong buffer size: the two copies of stage " + std::to_string(s) +
+                                       " hold weight gradients of " + std::to_string(sz[s * 3 + 2]) + " (rank " +
+                                       std::to_string(r0) + ", direction 0) and " + std::to_string(sz[(S + s) * 3 + 2]) +
+                                       " (rank " + std::to_string(r1) + ", direction 1) elements; they must be equal");
+        }
     for (std::size_t d = 0; d < D; ++d)
       for (std::size_t s = 1; s < S; ++s) {
-        auto in = sz[(d * S + s) * 2], out = sz[(d * S + s - 1) * 2 + 1];
+        auto in = sz[(d * S + s) * 3], out = sz[(d * S + s - 1) * 3 + 1];
         if (in != out) {
           int r = sched_.stage_to_rank[d * S + s], q = sched_.stage_to_rank[d * S + s - 1];
           throw pipeline_error(r, "wrong buffer size: stage " + std::to_string(s) + " (rank " + std::to_string(r) +
@@ -490,7 +528,7 @@ class pipeline {
       auto& l = locals_[li];
       for (auto* p : {&l.in, &l.stash, &l.grad, &l.send_act, &l.send_grad, &l.wgrad}) p->reset();
       std::fill(l.contributed.begin(), l.contributed.end(), 0);
-      l.next_fold = first_of_direction(ids_[li].direction, 0);
+      l.next_fold = sched_.directions == 2 ? 0 : first_of_direction(ids_[li].direction, 0);
       auto wg = std::span<value_type>(stages_[li].weight_grad());
       std::fill(wg.begin(), wg.end(), value_type{});
       if (ids_[li].stage == 0 && inputs.size() != static_cast<std::size_t>(M_) * l.in_size)
@@ -677,51 +715,93 @@ class pipeline {
     return g;
   }
 
-  //! Deterministic mode: adds every contiguous ready microbatch's slot into the accumulator.
+  //! Deterministic mode: adds every contiguous ready microbatch's slot into the leader's
+  //! accumulator. The fold sequence is the stage's direction, or on two-direction schedules every
+  //! microbatch; one computed by the other copy on another rank stops it until `sync_copies`.
   void fold(std::size_t li, int mb) {
     if (!opt_.deterministic) return;
-    auto& l = locals_[li];
+    const std::size_t ld = locals_[li].leader;
+    auto& l = locals_[ld];
     l.contributed[static_cast<std::size_t>(mb)] = 1;
-    const int dir = ids_[li].direction;
+    const int s = ids_[ld].stage, dir = ids_[ld].direction;
+    const bool paired = sched_.directions == 2;
     while (l.next_fold < M_ && l.contributed[static_cast<std::size_t>(l.next_fold)]) {
-      std::span<value_type> acc = stages_[li].weight_grad();
-      auto g = l.wgrad.get(l.next_fold);
+      std::span<value_type> acc = stages_[ld].weight_grad();
+      auto& owner = paired ? local(l.next_fold, s) : l;
+      auto g = owner.wgrad.get(l.next_fold);
       for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
-      l.wgrad.give(l.next_fold);
-      l.next_fold = first_of_direction(dir, l.next_fold + 1);
+      owner.wgrad.give(l.next_fold);
+      l.next_fold = paired ? l.next_fold + 1 : first_of_direction(dir, l.next_fold + 1);
     }
   }
 
   // ---- two parameter copies ---------------------------------------------------------------
   //! Bidirectional schedules hold stage s of each path as a copy of the same model chunk; both
-  //! copies end the step with the gradient (direction 0's) + (direction 1's), bit for bit.
+  //! copies end the step with the same gradient, bit for bit (see the file comment).
   void sync_copies() {
     // Exchanges in stage order: between two ranks each stage index pairs one copy with the other,
     // so both sides post their sends and receives in the same (FIFO-matched) order.
+    const bool det = opt_.deterministic;
+    const int lead_dir = sched_.direction_of(0);
     std::size_t nreq = 0;
     for (std::size_t li : copy_order_) {
-      auto id = ids_[li];
-      int twin = sched_.stage_to_rank[static_cast<std::size_t>((1 - id.direction) * S_ + id.stage)];
-      if (twin == rank_) continue;
+      auto& l = locals_[li];
+      if (l.twin_rank < 0 || l.twin_rank == rank_) continue;
+      const int dir = ids_[li].direction;
       std::span<value_type> acc = stages_[li].weight_grad();
-      copy_reqs_[nreq++] = comm_->irecv(twin, std::as_writable_bytes(std::span<value_type>(locals_[li].twin)));
-      copy_reqs_[nreq++] = comm_->isend(twin, std::as_bytes(acc));
+      auto buf = [&](std::size_t i) { return std::span<value_type>(l.twin.data() + i * l.wg_size, l.wg_size); };
+      if (!det) {
+        copy_reqs_[nreq++] = comm_->irecv(l.twin_rank, std::as_writable_bytes(buf(0)));
+        copy_reqs_[nreq++] = comm_->isend(l.twin_rank, std::as_bytes(acc));
+        continue;
+      }
+      // Receives: the leader's prefix (on the other copy), then the other copy's held slots in
+      // microbatch order. Sends: the prefix (leader), then this copy's held slots in order.
+      std::size_t r = 0;
+      if (lead_dir != dir) copy_reqs_[nreq++] = comm_->irecv(l.twin_rank, std::as_writable_bytes(buf(r++)));
+      for (int j = first_change_; j < M_; ++j)
+        if (sched_.direction_of(j) != dir) copy_reqs_[nreq++] = comm_->irecv(l.twin_rank, std::as_writable_bytes(buf(r++)));
+      if (lead_dir == dir) copy_reqs_[nreq++] = comm_->isend(l.twin_rank, std::as_bytes(acc));
+      for (int j = first_change_; j < M_; ++j)
+        if (sched_.direction_of(j) == dir) copy_reqs_[nreq++] = comm_->isend(l.twin_rank, std::as_bytes(l.wgrad.get(j)));
     }
     for (std::size_t i = 0; i < nreq; ++i) comm_->wait(copy_reqs_[i]);
     for (std::size_t li = 0; li < locals_.size(); ++li) {
-      auto id = ids_[li];
+      auto& l = locals_[li];
+      const int dir = ids_[li].direction;
       std::span<value_type> acc = stages_[li].weight_grad();
-      int twin = sched_.stage_to_rank[static_cast<std::size_t>((1 - id.direction) * S_ + id.stage)];
-      if (twin == rank_) {
-        if (id.direction != 0) continue;
-        std::span<value_type> other = stages_[static_cast<std::size_t>(plan_.index_of(1, id.stage))].weight_grad();
-        for (std::size_t i = 0; i < acc.size(); ++i) other[i] = acc[i] = acc[i] + other[i];
-      } else {
-        auto const& t = locals_[li].twin;
-        if (id.direction == 0)
+      if (l.twin_rank == rank_) {
+        if (dir != 0) continue;
+        std::span<value_type> other = stages_[static_cast<std::size_t>(plan_.index_of(1, ids_[li].stage))].weight_grad();
+        if (det) {
+          std::copy(acc.begin(), acc.end(), other.begin());  // the leader folded both copies' contributions
+        } else {
+          for (std::size_t i = 0; i < acc.size(); ++i) other[i] = acc[i] = acc[i] + other[i];
+        }
+      } else if (!det) {
+        auto const& t = l.twin;
+        if (dir == 0)
           for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + t[i];
         else
           for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = t[i] + acc[i];
+      } else {
+        // Both copies now fold the same values in the same order: the leader's prefix
+        // g(0) + ... + g(k-1), then g(k), ..., g(m-1) from this copy's slots or the received ones.
+        std::size_t r = 0;
+        if (lead_dir != dir) {
+          std::copy(l.twin.begin(), l.twin.begin() + static_cast<std::ptrdiff_t>(l.wg_size), acc.begin());
+          r = 1;
+        }
+        for (int j = first_change_; j < M_; ++j) {
+          if (sched_.direction_of(j) == dir) {
+            auto g = l.wgrad.get(j);
+            for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
+            l.wgrad.give(j);
+          } else {
+            const value_type* g = l.twin.data() + r++ * l.wg_size;
+            for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
+          }
+        }
       }
     }
   }
@@ -783,6 +863,7 @@ class pipeline {
   std::vector<typename Comm::request> recv_reqs_, send_reqs_, copy_reqs_;
   std::vector<std::size_t> copy_order_;  // local stages by stage index (copy exchange order)
   std::size_t recv_k_ = 0, nsend_ = 0;
+  int first_change_ = 0;  // two directions: first microbatch whose direction differs from microbatch 0's
   std::span<const value_type> inputs_;
   std::vector<std::int64_t> status_;
   std::vector<double> losses_;  // [M microbatch losses | P busy times | P wall times]

@@ -23,6 +23,30 @@
 //!   sends never wait on each other and the lowered program runs as `validate` replays it.
 //! - *wgrad* (deterministic mode): per-microbatch weight-gradient scratch held until every earlier
 //!   microbatch of the stage has been folded into the accumulator (a reorder buffer).
+//! - *copy_recv* (deterministic mode, two-direction schedules): weight-gradient buffers received
+//!   after the step from the rank holding the other copy of the stage (see "Two copies" below).
+//!
+//! Two copies. On a two-direction schedule (DualPipe, Chimera, BitPipe) virtual stage `s` of path
+//! 0 and virtual stage `s` of path 1 are copies of the same model chunk, and each microbatch's
+//! weight gradient is computed by the copy of its own direction. Deterministic mode folds all `m`
+//! contributions into one sum in microbatch order, `((0 + g(0)) + g(1)) + ... + g(m-1)`, the order
+//! of the single-rank reference. The fold sequence of a stage is then every microbatch, not only
+//! those of its direction:
+//! - both copies on this rank: one reorder buffer folds both copies' contributions into the copy
+//!   of path 0; after the step it is copied to the copy of path 1;
+//! - the other copy on another rank: the fold runs while the next microbatch in order is this
+//!   copy's, and stops at the first one of the other direction. Let `k` be the first microbatch
+//!   whose direction differs from microbatch 0's (`k = m` if none). The copy that owns microbatch
+//!   0 (the *leader*) folds `g(0) .. g(k-1)`; every contribution `g(j)`, `j >= k`, stays in its
+//!   wgrad slot until the step ends. Then the leader sends its prefix sum and its held slots, the
+//!   other copy sends its held slots, and both fold the same values in the same order, so both
+//!   copies end bitwise equal to each other and to the reference. Memory: the held slots (this
+//!   copy's microbatches `j >= k`) plus `copy_recv` buffers (the other copy's microbatches
+//!   `j >= k`, plus one for the prefix on the non-leader): at the end of the step a stage pair
+//!   holds `2(m - k) + 1` weight-gradient buffers over its two ranks (each held slot is also
+//!   received by the other side), at most `2m - 1` (when microbatch 1 already changes direction,
+//!   as in Chimera), `2 floor(m/2) + 1` for DualPipe, whose first `ceil(m/2)` microbatches share a
+//!   direction. The default mode needs one extra buffer per copy instead.
 
 #include <array>
 #include <cstddef>
@@ -50,6 +74,7 @@ struct stage_slots {
   int send_act = 0;  //!< activation sends per step
   int send_grad = 0; //!< gradient sends per step
   int wgrad = 0;     //!< deterministic-mode weight-gradient scratch slots
+  int copy_recv = 0; //!< deterministic-mode buffers received from the other copy's rank (two directions)
   friend constexpr bool operator==(const stage_slots&, const stage_slots&) = default;
 };
 
@@ -76,6 +101,21 @@ struct buffer_plan {
 };
 
 namespace detail {
+
+//! Deterministic folding on two-direction schedules (see "Two copies" in the file comment): the
+//! first microbatch whose direction differs from microbatch 0's, or `m` when all share one.
+constexpr int first_direction_change(const schedule& s) {
+  int k = 1;
+  while (k < s.microbatches && s.direction_of(k) == s.direction_of(0)) ++k;
+  return s.microbatches < 1 ? 0 : k;
+}
+
+//! The rank holding the other copy of virtual stage `stage` of path `dir` on a two-direction
+//! schedule, or -1 on a one-direction schedule.
+constexpr int twin_rank(const schedule& s, int dir, int stage) {
+  if (s.directions != 2) return -1;
+  return s.stage_to_rank[static_cast<std::size_t>((1 - dir) * s.stages + stage)];
+}
 
 //! Walks `lowered` (a lowered schedule) for `rank` and counts slots. Throws `schedule_error` if
 //! the program names a stage that is not on this rank or a receive the schedule cannot explain.
@@ -122,20 +162,35 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
   };
   auto give = [&](std::size_t li, int pl) { --live[li * pools + static_cast<std::size_t>(pl)]; };
 
-  // Deterministic folding: per local stage, the next microbatch (of its direction) to fold.
+  // Deterministic folding. Every local stage folds into its *leader*: itself, or on a
+  // two-direction schedule the local copy of path 0 when both copies are here. The leader's fold
+  // sequence is the microbatches of its direction (one direction) or all of them (two); a
+  // contribution computed on another rank never arrives during the step, so it stops the fold.
+  const bool paired = D == 2;
+  std::vector<std::size_t> leader(L);
+  for (std::size_t li = 0; li < L; ++li) {
+    leader[li] = li;
+    if (paired) {
+      int l0 = p.index_of(0, p.local[li].id.stage);
+      if (l0 >= 0) leader[li] = static_cast<std::size_t>(l0);
+    }
+  }
   std::vector<char> contributed(L * static_cast<std::size_t>(M), 0);
   std::vector<int> next_fold(L, 0);
-  auto skip_other_direction = [&](std::size_t li) {
+  auto skip_out_of_sequence = [&](std::size_t li) {
+    if (paired) return;
     while (next_fold[li] < M && lowered.direction_of(next_fold[li]) != p.local[li].id.direction) ++next_fold[li];
   };
-  for (std::size_t li = 0; li < L; ++li) skip_other_direction(li);
+  for (std::size_t li = 0; li < L; ++li) skip_out_of_sequence(li);
   auto contribute = [&](std::size_t li, int mb) {
     take(li, wgrad_pool);
-    contributed[li * static_cast<std::size_t>(M) + static_cast<std::size_t>(mb)] = 1;
-    while (next_fold[li] < M && contributed[li * static_cast<std::size_t>(M) + static_cast<std::size_t>(next_fold[li])]) {
-      give(li, wgrad_pool);
-      ++next_fold[li];
-      skip_other_direction(li);
+    const std::size_t ld = leader[li];
+    const int s = p.local[ld].id.stage;
+    contributed[ld * static_cast<std::size_t>(M) + static_cast<std::size_t>(mb)] = 1;
+    while (next_fold[ld] < M && contributed[ld * static_cast<std::size_t>(M) + static_cast<std::size_t>(next_fold[ld])]) {
+      give(local_of(next_fold[ld], s), wgrad_pool);
+      ++next_fold[ld];
+      skip_out_of_sequence(ld);
     }
   };
 
@@ -187,6 +242,17 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
         forward_half(a.mb, a.stage);
         backward_half(a.bkind, a.bmb, a.bstage);
         break;
+    }
+  }
+  // Two copies on different ranks: the buffers received from the other copy after the step.
+  if (paired) {
+    const int k = first_direction_change(lowered);
+    for (auto& l : p.local) {
+      const int twin = twin_rank(lowered, l.id.direction, l.id.stage);
+      if (twin == rank) continue;
+      const int other = 1 - l.id.direction;
+      for (int j = k; j < M; ++j) l.copy_recv += lowered.direction_of(j) == other ? 1 : 0;
+      if (lowered.direction_of(0) == other) ++l.copy_recv;  // the leader's prefix sum
     }
   }
   return p;
