@@ -5,5 +5,8 @@
 //! \file
 //! Umbrella header of everything loom offers to a host-compiled program.
 
+#include "loom/comm.hpp"
+#include "loom/exec.hpp"
 #include "loom/render.hpp"
 #include "loom/schedule.hpp"
+#include "loom/stage.hpp"

@@ -1,0 +1,10 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Umbrella header of the execution layer: `loom::pipeline`, which runs one training step of a
+//! rank's lowered program over the user's stages and any `loom::communicator`. Host compiler
+//! only; pair it with a backend ("loom/comm.hpp" for threads, "loom/comm/mpi.hpp" for MPI).
+
+#include "loom/exec/pipeline.hpp"
