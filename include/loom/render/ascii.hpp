@@ -11,14 +11,17 @@
 //! overlapped pair, with `.k` for model chunk k when a rank holds several stages), the cells it
 //! continues over hold `~`, idle cells `.`. Wide timelines wrap into blocks of at most `width`
 //! characters, each with its own time ruler, so p = 16, m = 64 stays readable; a larger `step`
-//! scales them down instead (then short actions may share a column and the later one is shown).
+//! scales them down instead. Every action keeps at least its own cell: when rounding to a coarse
+//! step would overlap two actions of a rank, the later one moves right (a coarse row can end
+//! late); with the default step nothing moves.
 //!
+//! `loom render --schedule 1f1b --ranks 2 --microbatches 2`:
 //! ```
-//! 1f1b: 2 ranks x 2 microbatches, makespan 8, bubble ratio 0.25 (1 column = 1 time unit)
-//!      0   1   2   3   4   5   6   7
-//! r0 | F0  F1  .   BW0 ~   .   BW1 ~
-//! r1 | .   F0  BW0 ~   F1  BW1 ~   .
-//! F forward, B input-gradient backward, W weight-gradient backward, BW fused backward; ~ continues, . idle
+//! 1f1b: 2 ranks x 2 microbatches, makespan 9, bubble ratio 0.333 (1 column = 1 time unit)
+//!      0   1   2   3   4   5   6   7   8
+//! r0 | F0  F1  .   .   BW0 ~~~ .   BW1 ~~~
+//! r1 | .   F0  BW0 ~~~ F1  BW1 ~~~ .   .
+//! F forward, BW fused backward; ~ continues, . idle
 //! ```
 
 #include <algorithm>
@@ -156,13 +159,20 @@ inline std::string render_ascii(const schedule& s, const simulation& sim, const 
     if (g.columns == 0) break;
   }
   if (o.legend) {
-    bool fb = false;
+    bool present[5] = {false, false, false, false, false};
     for (auto const& p : s.programs)
-      for (auto const& a : p) fb = fb || a.kind == op::FB;
-    out += "F forward, B input-gradient backward, W weight-gradient backward, BW fused backward";
-    if (fb) out += ", F3+B1 forward 3 overlapped with backward 1";
-    if (detail::has_chunks(local_chunks(s))) out += "; .k = model chunk k of the rank";
-    out += "; ~ continues, . idle\n";
+      for (auto const& a : p)
+        if (is_compute(a.kind)) present[static_cast<int>(a.kind)] = true;
+    static const char* names[5] = {"F forward", "B input-gradient backward", "W weight-gradient backward",
+                                   "BW fused backward", "F3+B1 forward 3 overlapped with backward 1"};
+    std::string legend;
+    for (int k = 0; k < 5; ++k) {
+      if (!present[k]) continue;
+      if (!legend.empty()) legend += ", ";
+      legend += names[k];
+    }
+    if (detail::has_chunks(local_chunks(s))) legend += "; .k = model chunk k of the rank";
+    out += legend + "; ~ continues, . idle\n";
   }
   return out;
 }

@@ -22,7 +22,15 @@
 //!
 //! p = 2, v = 2, m = 4, f = b = w = 1 (each chunk costs 1/v):
 //! ```
-//! TIMELINE_INTERLEAVED
+//! interleaved-1f1b: 2 ranks x 4 microbatches, 2 chunks per rank, makespan 13.5, bubble ratio 0.111 (1 column = 0.5 time units)
+//!      0     0.5   1     1.5   2     2.5   3     3.5   4     4.5   5     5.5   6     6.5   7     7.5   8     8.5   9
+//! r0 | F0.0  F1.0  F0.1  F1.1  F2.0  .     BW0.1 ~~~~~ F3.0  BW1.1 ~~~~~ F2.1  BW0.0 ~~~~~ F3.1  BW1.0 ~~~~~ .     BW2.1
+//! r1 | .     F0.0  F1.0  F0.1  BW0.1 ~~~~~ F1.1  BW1.1 ~~~~~ F2.0  BW0.0 ~~~~~ F3.0  BW1.0 ~~~~~ F2.1  BW2.1 ~~~~~ F3.1
+//!
+//!      9.5   10    10.5  11    11.5  12    12.5  13
+//! r0 | ~~~~~ .     BW3.1 ~~~~~ BW2.0 ~~~~~ BW3.0 ~~~~~
+//! r1 | BW3.1 ~~~~~ BW2.0 ~~~~~ BW3.0 ~~~~~ .     .
+//! F forward, BW fused backward; .k = model chunk k of the rank; ~ continues, . idle
 //! ```
 
 #include <string>

@@ -13,7 +13,12 @@
 //!
 //! p = 3, m = 4, f = b = w = 1:
 //! ```
-//! TIMELINE_1F1B
+//! 1f1b: 3 ranks x 4 microbatches, makespan 18, bubble ratio 0.333 (1 column = 1 time unit)
+//!      0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17
+//! r0 | F0  F1  F2  .   .   .   .   BW0 ~~~ F3  BW1 ~~~ .   BW2 ~~~ .   BW3 ~~~
+//! r1 | .   F0  F1  .   .   BW0 ~~~ F2  BW1 ~~~ F3  BW2 ~~~ .   BW3 ~~~ .   .
+//! r2 | .   .   F0  BW0 ~~~ F1  BW1 ~~~ F2  BW2 ~~~ F3  BW3 ~~~ .   .   .   .
+//! F forward, BW fused backward; ~ continues, . idle
 //! ```
 
 #include <string>

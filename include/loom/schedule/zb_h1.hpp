@@ -12,7 +12,12 @@
 //!
 //! p = 3, m = 4, f = b = w = 1:
 //! ```
-//! TIMELINE_ZBH1
+//! zb-h1: 3 ranks x 4 microbatches, makespan 14, bubble ratio 0.143 (1 column = 1 time unit)
+//!      0  1  2  3  4  5  6  7  8  9  10 11 12 13
+//! r0 | F0 F1 F2 .  .  B0 W0 F3 B1 W1 B2 W2 B3 W3
+//! r1 | .  F0 F1 .  B0 F2 B1 W0 F3 B2 W1 B3 W2 W3
+//! r2 | .  .  F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
+//! F forward, B input-gradient backward, W weight-gradient backward; ~ continues, . idle
 //! ```
 
 #include <string>

@@ -14,7 +14,12 @@
 //!
 //! p = 3, m = 5, f = b = w = 1:
 //! ```
-//! TIMELINE_ZBH2
+//! zb-h2: 3 ranks x 5 microbatches, makespan 17, bubble ratio 0.118 (1 column = 1 time unit)
+//!      0  1  2  3  4  5  6  7  8  9  10 11 12 13 14 15 16
+//! r0 | F0 F1 F2 F3 F4 B0 W0 B1 W1 B2 W2 B3 W3 B4 W4 .  .
+//! r1 | .  F0 F1 F2 B0 F3 B1 F4 B2 W0 B3 W1 B4 W2 W3 W4 .
+//! r2 | .  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 W0 W1 W2 W3 W4
+//! F forward, B input-gradient backward, W weight-gradient backward; ~ continues, . idle
 //! ```
 
 #include <string>
