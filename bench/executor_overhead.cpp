@@ -31,9 +31,9 @@ struct noop_stage {
 };
 
 template <class Sched>
-void run_one_rank(benchmark::State& state, const Sched& sched, const loom::schedule& rt) {
+void run_one_rank(benchmark::State& state, const Sched& sched, const loom::schedule& rt, loom::pipeline_options opt = {}) {
   auto comms = loom::threads::world(1);
-  loom::pipeline p(sched, comms[0], [](loom::stage_id) { return noop_stage{}; });
+  loom::pipeline p(sched, comms[0], [](loom::stage_id) { return noop_stage{}; }, opt);
   std::vector<double> in(static_cast<std::size_t>(rt.microbatches), 1.0);
   const auto actions = static_cast<double>(p.lowered().size());
   for (auto _ : state) benchmark::DoNotOptimize(p.step(in).loss);
@@ -51,6 +51,16 @@ void BM_runtime_one_rank(benchmark::State& state) {
   run_one_rank(state, s, s);
 }
 BENCHMARK(BM_runtime_one_rank)->ArgsProduct({{16, 256}, {0, 1, 2}});
+
+// One rank, deterministic mode (per-microbatch weight-gradient slots folded in microbatch
+// order): ZB-H1, and Chimera, whose two parameter copies share one reorder buffer on one rank.
+void BM_deterministic_one_rank(benchmark::State& state) {
+  const auto& e = loom::default_registry().at(state.range(0) == 0 ? "zb-h1" : "chimera");
+  loom::schedule s = e.make({1, 256, 0});
+  state.SetLabel(s.name + " deterministic");
+  run_one_rank(state, s, s, {.deterministic = true});
+}
+BENCHMARK(BM_deterministic_one_rank)->Arg(0)->Arg(1);
 
 // One rank, compile-time program (the loop specialised by a fold over the actions).
 void BM_static_one_rank_zb_h1(benchmark::State& state) {
