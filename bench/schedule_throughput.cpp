@@ -5,7 +5,17 @@
 // compute actions (F/B/W/BW/FB, not counting the send/recv that lowering adds) per second of
 // CPU time, for the classic families up to p = 128, m = 1024, v = 4.
 // Run: ./build/bench/schedule_throughput --benchmark_counters_tabular=true
+//
+// The engine returns freshly allocated programs and tables (tens of MB at p = 128, m = 1024,
+// v = 4). glibc gives such blocks back to the kernel on free, so each iteration would pay the
+// page faults of fresh memory again. Set LOOM_BENCH_KEEP_MEMORY=1 to measure the steady state
+// of a process that runs the engine repeatedly (glibc keeps freed memory for reuse); docs/
+// schedule-engine.md records both.
 #include <benchmark/benchmark.h>
+#include <malloc.h>
+
+#include <cstdlib>
+#include <string_view>
 
 #include <loom/schedule.hpp>
 
@@ -46,4 +56,13 @@ BENCHMARK_CAPTURE(engine, interleaved_1f1b, std::string("interleaved-1f1b"))->Ap
 BENCHMARK_CAPTURE(engine, zb_h1, std::string("zb-h1"))->Apply([](auto* b) { shapes(b, 1); });
 BENCHMARK_CAPTURE(engine, zb_h2, std::string("zb-h2"))->Apply([](auto* b) { shapes(b, 1); });
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (const char* keep = std::getenv("LOOM_BENCH_KEEP_MEMORY"); keep && std::string_view(keep) == "1") {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);  // large blocks from the heap, not fresh mmaps
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and kept there after free
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}

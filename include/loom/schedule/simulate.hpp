@@ -114,9 +114,10 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
   const double r = k.mem_w_ratio;
   const double c = k.c;
   const auto cells = static_cast<std::size_t>(M) * static_cast<std::size_t>(S);
-  // End times per (mb, stage): forward, input-gradient backward (B or BW), split B; -1 = pending.
+  // End times per (mb, stage): forward and input-gradient backward (B or BW; a W waits for
+  // it — a W after a BW is the validator's business); -1 = pending.
   struct cell_state {
-    double f = -1, bwd = -1, b = -1;
+    double f = -1, bwd = -1;
   };
   std::vector<cell_state> done(cells);
   auto idx = [M](int mb, int st) { return detail::cell(mb, st, M); };
@@ -152,7 +153,7 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
       const double e = done[idx(mb, st - 1)].f;
       return e < 0 ? -1.0 : (rank_of(mb, st - 1) != rank ? e + c : e);
     }
-    if (kind == op::W) return here.b;  // B ran on this rank (same stage)
+    if (kind == op::W) return here.bwd;  // B ran on this rank (same stage)
     if (here.f < 0) return -1.0;       // own forward first
     if (st == S - 1) return here.f;
     const double e = done[idx(mb, st + 1)].bwd;
@@ -167,7 +168,6 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
       if (st + 1 < S) wake(rank_of(mb, st + 1));
     } else if (kind == op::B || kind == op::BW) {
       here.bwd = end;
-      if (kind == op::B) here.b = end;
       if (st > 0) wake(rank_of(mb, st - 1));
     }
   };

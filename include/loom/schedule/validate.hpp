@@ -19,6 +19,7 @@
 //! Errors name the rank, the position and the action, and render the offending grid.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,60 +48,93 @@ constexpr validation fail_at(const schedule& s, int rank, std::size_t pos, std::
   return {false, m};
 }
 
-//! Rule 4: replays lowered programs with asynchronous sends and blocking FIFO receives.
+//! Rule 4 (and, on the way, rules 1-2): replays lowered programs with asynchronous sends and
+//! blocking FIFO receives. Each item has one producer and one consumer, both fixed by the
+//! placement, so the replay keeps one flag byte per (microbatch, stage) and one FIFO index per
+//! item. Returns an empty message when rules 1-2 are broken (`validate` explains those).
 constexpr validation replay_lowered(const schedule& s) {
   const int P = s.ranks, S = s.stages, M = s.microbatches;
   const auto uP = static_cast<std::size_t>(P);
   const auto cells = static_cast<std::size_t>(M) * static_cast<std::size_t>(S);
   auto idx = [M](int mb, int st) { return cell(mb, st, M); };
-  // Who produced / received each item (-1: nobody yet). Items have one producer and one consumer.
-  std::vector<int> act_made(cells, -1), grad_made(cells, -1), act_got(cells, -1), grad_got(cells, -1);
-  auto held = [&](int rank, payload w, std::size_t i) {
-    return w == payload::activation ? (act_made[i] == rank || act_got[i] == rank) : (grad_made[i] == rank || grad_got[i] == rank);
-  };
-  // FIFO matching without storing channel contents: a send records its item's channel and its
-  // index there; a receive must name the item whose index is the channel's next to deliver.
-  // Items are coded cell * 2 + payload.
-  std::vector<std::size_t> sent(uP * uP, 0), head(uP * uP, 0), pos(uP, 0);
-  std::vector<std::size_t> item_chan(cells * 2, ~std::size_t{0}), item_index(cells * 2, 0);
-  // The item sent `index`-th on channel `c` (error path only).
-  auto item_at = [&](std::size_t c, std::size_t index) {
-    for (std::size_t code = 0; code < item_chan.size(); ++code)
-      if (item_chan[code] == c && item_index[code] == index) return code;
-    return ~std::size_t{0};
-  };
+  // Per cell: which of F, B, W, BW ran, and whether its activation / gradient was received.
+  enum : unsigned char { sF = 1, sB = 2, sW = 4, sBW = 8, got_act = 16, got_grad = 32 };
+  std::vector<unsigned char> state(cells, 0);
+  // FIFO position of each sent item (code = cell * 2 + payload) on its channel; `none`: unsent.
+  constexpr std::uint32_t none = ~std::uint32_t{0};
+  std::vector<std::uint32_t> item_index(cells * 2, none);
+  std::vector<std::uint32_t> sent(uP * uP, 0), head(uP * uP, 0);
+  std::vector<std::size_t> pos(uP, 0);
   std::vector<int> waiter(uP * uP, -1);
   std::vector<char> queued(uP, 1);
   std::vector<int> work;
   for (int r = P - 1; r >= 0; --r) work.push_back(r);
+  bool structure_broken = false;
 
-  auto missing = [&](int rank, std::size_t at, payload w, int mb, int st, int from) -> validation {
-    std::string item = std::string(w == payload::activation ? "the activation" : "the gradient") + " of mb " +
-                       to_text(mb) + " stage " + to_text(st);
-    if (from == rank) return fail_at(s, rank, at, "needs " + item + " before this rank has produced it");
-    return fail_at(s, rank, at, "needs " + item + " from rank " + to_text(from) + " before receiving it");
+  // Producer and consumer ranks of an item (the consumer is -1 past the path's ends).
+  auto producer = [&](int mb, int st) { return s.rank_of(mb, st); };
+  auto consumer = [&](payload w, int mb, int st) {
+    int to = w == payload::activation ? st + 1 : st - 1;
+    return to < 0 || to >= S ? -1 : s.rank_of(mb, to);
   };
-  // Runs one compute half: true if its inputs are held (then records what it produces).
-  auto run_half = [&](int rank, op kind, int mb, int st) -> bool {
-    const std::size_t i = idx(mb, st);
-    if (kind == op::F) {
-      if (st > 0 && !held(rank, payload::activation, i - static_cast<std::size_t>(M))) return false;
-      act_made[i] = rank;
-    } else if (kind == op::W) {
-      if (grad_made[i] != rank) return false;
-    } else {
-      if (act_made[i] != rank) return false;
-      if (st + 1 < S && !held(rank, payload::gradient, i + static_cast<std::size_t>(M))) return false;
-      grad_made[i] = rank;
+  auto describe = [](payload w, std::size_t mb, std::size_t st) {
+    return std::string(w == payload::activation ? "the activation" : "the gradient") + " of mb " +
+           to_text(static_cast<long long>(mb)) + " stage " + to_text(static_cast<long long>(st));
+  };
+  // The item sent `index`-th on channel from -> to (error path only).
+  auto item_at = [&](int from, int to, std::uint32_t index) {
+    for (std::size_t code = 0; code < item_index.size(); ++code) {
+      if (item_index[code] != index) continue;
+      const auto cl = code / 2;
+      const int mb = static_cast<int>(cl % static_cast<std::size_t>(M)), st = static_cast<int>(cl / static_cast<std::size_t>(M));
+      const payload w = code % 2 ? payload::gradient : payload::activation;
+      if (producer(mb, st) == from && consumer(w, mb, st) == to) return describe(w, static_cast<std::size_t>(mb), static_cast<std::size_t>(st));
     }
+    return std::string("an unknown item");
+  };
+  // Runs one compute half: false if rules 1-2 are broken (flagged) or an input is missing.
+  auto run_half = [&](int rank, op kind, int mb, int st) -> bool {
+    if (static_cast<unsigned>(mb) >= static_cast<unsigned>(M) || static_cast<unsigned>(st) >= static_cast<unsigned>(S) ||
+        s.rank_of(mb, st) != rank) {
+      structure_broken = true;
+      return false;
+    }
+    const std::size_t i = idx(mb, st);
+    const unsigned char bit = kind == op::F ? sF : kind == op::B ? sB : kind == op::W ? sW : sBW;
+    if (state[i] & bit) {
+      structure_broken = true;
+      return false;
+    }
+    if (kind == op::F) {
+      // The previous stage's activation: produced here, or received from its rank.
+      if (st > 0) {
+        const std::size_t in = i - static_cast<std::size_t>(M);
+        if (!(producer(mb, st - 1) == rank ? (state[in] & sF) : (state[in] & got_act))) return false;
+      }
+    } else if (kind == op::W) {
+      if (!(state[i] & sB)) return false;
+    } else {
+      if (!(state[i] & sF)) return false;
+      if (st + 1 < S) {
+        const std::size_t in = i + static_cast<std::size_t>(M);
+        if (!(producer(mb, st + 1) == rank ? (state[in] & (sB | sBW)) : (state[in] & got_grad))) return false;
+      }
+    }
+    state[i] = static_cast<unsigned char>(state[i] | bit);
     return true;
   };
-  // Why `run_half` refused (error path only).
+  // Why `run_half` refused an input (error path only).
   auto explain_half = [&](int rank, std::size_t at, op kind, int mb, int st) -> validation {
-    if (kind == op::F) return missing(rank, at, payload::activation, mb, st - 1, s.rank_of(mb, st - 1));
+    auto missing = [&](payload w, int st_in) {
+      int from = producer(mb, st_in);
+      std::string item = describe(w, static_cast<std::size_t>(mb), static_cast<std::size_t>(st_in));
+      if (from == rank) return fail_at(s, rank, at, "needs " + item + " before this rank has produced it");
+      return fail_at(s, rank, at, "needs " + item + " from rank " + to_text(from) + " before receiving it");
+    };
+    if (kind == op::F) return missing(payload::activation, st - 1);
     if (kind == op::W) return fail_at(s, rank, at, "runs before the B of the same microbatch and stage");
-    if (act_made[idx(mb, st)] != rank) return fail_at(s, rank, at, "runs before the F of the same microbatch and stage");
-    return missing(rank, at, payload::gradient, mb, st + 1, s.rank_of(mb, st + 1));
+    if (!(state[idx(mb, st)] & sF)) return fail_at(s, rank, at, "runs before the F of the same microbatch and stage");
+    return missing(payload::gradient, st + 1);
   };
   const auto uM = static_cast<unsigned>(M), uS = static_cast<unsigned>(S), uPu = static_cast<unsigned>(P);
 
@@ -118,42 +152,46 @@ constexpr validation replay_lowered(const schedule& s) {
           return fail_at(s, rank, at, "names peer " + to_text(a.peer) + ", which is not another rank");
         if (static_cast<unsigned>(a.mb) >= uM || static_cast<unsigned>(a.stage) >= uS)
           return fail_at(s, rank, at, "names a microbatch or stage out of range");
-        const std::size_t code = idx(a.mb, a.stage) * 2 + (a.what == payload::gradient ? 1 : 0);
+        const std::size_t i = idx(a.mb, a.stage);
+        const std::size_t code = i * 2 + (a.what == payload::gradient ? 1 : 0);
+        const int from = producer(a.mb, a.stage), to = consumer(a.what, a.mb, a.stage);
         if (a.kind == op::send) {
-          if ((a.what == payload::activation ? act_made : grad_made)[idx(a.mb, a.stage)] != rank)
+          if (from != rank) return fail_at(s, rank, at, "sends an item produced on rank " + to_text(from));
+          if (!(state[i] & (a.what == payload::activation ? sF : (sB | sBW))))
             return fail_at(s, rank, at, "sends an item before this rank has produced it");
+          if (to != a.peer)
+            return fail_at(s, rank, at, "sends to rank " + to_text(a.peer) + ", but the item is consumed on " + (to < 0 ? std::string("no rank") : "rank " + to_text(to)));
+          if (item_index[code] != none) return fail_at(s, rank, at, "sends an item that was already sent");
           const auto c = ur * uP + static_cast<std::size_t>(a.peer);
-          if (item_chan[code] != ~std::size_t{0}) return fail_at(s, rank, at, "sends an item that was already sent");
-          item_chan[code] = c;
           item_index[code] = sent[c]++;
           if (int w = waiter[c]; w >= 0 && !queued[static_cast<std::size_t>(w)]) {
             queued[static_cast<std::size_t>(w)] = 1;
             work.push_back(w);
           }
         } else {
+          if (from != a.peer || to != rank)
+            return fail_at(s, rank, at, "receives an item that goes from rank " + to_text(from) + " to " + (to < 0 ? std::string("no rank") : "rank " + to_text(to)));
           const auto c = static_cast<std::size_t>(a.peer) * uP + ur;
           if (head[c] == sent[c]) {
             waiter[c] = rank;  // blocks until the peer sends on this channel
             break;
           }
           waiter[c] = -1;
-          if (item_chan[code] != c || item_index[code] != head[c]) {
-            const std::size_t got = item_at(c, head[c]);
-            auto gcell = got / 2;
-            int gst = static_cast<int>(gcell / static_cast<std::size_t>(M)), gmb = static_cast<int>(gcell % static_cast<std::size_t>(M));
-            return fail_at(s, rank, at, "the FIFO from rank " + to_text(a.peer) + " delivers " + (got % 2 ? "the gradient" : "the activation") +
-                                            " of mb " + to_text(gmb) + " stage " + to_text(gst) + " here (tagless matching pairs them in order)");
-          }
+          if (item_index[code] != head[c])
+            return fail_at(s, rank, at, "the FIFO from rank " + to_text(a.peer) + " delivers " + item_at(a.peer, rank, head[c]) +
+                                            " here (tagless matching pairs them in order)");
+          const unsigned char got = a.what == payload::activation ? got_act : got_grad;
+          if (state[i] & got) return fail_at(s, rank, at, "receives an item a second time");
+          state[i] = static_cast<unsigned char>(state[i] | got);
           ++head[c];
-          auto& by = a.what == payload::activation ? act_got[idx(a.mb, a.stage)] : grad_got[idx(a.mb, a.stage)];
-          if (by >= 0) return fail_at(s, rank, at, "receives an item that rank " + to_text(by) + " already received");
-          by = rank;
         }
       } else {
         const op first = a.kind == op::FB ? op::F : a.kind;
-        if (!run_half(rank, first, a.mb, a.stage)) return explain_half(rank, at, first, a.mb, a.stage);
+        if (a.kind == op::FB && !is_input_backward(a.bkind)) return validation{false, {}};
+        if (!run_half(rank, first, a.mb, a.stage))
+          return structure_broken ? validation{false, {}} : explain_half(rank, at, first, a.mb, a.stage);
         if (a.kind == op::FB && !run_half(rank, a.bkind, a.bmb, a.bstage))
-          return explain_half(rank, at, a.bkind, a.bmb, a.bstage);
+          return structure_broken ? validation{false, {}} : explain_half(rank, at, a.bkind, a.bmb, a.bstage);
       }
       ++pos[ur];
     }
@@ -161,15 +199,12 @@ constexpr validation replay_lowered(const schedule& s) {
   for (std::size_t r = 0; r < uP; ++r)
     if (pos[r] < s.programs[r].size())
       return fail_at(s, static_cast<int>(r), pos[r], "deadlock: this receive never matches a send (asynchronous sends, blocking receives, tagless per-peer FIFO)");
+  for (unsigned char c : state)
+    if ((c & 15) != (sF | sB | sW) && (c & 15) != (sF | sBW)) return {false, {}};  // incomplete: explained by the structural pass
   for (std::size_t c = 0; c < sent.size(); ++c)
-    if (head[c] != sent[c]) {
-      std::size_t code = item_at(c, head[c]);
-      auto gcell = code / 2;
-      return {false, "rank " + to_text(static_cast<long long>(c / uP)) + " sends " + (code % 2 ? "the gradient" : "the activation") +
-                         " of mb " + to_text(static_cast<long long>(gcell % static_cast<std::size_t>(M))) + " stage " +
-                         to_text(static_cast<long long>(gcell / static_cast<std::size_t>(M))) + " that rank " +
-                         to_text(static_cast<long long>(c % uP)) + " never receives\n" + format_programs(s)};
-    }
+    if (head[c] != sent[c])
+      return {false, "rank " + to_text(static_cast<long long>(c / uP)) + " sends " + item_at(static_cast<int>(c / uP), static_cast<int>(c % uP), head[c]) +
+                         " that rank " + to_text(static_cast<long long>(c % uP)) + " never receives\n" + format_programs(s)};
   return {};
 }
 
@@ -194,39 +229,19 @@ constexpr place find_first(const schedule& s, op kind, int mb, int st) {
 
 }  // namespace detail
 
-//! Checks rules 1-4 above. Never throws; see `require_valid`.
-constexpr validation validate(const schedule& s) {
-  using detail::fail_at;
+namespace detail {
+//! Rules 1 and 2: placement and counts (one bit per kind and cell), ignoring send/recv.
+constexpr validation check_structure(const schedule& s) {
   using detail::to_text;
-  const int P = s.ranks, S = s.stages, M = s.microbatches, D = s.directions;
-  if (P < 1 || S < 1 || M < 1 || D < 1 || D > 2)
-    return {false, "schedule needs ranks, stages and microbatches >= 1 and 1 or 2 directions (got ranks=" + to_text(P) + ", stages=" + to_text(S) + ", microbatches=" + to_text(M) + ", directions=" + to_text(D) + ")"};
-  if (s.programs.size() != static_cast<std::size_t>(P))
-    return {false, "schedule has " + to_text(static_cast<long long>(s.programs.size())) + " programs for " + to_text(P) + " ranks"};
-  if (s.stage_to_rank.size() != static_cast<std::size_t>(D * S))
-    return {false, "stage_to_rank has " + to_text(static_cast<long long>(s.stage_to_rank.size())) + " entries for " + to_text(D) + " direction(s) x " + to_text(S) + " stages"};
-  for (std::size_t i = 0; i < s.stage_to_rank.size(); ++i)
-    if (s.stage_to_rank[i] < 0 || s.stage_to_rank[i] >= P)
-      return {false, "stage " + to_text(static_cast<long long>(i) % S) + " of direction " + to_text(static_cast<long long>(i) / S) + " is placed on rank " + to_text(s.stage_to_rank[i]) + ", outside 0.." + to_text(P - 1)};
-  if (!s.mb_direction.empty()) {
-    if (s.mb_direction.size() != static_cast<std::size_t>(M))
-      return {false, "mb_direction has " + to_text(static_cast<long long>(s.mb_direction.size())) + " entries for " + to_text(M) + " microbatches"};
-    for (std::size_t j = 0; j < s.mb_direction.size(); ++j)
-      if (s.mb_direction[j] < 0 || s.mb_direction[j] >= D)
-        return {false, "microbatch " + to_text(static_cast<long long>(j)) + " has direction " + to_text(s.mb_direction[j]) + ", outside 0.." + to_text(D - 1)};
-  }
-
-  // Rules 1 and 2: placement and counts (one bit per kind and cell).
+  const int P = s.ranks, S = s.stages, M = s.microbatches;
   enum : unsigned char { kF = 1, kB = 2, kW = 4, kBW = 8 };
   std::vector<unsigned char> seen(static_cast<std::size_t>(M) * static_cast<std::size_t>(S), 0);
-  bool lowered = false;
-  auto note = [&](int rank, std::size_t pos, op kind, int mb, int st) -> bool {
+  auto note = [&](int rank, op kind, int mb, int st) -> bool {
     if (mb < 0 || mb >= M || st < 0 || st >= S || s.rank_of(mb, st) != rank) return false;
     unsigned char bit = kind == op::F ? kF : kind == op::B ? kB : kind == op::W ? kW : kBW;
     auto& cell = seen[detail::cell(mb, st, M)];
     if (cell & bit) return false;
     cell = static_cast<unsigned char>(cell | bit);
-    (void)pos;
     return true;
   };
   // Explains why `note` refused (error path only).
@@ -242,13 +257,12 @@ constexpr validation validate(const schedule& s) {
     auto const& prog = s.programs[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i < prog.size(); ++i) {
       const action& a = prog[i];
-      if (!is_compute(a.kind)) {
-        lowered = true;
-      } else if (a.kind == op::FB) {
+      if (!is_compute(a.kind)) continue;
+      if (a.kind == op::FB) {
         if (!is_input_backward(a.bkind)) return fail_at(s, r, i, "the backward half of an FB must be B or BW");
-        if (!note(r, i, op::F, a.mb, a.stage)) return refusal(r, i, op::F, a.mb, a.stage);
-        if (!note(r, i, a.bkind, a.bmb, a.bstage)) return refusal(r, i, a.bkind, a.bmb, a.bstage);
-      } else if (!note(r, i, a.kind, a.mb, a.stage)) {
+        if (!note(r, op::F, a.mb, a.stage)) return refusal(r, i, op::F, a.mb, a.stage);
+        if (!note(r, a.bkind, a.bmb, a.bstage)) return refusal(r, i, a.bkind, a.bmb, a.bstage);
+      } else if (!note(r, a.kind, a.mb, a.stage)) {
         return refusal(r, i, a.kind, a.mb, a.stage);
       }
     }
@@ -273,17 +287,56 @@ constexpr validation validate(const schedule& s) {
       return fail_at(s, p.rank, p.pos, what + " has a B but no W");
     }
 
-  if (lowered) {
-    validation v = detail::replay_lowered(s);
-    if (v.ok) return v;
-    // Explain a failure by the compute schedule itself when it is the cause (rule 3).
-    simulation sim = simulate(s);
-    if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
-    return v;
-  }
-  simulation sim = simulate(s);  // rule 3
-  if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
   return {};
+}
+}  // namespace detail
+
+//! Checks rules 1-4 above. Never throws; see `require_valid`.
+constexpr validation validate(const schedule& s) {
+  using detail::fail_at;
+  using detail::to_text;
+  const int P = s.ranks, S = s.stages, M = s.microbatches, D = s.directions;
+  if (P < 1 || S < 1 || M < 1 || D < 1 || D > 2)
+    return {false, "schedule needs ranks, stages and microbatches >= 1 and 1 or 2 directions (got ranks=" + to_text(P) + ", stages=" + to_text(S) + ", microbatches=" + to_text(M) + ", directions=" + to_text(D) + ")"};
+  if (s.programs.size() != static_cast<std::size_t>(P))
+    return {false, "schedule has " + to_text(static_cast<long long>(s.programs.size())) + " programs for " + to_text(P) + " ranks"};
+  if (s.stage_to_rank.size() != static_cast<std::size_t>(D * S))
+    return {false, "stage_to_rank has " + to_text(static_cast<long long>(s.stage_to_rank.size())) + " entries for " + to_text(D) + " direction(s) x " + to_text(S) + " stages"};
+  for (std::size_t i = 0; i < s.stage_to_rank.size(); ++i)
+    if (s.stage_to_rank[i] < 0 || s.stage_to_rank[i] >= P)
+      return {false, "stage " + to_text(static_cast<long long>(i) % S) + " of direction " + to_text(static_cast<long long>(i) / S) + " is placed on rank " + to_text(s.stage_to_rank[i]) + ", outside 0.." + to_text(P - 1)};
+  if (!s.mb_direction.empty()) {
+    if (s.mb_direction.size() != static_cast<std::size_t>(M))
+      return {false, "mb_direction has " + to_text(static_cast<long long>(s.mb_direction.size())) + " entries for " + to_text(M) + " microbatches"};
+    for (std::size_t j = 0; j < s.mb_direction.size(); ++j)
+      if (s.mb_direction[j] < 0 || s.mb_direction[j] >= D)
+        return {false, "microbatch " + to_text(static_cast<long long>(j)) + " has direction " + to_text(s.mb_direction[j]) + ", outside 0.." + to_text(D - 1)};
+  }
+
+  bool lowered = false;
+  for (auto const& prog : s.programs) {
+    for (const action& a : prog)
+      if (!is_compute(a.kind)) {
+        lowered = true;
+        break;
+      }
+    if (lowered) break;
+  }
+  if (!lowered) {
+    if (validation v = detail::check_structure(s); !v.ok) return v;
+    simulation sim = simulate(s);  // rule 3
+    if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
+    return {};
+  }
+  // Lowered: the replay checks rules 1-4 in one pass; on failure, explain it by the first broken
+  // rule in order (structure, then dependencies, then the replay's own finding).
+  validation v = detail::replay_lowered(s);
+  if (v.ok) return v;
+  if (validation sv = detail::check_structure(s); !sv.ok) return sv;
+  simulation sim = simulate(s);
+  if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
+  if (v.message.empty()) v.message = "the lowered programs break the placement or the action counts";
+  return v;
 }
 
 //! `validate(s)`, throwing `schedule_error` with the message when it fails.
