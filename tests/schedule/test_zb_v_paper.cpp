@@ -1,0 +1,57 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// ZB-V on the Zero Bubble paper's Table 8 settings (arXiv:2401.10241, §6; rows in
+// zb_paper_data.hpp). The paper publishes ZB-V's measured bubble rates but not the profiled
+// costs of those runs, so they are derived from the same table (zb_v_paper_costs.hpp: w and c
+// fitted to Table 8's own 1F1B, ZB-H1 and ZB-H2 columns). docs/zero-bubble-paper.md has the table.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include <loom/schedule.hpp>
+#include <loom/schedule/zb_v.hpp>
+
+#include "zb_paper_data.hpp"
+#include "zb_v_paper_costs.hpp"
+
+namespace {
+
+loom::costs costs_of(const loom_paper::zbv_row& x) {
+  loom::costs k = loom_paper::zbv_costs(x);
+  REQUIRE_MESSAGE(k.f > 0, "no derived costs for model ", x.model);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("costs derived from Table 8's 1F1B, ZB-H1 and ZB-H2 columns reproduce those columns") {
+  // Two fitted numbers per model explain nine published ones: 8 of 9 rows to the printed
+  // precision (4e-4); 28.3B m=256 within 4e-3 (its three columns cannot all hold under one cost
+  // set: its ZB-H1 - ZB-H2 gap implies a larger w than its 1F1B - ZB-H1 gap).
+  for (auto const& x : loom_paper::table8) {
+    loom::shape s{x.p, x.m};
+    auto k = costs_of(x);
+    const double tol = x.p == 32 && x.m == 256 ? 4e-3 : 4e-4;
+    INFO(x.model, " p=", x.p, " m=", x.m);
+    CHECK(std::abs(loom::simulate(loom::generate(loom::one_f_one_b{}, s), k).bubble_rate - x.r_1f1b) <= tol);
+    CHECK(std::abs(loom::simulate(loom::generate(loom::zb_h1{}, s), k).bubble_rate - x.r_zbh1) <= tol);
+    CHECK(std::abs(loom::simulate(loom::generate(loom::zb_h2{}, s), k).bubble_rate - x.r_zbh2) <= tol);
+  }
+}
+
+TEST_CASE("zb-v at the derived Table 8 costs stays within 1F1B's memory and beats the paper's ZB-H2") {
+  // ZB-V's claim (§6): ZB-H2-like bubbles at 1F1B's activation memory (p units). loom's zb-v
+  // (cost-free unit-slot greedy) meets it on every row. The stronger bound, no higher than the
+  // paper's own ZB-V, holds on the 14.6B and 28.3B rows but not on 6.2B (see
+  // docs/zero-bubble-paper.md), so it is not asserted here.
+  for (auto const& x : loom_paper::table8) {
+    auto k = costs_of(x);
+    INFO(x.model, " p=", x.p, " m=", x.m);
+    auto sched = loom::generate(loom::zb_v{}, {.ranks = x.p, .microbatches = x.m});
+    auto sim = loom::simulate(sched, k);
+    REQUIRE(sim.ok);
+    CHECK(loom::validate(loom::lower(sched)).ok);
+    CHECK(sim.max_peak_activation() <= x.p + 1e-9);
+    CHECK(loom_paper::round4(sim.bubble_rate) <= x.r_zbh2);
+  }
+}
