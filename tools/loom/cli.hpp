@@ -230,20 +230,20 @@ struct request {
 //! --mem-limit --placement` to `sub`; returns the storage they fill (keep it in the callback).
 inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
   auto t = std::make_shared<request_text>();
-  sub.add_option("--schedule,-s", t->schedule, "schedule family (see `loom list`)");
-  t->ranks_opt = sub.add_option("--ranks,-p", t->ranks, "P: pipeline ranks (devices)");
-  t->microbatches_opt = sub.add_option("--microbatches,-m", t->microbatches, "m: microbatches per step");
-  t->chunks_opt = sub.add_option("--chunks,-v", t->chunks, "V: model chunks per rank (default: the family's natural value)");
-  sub.add_option("--f", t->f, "forward time of one microbatch through 1/P of the model")->capture_default_str();
-  sub.add_option("--b", t->b, "input-gradient backward time")->capture_default_str();
-  sub.add_option("--w", t->w, "weight-gradient backward time")->capture_default_str();
-  sub.add_option("--c", t->c, "p2p latency between dependent actions on different ranks")->capture_default_str();
-  t->fb_opt = sub.add_option("--fb", t->fb, "time of an overlapped forward+backward pair (default: the sum of its parts)");
+  sub.add_option("--schedule,-s", t->schedule, "schedule family (see `loom list`)")->type_name("NAME");
+  t->ranks_opt = sub.add_option("--ranks,-p", t->ranks, "P: pipeline ranks (devices)")->type_name("INT");
+  t->microbatches_opt = sub.add_option("--microbatches,-m", t->microbatches, "m: microbatches per step")->type_name("INT");
+  t->chunks_opt = sub.add_option("--chunks,-v", t->chunks, "V: model chunks per rank (default: the family's natural value)")->type_name("INT");
+  sub.add_option("--f", t->f, "forward time of one microbatch through 1/P of the model")->capture_default_str()->type_name("NUMBER");
+  sub.add_option("--b", t->b, "input-gradient backward time")->capture_default_str()->type_name("NUMBER");
+  sub.add_option("--w", t->w, "weight-gradient backward time")->capture_default_str()->type_name("NUMBER");
+  sub.add_option("--c", t->c, "p2p latency between dependent actions on different ranks")->capture_default_str()->type_name("NUMBER");
+  t->fb_opt = sub.add_option("--fb", t->fb, "time of an overlapped forward+backward pair (default: the sum of its parts)")->type_name("NUMBER");
   sub.add_option("--mem-w-ratio", t->mem_w_ratio, "M_W/M_B: fraction of an activation that lives until W")
-      ->capture_default_str();
-  t->mem_limit_opt = sub.add_option("--mem-limit", t->mem_limit, "per-rank activation limit for cost-aware families");
-  sub.add_option("--placement", t->placement, "loop|v: placement request for cost-aware families")
-      ->capture_default_str();
+      ->capture_default_str()->type_name("NUMBER");
+  t->mem_limit_opt = sub.add_option("--mem-limit", t->mem_limit, "per-rank activation limit for cost-aware families")->type_name("NUMBER");
+  sub.add_option("--placement", t->placement, "placement request for cost-aware families")
+      ->capture_default_str()->type_name("loop|v");
   return t;
 }
 

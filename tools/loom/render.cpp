@@ -19,13 +19,13 @@ loom::cli::register_command render_command{{.name = "render", .order = 30, .inst
   auto* sub = app.add_subcommand("render", "draw a schedule: ASCII (default), --svg FILE, --trace FILE");
   auto req = loom::cli::add_request_options(*sub);
   auto t = std::make_shared<render_text>();
-  sub->add_option("--svg", t->svg, "write an SVG timeline to FILE");
-  sub->add_option("--trace", t->trace, "write a Chrome/Perfetto trace JSON to FILE");
+  sub->add_option("--svg", t->svg, "write an SVG timeline to FILE")->type_name("FILE");
+  sub->add_option("--trace", t->trace, "write a Chrome/Perfetto trace JSON to FILE")->type_name("FILE");
   sub->add_flag("--ascii", t->ascii, "print the ASCII timeline even when writing --svg/--trace");
   sub->add_flag("--programs", t->programs, "print each rank's program (action order) instead of the timeline");
-  sub->add_option("--step", t->step, "ASCII: time units per column (0: the shortest action)")->capture_default_str();
-  sub->add_option("--width", t->width, "ASCII: wrap lines at this many characters (0: never)")->capture_default_str();
-  sub->add_option("--us-per-unit", t->us_per_unit, "trace: microseconds per time unit")->capture_default_str();
+  sub->add_option("--step", t->step, "ASCII: time units per column (0: the shortest action)")->capture_default_str()->type_name("NUMBER");
+  sub->add_option("--width", t->width, "ASCII: wrap lines at this many characters (0: never)")->capture_default_str()->type_name("INT");
+  sub->add_option("--us-per-unit", t->us_per_unit, "trace: microseconds per time unit")->capture_default_str()->type_name("NUMBER");
   sub->callback([req, t] {
     namespace cli = loom::cli;
     cli::request r = cli::parse_request(*req);
