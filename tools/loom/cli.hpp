@@ -157,7 +157,7 @@ inline constexpr int max_ranks = 4096;
 inline constexpr int max_microbatches = 1 << 16;
 inline constexpr int max_chunks = 64;
 //! Upper bound on ranks x microbatches x chunks (about the number of forwards).
-inline constexpr long long max_cells = 1LL << 24;
+inline constexpr long long max_cells = 1LL << 20;
 
 //! Parses `text` (the value of option `flag`) as a decimal integer in [lo, hi]; throws
 //! `usage_error` naming the option and the value otherwise.
