@@ -10,8 +10,16 @@
 //! call that finds its partner at the head of the other queue pairs the two (under the channel's
 //! lock, so pairing follows posting order: per-peer FIFO as in NCCL) and then copies the bytes
 //! once, straight from the sender's buffer into the receiver's buffer, outside the lock: no
-//! intermediate copy and no allocation beyond the request's small control block. The waiting
-//! rank is woken through its doorbell (a mutex and condition variable per rank).
+//! intermediate copy. The waiting rank is woken through its doorbell (a mutex and condition
+//! variable per rank).
+//!
+//! Allocation. A request's control block comes from its rank's pool and goes back to it once the
+//! last handle on the request is gone and the operation completed (whichever happens last); the
+//! channel queues are intrusive lists threaded through the control blocks. So `isend`, `irecv`,
+//! `wait` and `test` allocate only while the pool grows, i.e. when a rank holds more requests at
+//! once than it ever did before; a loop that repeats the same pattern (a training step) allocates
+//! in its first iteration at most. Collectives reuse one scratch buffer per communicator, grown
+//! to the largest slice seen. Errors (their messages) may allocate.
 //!
 //! Collectives are zero-copy too: the ranks publish their buffer addresses, meet, read each
 //! other's buffers directly, and meet again before anyone returns, so no buffer is released
@@ -33,7 +41,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -80,9 +87,18 @@ struct doorbell {
   }
 };
 
-//! One posted send or receive. `state`: 0 pending, 1 done, 2 failed (see `error`).
+struct op_pool;
+
+//! The low two bits of `p2p_op::word`: 0 pending, 1 done, 2 failed (see `error`).
+inline constexpr unsigned op_state_mask = 3u;
+//! One request handle in `p2p_op::word` (the bits above the state count the handles).
+inline constexpr unsigned op_ref = 4u;
+
+//! One posted send or receive: a pooled control block. Its state and the number of request
+//! handles on it share one atomic word, so that exactly one party sees the block become free
+//! (no handle left and the operation finished) and returns it to its pool.
 struct p2p_op {
-  std::atomic<int> state{0};
+  std::atomic<unsigned> word{0};
   const std::byte* sdata = nullptr;
   std::byte* rdata = nullptr;
   std::size_t size = 0;
@@ -90,13 +106,102 @@ struct p2p_op {
   int peer = -1;  // world rank of the partner, for messages
   bool is_send = false;
   std::string error;
+  p2p_op* next = nullptr;   // the channel queue while pending, the pool's free list while free
+  op_pool* pool = nullptr;  // where the block goes back
+};
+
+//! The control blocks of one rank of one group. Only the rank's driving thread takes blocks
+//! (`acquire`); any thread may give one back (`recycle`: a lock-free push onto `returned`, which
+//! the taker empties in one exchange, so there is no ABA hazard). The pool lives while its group
+//! does or while any of its blocks is in use (`refs`), so a request may outlive its communicator.
+struct op_pool {
+  std::atomic<std::size_t> refs{1};  // the group's, plus one per block in use
+  std::atomic<p2p_op*> returned{nullptr};
+  p2p_op* free = nullptr;  // the taker's private free list
+  std::size_t capacity = 0;
+  struct chunk {
+    std::unique_ptr<p2p_op[]> ops;
+    std::unique_ptr<chunk> next;
+  };
+  std::unique_ptr<chunk> chunks;
+
+  //! A free block (allocates only when every block is in use: the pool doubles).
+  p2p_op* acquire() {
+    if (free == nullptr) free = returned.exchange(nullptr, std::memory_order_acquire);
+    if (free == nullptr) grow();
+    p2p_op* op = free;
+    free = op->next;
+    op->next = nullptr;
+    refs.fetch_add(1, std::memory_order_relaxed);
+    return op;
+  }
+  //! Gives a block back (any thread); the last reference frees the pool.
+  void recycle(p2p_op* op) noexcept {
+    p2p_op* head = returned.load(std::memory_order_relaxed);
+    do {
+      op->next = head;
+    } while (!returned.compare_exchange_weak(head, op, std::memory_order_release, std::memory_order_relaxed));
+    unref();
+  }
+  void unref() noexcept {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+ private:
+  void grow() {
+    const std::size_t n = capacity == 0 ? 16 : capacity;
+    auto c = std::make_unique<chunk>();
+    c->ops = std::make_unique<p2p_op[]>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      c->ops[i].pool = this;
+      c->ops[i].next = i + 1 < n ? &c->ops[i + 1] : nullptr;
+    }
+    free = &c->ops[0];
+    c->next = std::move(chunks);
+    chunks = std::move(c);
+    capacity += n;
+  }
+};
+
+//! Drops one handle on `op`; the block goes back to its pool if the operation finished too.
+inline void release(p2p_op* op) noexcept {
+  const unsigned old = op->word.fetch_sub(op_ref, std::memory_order_acq_rel);
+  if (old / op_ref == 1 && (old & op_state_mask) != 0) op->pool->recycle(op);
+}
+
+//! Publishes the outcome of `op` (1 done, 2 failed). The caller must not touch `op` afterwards:
+//! if no handle is left the block goes back to its pool here.
+inline void finish(p2p_op& op, unsigned state) noexcept {
+  const unsigned old = op.word.fetch_or(state, std::memory_order_acq_rel);
+  if (old / op_ref == 0) op.pool->recycle(&op);
+}
+
+//! A FIFO of pending operations, linked through `p2p_op::next` (never allocates).
+struct op_queue {
+  p2p_op* head = nullptr;
+  p2p_op* tail = nullptr;
+
+  bool empty() const noexcept { return head == nullptr; }
+  void push(p2p_op* op) noexcept {
+    op->next = nullptr;
+    if (tail != nullptr) tail->next = op;
+    else head = op;
+    tail = op;
+  }
+  p2p_op* pop() noexcept {
+    p2p_op* op = head;
+    head = op->next;
+    if (head == nullptr) tail = nullptr;
+    op->next = nullptr;
+    return op;
+  }
 };
 
 //! Posted, not yet matched sends from p to q and receives at q from p.
 struct channel {
   std::mutex m;
-  std::deque<std::shared_ptr<p2p_op>> sends;
-  std::deque<std::shared_ptr<p2p_op>> recvs;
+  op_queue sends;
+  op_queue recvs;
 };
 
 //! Everything a rank publishes for one collective call.
@@ -121,6 +226,7 @@ struct group {
   std::unique_ptr<channel[]> channels;  // [from * n + to]
   std::unique_ptr<doorbell[]> bells;    // [rank]
   std::unique_ptr<coll_slot[]> slots;   // [rank]
+  std::vector<op_pool*> pools;          // [rank], each holding one reference
   std::mutex cm;
   std::condition_variable ccv;
   std::uint64_t generation = 0;
@@ -132,7 +238,23 @@ struct group {
         world_ranks(std::move(wr)),
         channels(new channel[static_cast<std::size_t>(n) * static_cast<std::size_t>(n)]),
         bells(new doorbell[static_cast<std::size_t>(n)]),
-        slots(new coll_slot[static_cast<std::size_t>(n)]) {}
+        slots(new coll_slot[static_cast<std::size_t>(n)]) {
+    pools.reserve(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) pools.push_back(new op_pool);
+  }
+
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+
+  //! Operations still queued were never matched: they fail (a handle that outlives the group
+  //! then frees its block), and the group drops its reference on every pool.
+  ~group() {
+    const auto cells = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+    for (std::size_t i = 0; i < cells; ++i)
+      for (op_queue* q : {&channels[i].sends, &channels[i].recvs})
+        while (!q->empty()) finish(*q->pop(), 2);
+    for (op_pool* p : pools) p->unref();
+  }
 
   channel& chan(int from, int to) { return channels[static_cast<std::size_t>(from) * static_cast<std::size_t>(n) + static_cast<std::size_t>(to)]; }
 
@@ -165,8 +287,12 @@ inline void world_state::abort(int rank, std::string cause) {
   for (auto& g : live) g->wake_all();
 }
 
-//! Completes a matched pair: one copy from the sender's buffer into the receiver's.
+//! Completes a matched pair: one copy from the sender's buffer into the receiver's. Neither
+//! block is touched after `finish` (its owner may reuse it at once).
 inline void complete_pair(p2p_op& s, p2p_op& r, int sender_world, int receiver_world) {
+  doorbell* sbell = s.owner;
+  doorbell* rbell = r.owner;
+  unsigned outcome = 1;
   if (s.size != r.size) {
     std::string msg = "rank " + std::to_string(sender_world) + " sent " + std::to_string(s.size) +
                       " bytes to rank " + std::to_string(receiver_world) +
@@ -174,15 +300,14 @@ inline void complete_pair(p2p_op& s, p2p_op& r, int sender_world, int receiver_w
                       " bytes (sends and receives are matched per peer in FIFO order and must have equal sizes)";
     s.error = msg;
     r.error = std::move(msg);
-    s.state.store(2, std::memory_order_release);
-    r.state.store(2, std::memory_order_release);
-  } else {
-    if (s.size != 0) std::memcpy(r.rdata, s.sdata, s.size);
-    s.state.store(1, std::memory_order_release);
-    r.state.store(1, std::memory_order_release);
+    outcome = 2;
+  } else if (s.size != 0) {
+    std::memcpy(r.rdata, s.sdata, s.size);
   }
-  s.owner->ring();
-  if (r.owner != s.owner) r.owner->ring();
+  finish(s, outcome);
+  finish(r, outcome);
+  sbell->ring();
+  if (rbell != sbell) rbell->ring();
 }
 
 //! A small integer identifying an arithmetic type's representation, so that ranks calling a
@@ -199,12 +324,54 @@ inline constexpr int spin_iterations = 64;
 
 namespace threads {
 
+class comm;
+
+//! Handle on one posted send or receive of a `threads::comm`; copies refer to the same
+//! operation. Copying, moving and dropping handles never allocate (an atomic count). The
+//! operation's control block returns to its rank's pool when the last handle is gone and the
+//! operation completed; dropping every handle of a pending operation does not cancel it (its
+//! buffer must stay valid until the partner matched it). A default-constructed or moved-from
+//! handle is empty; `wait` and `test` reject it.
+class request {
+ public:
+  //! An empty handle.
+  request() noexcept = default;
+  //! Another handle on the same operation.
+  request(const request& o) noexcept : op_(o.op_) {
+    if (op_ != nullptr) op_->word.fetch_add(detail::thr::op_ref, std::memory_order_relaxed);
+  }
+  //! Takes `o`'s operation; `o` becomes empty.
+  request(request&& o) noexcept : op_(std::exchange(o.op_, nullptr)) {}
+  request& operator=(const request& o) noexcept {
+    request t(o);
+    swap(t);
+    return *this;
+  }
+  request& operator=(request&& o) noexcept {
+    request t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  ~request() {
+    if (op_ != nullptr) detail::thr::release(op_);
+  }
+  //! Exchanges the operations of two handles.
+  void swap(request& o) noexcept { std::swap(op_, o.op_); }
+  //! Whether the handle refers to an operation.
+  explicit operator bool() const noexcept { return op_ != nullptr; }
+
+ private:
+  friend class comm;
+  explicit request(detail::thr::p2p_op* op) noexcept : op_(op) {}
+  detail::thr::p2p_op* op_ = nullptr;
+};
+
 //! A rank's handle on a group of threads (see the file comment). Created by `world(n)` or
 //! `split`; movable, not copyable; one thread drives it at a time.
 class comm {
  public:
-  //! Handle on one posted send or receive; copies refer to the same operation.
-  using request = std::shared_ptr<detail::thr::p2p_op>;
+  //! Handle on one posted send or receive (see `threads::request`).
+  using request = ::loom::threads::request;
 
   comm(comm&&) noexcept = default;
   comm& operator=(comm&&) noexcept = default;
@@ -229,60 +396,49 @@ class comm {
 
   //! Posts a send of `data` to `peer` (asynchronous: `data` must stay valid and unchanged
   //! until the request completes). Matched with `peer`'s receives from this rank in FIFO order.
+  //! Allocation-free once this rank's request pool is warm (see the file comment).
   request isend(int peer, std::span<const std::byte> data) {
     check_live();
     check_peer(peer, "send to");
-    auto op = std::make_shared<detail::thr::p2p_op>();
+    detail::thr::p2p_op* op = post(peer, data.size(), true);
     op->sdata = data.data();
-    op->size = data.size();
-    op->owner = &g_->bells[static_cast<std::size_t>(rank_)];
-    op->peer = g_->world_ranks[static_cast<std::size_t>(peer)];
-    op->is_send = true;
+    request req(op);
     auto& ch = g_->chan(rank_, peer);
-    std::shared_ptr<detail::thr::p2p_op> match;
+    detail::thr::p2p_op* match = nullptr;
     {
       std::lock_guard lk(ch.m);
-      if (!ch.recvs.empty()) {
-        match = std::move(ch.recvs.front());
-        ch.recvs.pop_front();
-      } else {
-        ch.sends.push_back(op);
-      }
+      if (!ch.recvs.empty()) match = ch.recvs.pop();
+      else ch.sends.push(op);
     }
-    if (match) detail::thr::complete_pair(*op, *match, world_rank(), op->peer);
-    return op;
+    if (match != nullptr) detail::thr::complete_pair(*op, *match, world_rank(), op->peer);
+    return req;
   }
 
   //! Posts a receive of exactly `data.size()` bytes from `peer` into `data` (valid until the
   //! request completes). Matched with `peer`'s sends to this rank in FIFO order.
+  //! Allocation-free once this rank's request pool is warm (see the file comment).
   request irecv(int peer, std::span<std::byte> data) {
     check_live();
     check_peer(peer, "receive from");
-    auto op = std::make_shared<detail::thr::p2p_op>();
+    detail::thr::p2p_op* op = post(peer, data.size(), false);
     op->rdata = data.data();
-    op->size = data.size();
-    op->owner = &g_->bells[static_cast<std::size_t>(rank_)];
-    op->peer = g_->world_ranks[static_cast<std::size_t>(peer)];
+    request req(op);
     auto& ch = g_->chan(peer, rank_);
-    std::shared_ptr<detail::thr::p2p_op> match;
+    detail::thr::p2p_op* match = nullptr;
     {
       std::lock_guard lk(ch.m);
-      if (!ch.sends.empty()) {
-        match = std::move(ch.sends.front());
-        ch.sends.pop_front();
-      } else {
-        ch.recvs.push_back(op);
-      }
+      if (!ch.sends.empty()) match = ch.sends.pop();
+      else ch.recvs.push(op);
     }
-    if (match) detail::thr::complete_pair(*match, *op, op->peer, world_rank());
-    return op;
+    if (match != nullptr) detail::thr::complete_pair(*match, *op, op->peer, world_rank());
+    return req;
   }
 
   //! Whether `req` completed (throws if it failed or the communicator was aborted).
   bool test(request& req) {
     check_live();
-    int st = req->state.load(std::memory_order_acquire);
-    if (st == 2) throw comm_error(-1, req->error);
+    const unsigned st = state_of(req, "test");
+    if (st == 2) throw comm_error(-1, req.op_->error);
     return st == 1;
   }
 
@@ -290,14 +446,15 @@ class comm {
   //! aborted, or after the timeout (which then aborts the communicator on every rank).
   void wait(request& req) {
     check_live();
-    auto& op = *req;
-    for (int i = 0; i < detail::thr::spin_iterations && op.state.load(std::memory_order_acquire) == 0; ++i)
-      std::this_thread::yield();
-    if (op.state.load(std::memory_order_acquire) == 0) {
+    (void)state_of(req, "wait");
+    auto& op = *req.op_;
+    auto pending = [&op] { return (op.word.load(std::memory_order_acquire) & detail::thr::op_state_mask) == 0; };
+    for (int i = 0; i < detail::thr::spin_iterations && pending(); ++i) std::this_thread::yield();
+    if (pending()) {
       auto deadline = std::chrono::steady_clock::now() + timeout_;
       std::unique_lock lk(op.owner->m);
       bool ok = op.owner->cv.wait_until(lk, deadline, [&] {
-        return op.state.load(std::memory_order_acquire) != 0 || g_->world->aborted.load(std::memory_order_acquire);
+        return !pending() || g_->world->aborted.load(std::memory_order_acquire);
       });
       lk.unlock();
       if (!ok)
@@ -305,10 +462,14 @@ class comm {
                      std::to_string(op.size) + " bytes " + (op.is_send ? "to" : "from") + " rank " +
                      std::to_string(op.peer));
     }
-    int st = op.state.load(std::memory_order_acquire);
-    if (st == 2) throw comm_error(-1, op.error);
+    if ((op.word.load(std::memory_order_acquire) & detail::thr::op_state_mask) == 2) throw comm_error(-1, op.error);
     check_live();
   }
+
+  //! The number of request control blocks this rank's pool holds (in use or free) in this
+  //! communicator's group. It grows only when the rank holds more requests at once than ever
+  //! before; after a warm-up iteration of a repeated pattern it stays constant.
+  std::size_t request_pool_capacity() const { return g_->pools[static_cast<std::size_t>(rank_)]->capacity; }
 
   //! Element-wise reduction of `data` over all ranks (rank order), result in `data` on every rank.
   template <comm_element T>
@@ -464,6 +625,25 @@ class comm {
 
   void check_live() const {
     if (g_->world->aborted.load(std::memory_order_acquire)) throw g_->world->error();
+  }
+  //! A fresh control block from this rank's pool, holding one handle, for a send or a receive.
+  detail::thr::p2p_op* post(int peer, std::size_t size, bool is_send) {
+    detail::thr::p2p_op* op = g_->pools[static_cast<std::size_t>(rank_)]->acquire();
+    op->word.store(detail::thr::op_ref, std::memory_order_relaxed);
+    op->sdata = nullptr;
+    op->rdata = nullptr;
+    op->size = size;
+    op->owner = &g_->bells[static_cast<std::size_t>(rank_)];
+    op->peer = g_->world_ranks[static_cast<std::size_t>(peer)];
+    op->is_send = is_send;
+    op->error.clear();
+    return op;
+  }
+  //! The state bits of `req`'s operation; an empty handle is an error.
+  unsigned state_of(const request& req, const char* what) const {
+    if (req.op_ == nullptr)
+      throw comm_error(world_rank(), std::string(what) + " on an empty request (default-constructed or moved from)");
+    return req.op_->word.load(std::memory_order_acquire) & detail::thr::op_state_mask;
   }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size())

@@ -18,8 +18,11 @@
 //! runs the lowered program exactly as `validate`'s FIFO replay proves deadlock-free.
 //!
 //! Buffers. Everything is allocated when the pipeline is built, sized by the buffer plan and the
-//! stages' sizes; a step allocates nothing itself (the communicator may allocate its request
-//! control blocks).
+//! stages' sizes. After the first step (the handshake, and the communicator's warm-up) a
+//! successful step allocates nothing: no vector, string or function object on its path, and every
+//! request is handed back as soon as it completed, so the communicator can reuse its control
+//! block (the threads backend then allocates nothing either; MPI's internals are MPI's). Errors
+//! may allocate (their messages).
 //!
 //! Handshake. Before the first step the ranks exchange a hash of their lowered schedule and
 //! options, then the sizes of their stages' inputs and outputs; a mismatch throws
@@ -299,7 +302,10 @@ class pipeline {
       if (!handshaken_) handshake();
       begin_step(inputs);
       run_program();
-      for (std::size_t i = 0; i < nsend_; ++i) comm_->wait(send_reqs_[i]);
+      for (std::size_t i = 0; i < nsend_; ++i) {
+        comm_->wait(send_reqs_[i]);
+        send_reqs_[i] = request_type{};  // hand the request back now: the next step reuses it
+      }
       res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       res.busy_seconds = busy_;
       agree(res);
@@ -598,6 +604,7 @@ class pipeline {
   void on_recv() {
     const std::size_t k = recv_k_++;
     comm_->wait(recv_reqs_[k]);
+    recv_reqs_[k] = request_type{};
     post(k + static_cast<std::size_t>(opt_.recv_ahead));
   }
   void on_send(const action& a) {
@@ -765,7 +772,10 @@ class pipeline {
       for (int j = first_change_; j < M_; ++j)
         if (sched_.direction_of(j) == dir) copy_reqs_[nreq++] = comm_->isend(l.twin_rank, std::as_bytes(l.wgrad.get(j)));
     }
-    for (std::size_t i = 0; i < nreq; ++i) comm_->wait(copy_reqs_[i]);
+    for (std::size_t i = 0; i < nreq; ++i) {
+      comm_->wait(copy_reqs_[i]);
+      copy_reqs_[i] = request_type{};
+    }
     for (std::size_t li = 0; li < locals_.size(); ++li) {
       auto& l = locals_[li];
       const int dir = ids_[li].direction;
@@ -860,7 +870,8 @@ class pipeline {
   std::vector<local_stage> locals_;
   std::vector<value_type> loss_out_, seed_, discard_;
   double scale_ = 1;
-  std::vector<typename Comm::request> recv_reqs_, send_reqs_, copy_reqs_;
+  using request_type = typename Comm::request;
+  std::vector<request_type> recv_reqs_, send_reqs_, copy_reqs_;
   std::vector<std::size_t> copy_order_;  // local stages by stage index (copy exchange order)
   std::size_t recv_k_ = 0, nsend_ = 0;
   int first_change_ = 0;  // two directions: first microbatch whose direction differs from microbatch 0's
