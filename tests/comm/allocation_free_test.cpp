@@ -28,7 +28,8 @@ struct loop_result {
 };
 
 std::uint32_t value(int from, int to, int k, int iter, std::size_t i) {
-  return static_cast<std::uint32_t>(((from * 131 + to) * 7 + k) * 1000003 + iter * 7919) + static_cast<std::uint32_t>(i);
+  const auto u = [](auto v) { return static_cast<std::uint32_t>(v); };  // wraps, never overflows
+  return ((u(from) * 131u + u(to)) * 7u + u(k)) * 1000003u + u(iter) * 7919u + u(i);
 }
 
 //! Every rank exchanges `per_peer` messages of different sizes (0 B included) with every rank
