@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include <loom/schedule.hpp>
+#include <loom/schedule/registry.hpp>
 #include <loom/schedule/zb_v.hpp>
 
 #include "zb_paper_data.hpp"
@@ -40,10 +41,8 @@ TEST_CASE("costs derived from Table 8's 1F1B, ZB-H1 and ZB-H2 columns reproduce 
 }
 
 TEST_CASE("zb-v at the derived Table 8 costs stays within 1F1B's memory and beats the paper's ZB-H2") {
-  // ZB-V's claim (§6): ZB-H2-like bubbles at 1F1B's activation memory (p units). loom's zb-v
-  // (cost-free unit-slot greedy) meets it on every row. The stronger bound, no higher than the
-  // paper's own ZB-V, holds on the 14.6B and 28.3B rows but not on 6.2B (see
-  // docs/zero-bubble-paper.md), so it is not asserted here.
+  // ZB-V's claim (§6): ZB-H2-like bubbles at 1F1B's activation memory (p units). loom's
+  // cost-free zb-v (unit-slot greedy) already meets it on every row.
   for (auto const& x : loom_paper::table8) {
     auto k = costs_of(x);
     INFO(x.model, " p=", x.p, " m=", x.m);
@@ -54,4 +53,38 @@ TEST_CASE("zb-v at the derived Table 8 costs stays within 1F1B's memory and beat
     CHECK(sim.max_peak_activation() <= x.p + 1e-9);
     CHECK(loom_paper::round4(sim.bubble_rate) <= x.r_zbh2);
   }
+}
+
+TEST_CASE("cost-aware zb-v at the derived Table 8 costs and p units improves on the greedy and meets the paper's ZB-V on 8 of 9 rows") {
+  // generate(shape, options): the greedy, then local search under the real costs (zb_v.hpp).
+  // Compared at the paper's printed precision (round4), as docs/zero-bubble-paper.md does.
+  // 6.2B m=48 stays at 0.06978 (paper 0.0697): the Zero Bubble authors' own ZB-V heuristic
+  // (their zbv.py, run at these costs) gives the same 0.06978, so the derived costs, not the
+  // search, set that row; it is held to the paper within 1e-4 and recorded in the doc.
+  int met = 0;
+  for (auto const& x : loom_paper::table8) {
+    auto k = costs_of(x);
+    INFO(x.model, " p=", x.p, " m=", x.m);
+    const loom::shape s{.ranks = x.p, .microbatches = x.m};
+    auto sched = loom::generate(loom::zb_v{}, s, {.cost = k, .mem_limit = double(x.p)});
+    auto sim = loom::simulate(sched, k);
+    REQUIRE(sim.ok);
+    CHECK(loom::validate(loom::lower(sched)).ok);
+    CHECK(sim.max_peak_activation() <= x.p + 1e-9);
+    const double greedy = loom::simulate(loom::generate(loom::zb_v{}, s), k).bubble_rate;
+    CHECK(sim.bubble_rate < greedy);
+    CHECK(sim.bubble_rate <= x.r_zbv + 1e-4);
+    met += loom_paper::round4(sim.bubble_rate) <= x.r_zbv ? 1 : 0;
+  }
+  CHECK(met >= 8);
+}
+
+TEST_CASE("the registry's zb-v entry is cost-aware and gives the same schedule as the library call") {
+  auto const& e = loom::default_registry().at("zb-v");
+  CHECK(e.cost_aware);
+  auto const& x = loom_paper::table8[3];
+  const loom::generate_options o{.cost = costs_of(x), .mem_limit = double(x.p)};
+  auto a = e.make({.ranks = x.p, .microbatches = x.m}, o);
+  auto b = loom::generate(loom::zb_v{}, {.ranks = x.p, .microbatches = x.m}, o);
+  CHECK(a.programs == b.programs);
 }

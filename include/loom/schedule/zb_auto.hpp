@@ -25,7 +25,9 @@
 //!    may hold between `F` and `B` below what the memory allows ("skip an F if it does not cause
 //!    more bubbles", §3.1, generalised) — hill climbing, one rank at a time.
 //! 4. **Seeds**: on the loop placement the handcrafted ZB-H1 and ZB-H2 orders are candidates too
-//!    whenever they fit the limit, so `zb-auto` is never worse than them.
+//!    whenever they fit the limit, so `zb-auto` is never worse than them; on the V placement, with
+//!    a limit of at least `p`, so is `zb-v`'s cost-aware schedule (its greedy improved by local
+//!    search, `zb_v.hpp`), so `zb-auto` (V) is never worse than `zb-v` at the same memory.
 //!
 //! Every candidate is scored with `loom::simulate` (the normative model): the smallest
 //! `bubble_rate` wins, ties broken by makespan, then by peak memory. Every candidate's peak
@@ -69,6 +71,7 @@
 #include "loom/schedule/schedule.hpp"
 #include "loom/schedule/simulate.hpp"
 #include "loom/schedule/zb_order.hpp"
+#include "loom/schedule/zb_v.hpp"
 
 namespace loom {
 
@@ -419,6 +422,13 @@ struct zb_auto {
     if (pk == placement_kind::loop) {
       consider(detail::zero_bubble_handcrafted(name, s, 1));
       consider(detail::zero_bubble_handcrafted(name, s, 2));
+    }
+    // On the V placement, zb-v's cost-aware schedule (greedy + local search under these costs)
+    // whenever the limit admits it (>= p units), so zb-auto (v) is never worse than zb-v there.
+    if (pk == placement_kind::v && limit >= s.ranks - 1e-9) {
+      generate_options vo = o;
+      vo.mem_limit = limit;
+      consider(zb_v{}.generate(s, vo));
     }
     // Grid over the heuristic's choices; remember the best greedy point for the local search.
     // Caps: none (memory only), or the warm-up count of Appendix B plus 0 or 1 (the paper's
