@@ -233,6 +233,11 @@ TEST_CASE("bad input gives exit code 2 and exactly one stderr line naming the of
       {with({"--chunks", "0"}), "--chunks '0'"},
       {with({"--chunks", "2"}), "chunks=2"},  // a shape zb-h1 cannot run
       {with({"--placement", "diagonal"}), "'diagonal'"},
+      {with({"--placement", "v"}), "--placement applies to cost-aware families"},  // zb-h1 has a fixed placement
+      {{"simulate", "--schedule", "zb-auto", "--ranks", "4", "--microbatches", "8", "--placement", "v", "--chunks", "1"},
+       "--placement v runs 2 chunk(s) per rank, but --chunks is 1"},
+      {{"simulate", "--schedule", "zb-auto", "--ranks", "4", "--microbatches", "8", "--placement", "loop", "--chunks", "2"},
+       "--placement loop runs 1 chunk(s) per rank, but --chunks is 2"},
       {with({"--mem-limit", "0"}), "--mem-limit '0'"},
       {with({"--bogus-flag"}), "--bogus-flag"},
       {{"simulate", "--ranks", "4", "--microbatches", "8"}, "--schedule"},
@@ -270,4 +275,26 @@ TEST_CASE("help is not an error") {
   r = run({"render", "--help"});
   CHECK(r.code == 0);
   CHECK(r.out.find("--svg") != std::string::npos);
+}
+
+TEST_CASE("a cost-aware family's placement flag and chunk count follow each other") {
+  // zb-auto on the V placement needs no --chunks: the placement names 2 chunks per rank.
+  auto r = run({"simulate", "--schedule", "zb-auto", "--ranks", "4", "--microbatches", "8", "--placement", "v", "--json"});
+  REQUIRE(r.code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("chunks") == 2);
+  CHECK(j.at("placement") == "v");
+  auto const& e = loom::default_registry().at("zb-auto");
+  loom::generate_options o;
+  o.placement = loom::placement_kind::v;
+  auto sim = loom::simulate(e.make({.ranks = 4, .microbatches = 8, .chunks = 2}, o));
+  CHECK(j.at("makespan").get<double>() == doctest::Approx(sim.makespan));
+  // And --chunks 2 alone means the V placement too; the loop placement is the default.
+  auto v = run({"simulate", "--schedule", "zb-auto", "--ranks", "4", "--microbatches", "8", "--chunks", "2", "--json"});
+  REQUIRE(v.code == 0);
+  CHECK(nlohmann::json::parse(v.out).at("placement") == "v");
+  auto loop = run({"simulate", "--schedule", "zb-auto", "--ranks", "4", "--microbatches", "8", "--json"});
+  REQUIRE(loop.code == 0);
+  CHECK(nlohmann::json::parse(loop.out).at("placement") == "loop");
+  CHECK(nlohmann::json::parse(loop.out).at("chunks") == 1);
 }

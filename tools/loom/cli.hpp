@@ -214,7 +214,7 @@ struct request_text {
   //! The options behind the optional values, set by `add_request_options`: an option given with
   //! an empty value ("--ranks ''") is an error, not "absent". Null: absent when empty.
   CLI::Option *ranks_opt = nullptr, *microbatches_opt = nullptr, *chunks_opt = nullptr, *fb_opt = nullptr,
-              *mem_limit_opt = nullptr;
+              *mem_limit_opt = nullptr, *placement_opt = nullptr;
 };
 
 //! The parsed common options. `shape.ranks`/`microbatches` are 0 when not given (a schedule
@@ -224,6 +224,7 @@ struct request {
   loom::shape shape{0, 0, 0};
   loom::costs cost{};
   loom::generate_options options{};
+  bool placement_given = false;  //!< `--placement` was on the command line
 };
 
 //! Adds `--schedule --ranks --microbatches --chunks --f --b --w --c --fb --mem-w-ratio
@@ -242,8 +243,9 @@ inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
   sub.add_option("--mem-w-ratio", t->mem_w_ratio, "M_W/M_B: fraction of an activation that lives until W")
       ->capture_default_str()->type_name("NUMBER");
   t->mem_limit_opt = sub.add_option("--mem-limit", t->mem_limit, "per-rank activation limit for cost-aware families")->type_name("NUMBER");
-  sub.add_option("--placement", t->placement, "placement request for cost-aware families")
-      ->capture_default_str()->type_name("loop|v");
+  t->placement_opt = sub.add_option("--placement", t->placement,
+                                     "cost-aware families: loop (1 chunk per rank) or v (2 chunks, V placement)")
+                          ->capture_default_str()->type_name("loop|v");
   return t;
 }
 
@@ -274,6 +276,7 @@ inline request parse_request(const request_text& t) {
   if (t.placement == "loop") r.options.placement = placement_kind::loop;
   else if (t.placement == "v") r.options.placement = placement_kind::v;
   else throw usage_error("--placement '" + t.placement + "' is not one of: loop, v");
+  r.placement_given = t.placement_opt != nullptr && t.placement_opt->count() > 0;
   long long cells = 1LL * r.shape.ranks * r.shape.microbatches * (r.shape.chunks > 0 ? r.shape.chunks : 1);
   if (cells > max_cells)
     throw usage_error("--ranks x --microbatches x --chunks = " + std::to_string(cells) + " exceeds the limit of " +
@@ -308,7 +311,23 @@ inline schedule make_schedule(const request& r) {
     }
     throw usage_error("unknown schedule '" + r.schedule + "' (known: " + known + ")");
   }
-  return e->make(r.shape, r.options);
+  // A cost-aware family's placement and chunk count name the same choice (loop: 1 chunk per
+  // rank, v: 2): one follows from the other, and a contradiction is an error, never adjusted.
+  loom::shape shape = r.shape;
+  loom::generate_options options = r.options;
+  if (!e->cost_aware) {
+    if (r.placement_given)
+      throw usage_error("--placement applies to cost-aware families (e.g. zb-auto); '" + e->name + "' has a fixed placement");
+  } else if (r.placement_given) {
+    const int want = options.placement == placement_kind::v ? 2 : 1;
+    if (shape.chunks == 0) shape.chunks = want;
+    else if (shape.chunks != want)
+      throw usage_error("--placement " + std::string(to_string(options.placement)) + " runs " + std::to_string(want) +
+                        " chunk(s) per rank, but --chunks is " + std::to_string(shape.chunks));
+  } else if (shape.chunks == 2) {
+    options.placement = placement_kind::v;
+  }
+  return e->make(shape, options);
 }
 
 //! Opens `path` (the value of option `flag`) for writing; throws `usage_error` with the reason
