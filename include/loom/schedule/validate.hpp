@@ -167,6 +167,7 @@ constexpr validation replay_lowered(const schedule& s) {
           if (int w = waiter[c]; w >= 0 && !queued[static_cast<std::size_t>(w)]) {
             queued[static_cast<std::size_t>(w)] = 1;
             work.push_back(w);
+            detail::prefetch(s.programs[static_cast<std::size_t>(w)].data() + pos[static_cast<std::size_t>(w)]);
           }
         } else {
           if (from != a.peer || to != rank)
