@@ -31,7 +31,9 @@
 #include <string>
 
 #include "loom/schedule/family.hpp"
+#include "loom/schedule/gpipe.hpp"
 #include "loom/schedule/schedule.hpp"
+#include "loom/schedule/two_stage_backprop.hpp"
 
 namespace loom {
 
@@ -41,18 +43,7 @@ struct gpipe_2bp {
   static constexpr std::string_view summary =
       "GPipe with 2BP: backward split into B and W, all W's deferred to the end (Rae et al. 2024)";
   constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
-  constexpr schedule generate(shape s) const {
-    schedule out = make_schedule(name, s, s.ranks, placement_kind::loop);
-    const int m = s.microbatches;
-    for (int r = 0; r < s.ranks; ++r) {
-      auto& p = out.programs[static_cast<std::size_t>(r)];
-      p.reserve(static_cast<std::size_t>(3 * m));
-      for (int j = 0; j < m; ++j) p.push_back(forward(j, r));
-      for (int j = 0; j < m; ++j) p.push_back(backward_input(j, r));
-      for (int j = 0; j < m; ++j) p.push_back(backward_weight(j, r));
-    }
-    return out;
-  }
+  constexpr schedule generate(shape s) const { return detail::defer_weight_gradients(gpipe{}.generate(s), name); }
 };
 static_assert(schedule_family<gpipe_2bp>);
 

@@ -32,7 +32,9 @@
 #include <string>
 
 #include "loom/schedule/family.hpp"
+#include "loom/schedule/one_f_one_b.hpp"
 #include "loom/schedule/schedule.hpp"
+#include "loom/schedule/two_stage_backprop.hpp"
 
 namespace loom {
 
@@ -42,23 +44,7 @@ struct one_f_one_b_2bp {
   static constexpr std::string_view summary =
       "1F1B with 2BP: backward split into B and W, all W's deferred to the end (Rae et al. 2024)";
   constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
-  constexpr schedule generate(shape s) const {
-    schedule out = make_schedule(name, s, s.ranks, placement_kind::loop);
-    const int m = s.microbatches;
-    for (int r = 0; r < s.ranks; ++r) {
-      auto& p = out.programs[static_cast<std::size_t>(r)];
-      p.reserve(static_cast<std::size_t>(3 * m));
-      const int warmup = s.ranks - 1 - r < m ? s.ranks - 1 - r : m;
-      int nf = 0;
-      for (; nf < warmup; ++nf) p.push_back(forward(nf, r));
-      for (int i = 0; i < m; ++i) {
-        if (nf < m) p.push_back(forward(nf++, r));
-        p.push_back(backward_input(i, r));
-      }
-      for (int j = 0; j < m; ++j) p.push_back(backward_weight(j, r));
-    }
-    return out;
-  }
+  constexpr schedule generate(shape s) const { return detail::defer_weight_gradients(one_f_one_b{}.generate(s), name); }
 };
 static_assert(schedule_family<one_f_one_b_2bp>);
 
