@@ -107,7 +107,7 @@ inline std::string render_svg(const schedule& s, const simulation& sim, const sv
   const auto P = s.programs.size();
   const double plot_h = rh * static_cast<double>(P);
   const double axis_y = top + plot_h;
-  const double legend_y = axis_y + 42;
+  const double legend_y = axis_y + 54;  // below the axis title (axis_y + 32) with a line between
   const double total_w = x0 + o.width + 20;
   const double total_h = legend_y + (o.legend ? 30 : 0);
   const double font = std::min(12.0, box_h * 0.6);
