@@ -1,4 +1,4 @@
-# Runs the quick example and checks that README.md contains its output verbatim.
+# Runs the quick example and checks that README.md contains its code and its output verbatim.
 execute_process(COMMAND ${EXE} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "quick example exited with ${rc}")
@@ -9,4 +9,13 @@ string(FIND "${readme}" "${out}" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "README.md does not show the quick example's current output:\n${out}")
 endif()
-message(STATUS "README shows the quick example's output")
+# And the code the README shows is quick.cpp's, from its first #include on.
+file(READ ${SOURCE} code)
+string(FIND "${code}" "#include <cstdio>" begin)
+string(SUBSTRING "${code}" ${begin} -1 code)
+string(STRIP "${code}" code)
+string(FIND "${readme}" "${code}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README.md does not show quick.cpp's current code")
+endif()
+message(STATUS "README shows the quick example's code and output")
