@@ -173,18 +173,21 @@ constexpr zb_v_score zb_v_local_search(schedule& s, const costs& k, double limit
       if (budget <= 0) break;
       auto& prog = s.programs[static_cast<std::size_t>(r)];
       const auto ui = static_cast<std::size_t>(i);
-      // Move 1: one step earlier.
-      if (i > 0 && zb_v_may_swap(prog[ui - 1], prog[ui])) {
-        std::swap(prog[ui - 1], prog[ui]);
+      // Scores the schedule as it stands after a move; keeps it (true) if it beats `cur`.
+      auto keep_if_better = [&] {
         --budget;
         zb_v_score sc;
         simulation ns;
-        if (zb_v_score_of(s, k, limit, sc, &ns) && sc.better_than(cur)) {
-          cur = sc;
-          sim = static_cast<simulation&&>(ns);
-          improved = true;
-          break;
-        }
+        if (!zb_v_score_of(s, k, limit, sc, &ns) || !sc.better_than(cur)) return false;
+        cur = sc;
+        sim = static_cast<simulation&&>(ns);
+        improved = true;
+        return true;
+      };
+      // Move 1: one step earlier.
+      if (i > 0 && zb_v_may_swap(prog[ui - 1], prog[ui])) {
+        std::swap(prog[ui - 1], prog[ui]);
+        if (keep_if_better()) break;
         std::swap(prog[ui - 1], prog[ui]);
       }
       // Move 2: a W on the path goes later, into the next gap of its rank or to the end.
@@ -202,15 +205,7 @@ constexpr zb_v_score zb_v_local_search(schedule& s, const costs& k, double limit
         const action w = prog[ui];
         for (std::size_t j = ui; j + 1 < to; ++j) prog[j] = prog[j + 1];
         prog[to - 1] = w;
-        --budget;
-        zb_v_score sc;
-        simulation ns;
-        if (zb_v_score_of(s, k, limit, sc, &ns) && sc.better_than(cur)) {
-          cur = sc;
-          sim = static_cast<simulation&&>(ns);
-          improved = true;
-          break;
-        }
+        if (keep_if_better()) break;
         for (std::size_t j = to - 1; j > ui; --j) prog[j] = prog[j - 1];
         prog[ui] = w;
       }
