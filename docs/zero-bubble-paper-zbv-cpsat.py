@@ -16,6 +16,8 @@ as the solver's starting solution. Neighbourhoods (what the solver may change):
   --fix-before T   every pass that starts before time T keeps its time; the rest is free
   --free-ranks L   ranks in L (comma-separated) are free; the others keep their program order
                    (their times may still move)
+  --window A,B     passes that start in [A, B) are free; every other pass keeps its order among
+                   them on its rank (times may move)
   neither          the whole schedule is free
 
     pip install ortools
@@ -34,6 +36,7 @@ def main() -> int:
     ap.add_argument("dump")
     ap.add_argument("--fix-before", type=float, default=None)
     ap.add_argument("--free-ranks", default=None)
+    ap.add_argument("--window", default=None)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
@@ -99,7 +102,12 @@ def main() -> int:
                     times += [start["F", s, j], end("B", s, j), end("W", s, j)]
                     deltas += [mem_f, mem_b, mem_w]
             M.AddReservoirConstraint(times, deltas, 0, p * unit)
-        else:
+        if a.window is not None:
+            lo_t, hi_t = (float(x) for x in a.window.split(","))
+            prog = [key for t, key in sorted(programs[q]) if not lo_t <= t < hi_t]
+            for x, y in zip(prog, prog[1:]):
+                M.Add(start[y] >= end(*x))
+        elif q not in free:
             prog = [key for _, key in sorted(programs[q])]
             for x, y in zip(prog, prog[1:]):
                 M.Add(start[y] >= end(*x))
@@ -123,10 +131,13 @@ def main() -> int:
     solver.parameters.num_workers = a.workers
     status = solver.Solve(M)
     busy = m * (f + b + w)
-    best, bound = solver.ObjectiveValue() / scale, solver.BestObjectiveBound() / scale
     print(f"input: longest span {busy / (1 - rate):.6f}, bubble rate {rate:.6f}")
-    print(f"{solver.StatusName(status)}: longest span {best:.6f} (bubble rate {1 - busy / best:.6f}), "
-          f"lower bound {bound:.6f} (bubble rate >= {1 - busy / bound:.6f})")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        print(f"{solver.StatusName(status)}: no schedule found within {a.seconds:g} s")
+        return 1
+    best, bound = solver.ObjectiveValue() / scale, solver.BestObjectiveBound() / scale
+    proven = f"lower bound {bound:.6f} (bubble rate >= {1 - busy / bound:.6f})" if bound >= busy else "no bound proven"
+    print(f"{solver.StatusName(status)}: longest span {best:.6f} (bubble rate {1 - busy / best:.6f}), {proven}")
     return 0
 
 
