@@ -15,7 +15,7 @@ int main() {
               " ZB-1p paper | zb-auto p (loop) | zb-auto p (V) | ZB-2p paper | zb-auto 2p (loop) | zb-auto 2p (V) |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto const& x : loom_paper::table5) {
-    loom::costs k{.f = x.f, .b = x.b, .w = x.w, .c = x.comm, .mem_w_ratio = x.mem_w_ratio()};
+    const loom::costs k = x.cost();
     loom::shape s{x.p, x.m};
     auto rate = [&](const loom::schedule& sc) { return loom::simulate(sc, k).bubble_rate; };
     auto autor = [&](int mult, bool vee) {

@@ -34,9 +34,10 @@ from fractions import Fraction
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dump")
-    ap.add_argument("--fix-before", type=float, default=None)
-    ap.add_argument("--free-ranks", default=None)
-    ap.add_argument("--window", default=None)
+    hood = ap.add_mutually_exclusive_group()
+    hood.add_argument("--fix-before", type=float, default=None)
+    hood.add_argument("--free-ranks", default=None)
+    hood.add_argument("--window", default=None)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()

@@ -21,7 +21,7 @@ int main() {
   for (auto const& x : loom_paper::table8)
     for (auto const& c : loom_paper::table5) {
       if (std::string_view(c.model) != x.model) continue;
-      const loom::costs k{.f = c.f, .b = c.b, .w = c.w, .c = c.comm, .mem_w_ratio = c.mem_w_ratio()};
+      const loom::costs k = c.cost();
       const loom::shape s{x.p, x.m};
       const loom::generate_options o{.cost = k, .mem_limit = double(x.p)};
       const auto v = loom::simulate(loom::generate(loom::zb_v{}, s, o), k);

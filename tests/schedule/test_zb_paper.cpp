@@ -11,20 +11,12 @@
 
 #include "zb_paper_data.hpp"
 
-namespace {
-
-loom::costs costs_of(const loom_paper::zb_config& x) {
-  return {.f = x.f, .b = x.b, .w = x.w, .c = x.comm, .mem_w_ratio = x.mem_w_ratio()};
-}
-
-}  // namespace
-
 TEST_CASE("loom's model reproduces the Zero Bubble paper's 1F1B, ZB-H1 and ZB-H2 bubble rates (Table 5)") {
   // Same definition (cost = longest stage span, §5.3) and same timing rule: the published
   // baseline columns follow from the published costs (Table 9) to the printed precision.
   for (auto const& x : loom_paper::table5) {
     loom::shape s{x.p, x.m};
-    auto k = costs_of(x);
+    auto k = x.cost();
     INFO(x.model, " p=", x.p, " m=", x.m);
     CHECK(loom::simulate(loom::generate(loom::one_f_one_b{}, s), k).bubble_rate == doctest::Approx(x.r_1f1b).epsilon(6e-5));
     CHECK(loom::simulate(loom::generate(loom::zb_h1{}, s), k).bubble_rate == doctest::Approx(x.r_zbh1).epsilon(6e-5));
@@ -35,7 +27,7 @@ TEST_CASE("loom's model reproduces the Zero Bubble paper's 1F1B, ZB-H1 and ZB-H2
 TEST_CASE("zb-auto at memory limit p is no worse than the paper's ZB-1p and at 2p no worse than its ZB-2p") {
   for (auto const& x : loom_paper::table5) {
     loom::shape s{x.p, x.m};
-    auto k = costs_of(x);
+    auto k = x.cost();
     for (int mult : {1, 2}) {
       const double limit = mult * x.p;
       INFO(x.model, " p=", x.p, " m=", x.m, " limit=", limit);

@@ -35,7 +35,7 @@ TEST_CASE("cost-aware zb-v at the paper's profiled costs (Table 9) is no higher 
     for (auto const& c : loom_paper::table5) {
       if (std::string_view(c.model) != x.model) continue;
       ++cases;
-      const loom::costs k{.f = c.f, .b = c.b, .w = c.w, .c = c.comm, .mem_w_ratio = c.mem_w_ratio()};
+      const loom::costs k = c.cost();
       INFO(x.model, " p=", x.p, " m=", x.m, " with the Table 9 profile of m=", c.m);
       auto sched = loom::generate(loom::zb_v{}, {.ranks = x.p, .microbatches = x.m}, {.cost = k, .mem_limit = double(x.p)});
       auto sim = loom::simulate(sched, k);

@@ -11,6 +11,8 @@
 // M_W/M_B = 32h / (34h + 5as) per transformer layer (Table 1, §2.3).
 #include <array>
 
+#include <loom/schedule/shape.hpp>
+
 namespace loom_paper {
 
 struct zb_config {
@@ -22,6 +24,8 @@ struct zb_config {
   constexpr double mem_w_ratio() const {
     return 32.0 * hidden / (34.0 * hidden + 5.0 * heads * static_cast<double>(seq));
   }
+  //! Table 9's profiled costs of this run, with its M_W/M_B.
+  constexpr loom::costs cost() const { return {.f = f, .b = b, .w = w, .c = comm, .mem_w_ratio = mem_w_ratio()}; }
 };
 
 inline constexpr std::array<zb_config, 12> table5 = {{
