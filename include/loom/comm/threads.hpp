@@ -725,7 +725,7 @@ class comm {
 
   template <class T>
   std::span<T> scratch(std::size_t count) {
-    const std::size_t blocks = (count * sizeof(T) + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t);
+    const std::size_t blocks = (count * sizeof(T) + sizeof(scratch_block) - 1) / sizeof(scratch_block);
     if (scratch_.size() < blocks) scratch_.resize(blocks);
     return {reinterpret_cast<T*>(scratch_.data()), count};
   }
@@ -760,7 +760,12 @@ class comm {
   std::shared_ptr<detail::thr::group> g_;
   int rank_ = 0;
   std::chrono::milliseconds timeout_ = default_comm_timeout;
-  std::vector<std::max_align_t> scratch_;
+  // Max-aligned raw storage. Not `std::vector<std::max_align_t>`: nvcc 13's front end aborts
+  // (internal error in find_allocated_name_reference) on destroying that vector in a .cu file.
+  struct alignas(alignof(std::max_align_t)) scratch_block {
+    std::byte bytes[alignof(std::max_align_t)];
+  };
+  std::vector<scratch_block> scratch_;
 };
 
 static_assert(communicator<comm>);
