@@ -1,0 +1,265 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// loom's CUDA simulator on raw CUDA runtime calls: stream order, events, copies, host functions,
+// capture and graphs, and the findings that make it stricter than CUDA (races, capture rules,
+// use after free, deadlocks, memory accounting).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <loom/cuda.hpp>
+#include <loom/cudasim/sim.hpp>
+
+namespace sim = loom::cudasim;
+using loom::cuda::byte_access;
+
+namespace {
+
+//! A fresh simulator configuration with seed `seed` (races recorded, not failed, unless asked).
+void fresh(std::uint64_t seed, sim::race_policy p = sim::race_policy::record, int deadlock_ms = 3000) {
+  sim::config c;
+  c.seed = seed;
+  c.races = p;
+  c.deadlock_after = std::chrono::milliseconds(deadlock_ms);
+  sim::configure(c);
+}
+
+std::vector<sim::report> of_kind(sim::report_kind k) {
+  std::vector<sim::report> out;
+  for (auto& r : sim::reports())
+    if (r.kind == k) out.push_back(r);
+  return out;
+}
+
+//! out[i] = in[i] * 2 as a kernel in a region that declares its accesses.
+void doubler(cudaStream_t s, const float* in, float* out, std::size_t n, const char* label) {
+  byte_access acc[] = {{in, n * sizeof(float), false}, {out, n * sizeof(float), true}};
+  loom::cuda::region r(s, label, acc);
+  sim::launch(s, label, [=] {
+    for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * 2;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("operations on one stream run in order and copies move the data") {
+  fresh(1);
+  loom::cuda::stream s;
+  loom::cuda::device_buffer<float> a(64), b(64);
+  std::vector<float> host(64), back(64, -1);
+  std::iota(host.begin(), host.end(), 0.f);
+  LOOM_CUDA_TRY(cudaMemcpyAsync(a.data(), host.data(), a.bytes(), cudaMemcpyHostToDevice, s.get()));
+  doubler(s.get(), a.data(), b.data(), 64, "double");
+  doubler(s.get(), b.data(), a.data(), 64, "double again");
+  LOOM_CUDA_TRY(cudaMemcpyAsync(back.data(), a.data(), a.bytes(), cudaMemcpyDeviceToHost, s.get()));
+  s.synchronize();
+  for (int i = 0; i < 64; ++i) CHECK(back[static_cast<std::size_t>(i)] == 4.f * static_cast<float>(i));
+  CHECK(sim::reports().empty());
+}
+
+TEST_CASE("the race detector names both operations of an unordered pair, on every seed, and an event silences it") {
+  std::string first_text;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    fresh(seed);
+    loom::cuda::stream producer, consumer;
+    loom::cuda::name_stream(producer.get(), "producer");
+    loom::cuda::name_stream(consumer.get(), "consumer");
+    loom::cuda::device_buffer<float> a(16), b(16), c(16);
+    loom::cuda::name_memory(b.data(), "b");
+    LOOM_CUDA_TRY(cudaMemset(a.data(), 0, a.bytes()));
+    doubler(producer.get(), a.data(), b.data(), 16, "write b");
+    doubler(consumer.get(), b.data(), c.data(), 16, "read b");  // no event: a race
+    producer.synchronize();
+    consumer.synchronize();
+    auto races = of_kind(sim::report_kind::race);
+    REQUIRE(races.size() == 1);
+    CHECK(races[0].text.find("write b on stream 'producer'") != std::string::npos);
+    CHECK(races[0].text.find("read b on stream 'consumer'") != std::string::npos);
+    CHECK(races[0].text.find("bytes [0, 64) of 'b'") != std::string::npos);
+    if (seed == 1) first_text = races[0].text;
+    CHECK(races[0].text == first_text);  // deterministic whatever the order of execution
+
+    fresh(seed);
+    loom::cuda::event e;
+    doubler(producer.get(), a.data(), b.data(), 16, "write b");
+    e.record(producer);
+    consumer.ref().wait(e);
+    doubler(consumer.get(), b.data(), c.data(), 16, "read b");
+    consumer.synchronize();
+    producer.synchronize();
+    CHECK(sim::reports().empty());
+  }
+}
+
+TEST_CASE("with the fail policy a race fails the host synchronisation that orders both operations") {
+  fresh(3, sim::race_policy::fail);
+  loom::cuda::stream p, q;
+  loom::cuda::device_buffer<float> a(8), b(8);
+  LOOM_CUDA_TRY(cudaMemset(a.data(), 0, a.bytes()));
+  doubler(p.get(), a.data(), b.data(), 8, "first");
+  doubler(q.get(), a.data(), b.data(), 8, "second");  // both write b
+  p.synchronize();  // orders only "first": nothing to report yet
+  cudaError_t e = cudaStreamSynchronize(q.get());
+  CHECK(e == cudaErrorLaunchFailure);
+  CHECK(sim::detail().find("race: first on stream") != std::string::npos);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+}
+
+TEST_CASE("a missing dependency also shows up as a wrong result under random delays") {
+  int wrong = 0;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    fresh(seed);
+    loom::cuda::stream p, q;
+    loom::cuda::device_buffer<float> a(4), b(4), c(4);
+    std::vector<float> ones(4, 1.f), out(4);
+    LOOM_CUDA_TRY(cudaMemcpy(a.data(), ones.data(), 16, cudaMemcpyHostToDevice));
+    LOOM_CUDA_TRY(cudaMemset(b.data(), 0, 16));
+    doubler(p.get(), a.data(), b.data(), 4, "producer");
+    doubler(q.get(), b.data(), c.data(), 4, "consumer");
+    LOOM_CUDA_TRY(cudaMemcpyAsync(out.data(), c.data(), 16, cudaMemcpyDeviceToHost, q.get()));
+    q.synchronize();
+    p.synchronize();
+    wrong += out[0] != 4.f;
+  }
+  CHECK(wrong > 0);
+  CHECK(wrong < 20);
+}
+
+TEST_CASE("synchronising inside a capture is a capture error and invalidates the capture") {
+  fresh(1);
+  loom::cuda::stream s;
+  loom::cuda::device_buffer<float> a(4), b(4);
+  LOOM_CUDA_TRY(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  doubler(s.get(), a.data(), b.data(), 4, "inside");
+  CHECK(cudaStreamSynchronize(s.get()) == cudaErrorStreamCaptureUnsupported);
+  CHECK(sim::detail().find("cudaStreamSynchronize on stream") != std::string::npos);
+  cudaGraph_t g = nullptr;
+  CHECK(cudaStreamEndCapture(s.get(), &g) == cudaErrorStreamCaptureInvalidated);
+  auto caps = of_kind(sim::report_kind::capture);
+  REQUIRE(!caps.empty());
+  CHECK(caps[0].text.find("inside a capture") != std::string::npos);
+  (void)cudaGetLastError();
+  s.synchronize();  // usable again
+}
+
+TEST_CASE("a captured graph replays its kernels, copies and forked streams") {
+  fresh(5);
+  loom::cuda::stream s, side;
+  loom::cuda::device_buffer<float> a(4), b(4), c(4);
+  std::vector<float> init{1, 2, 3, 4}, out(4);
+  loom::cuda::copy_to_device(a.span(), std::span<const float>(init));
+  loom::cuda::event fork, join;
+  auto g = loom::cuda::capture(s, [&] {
+    fork.record(s);
+    side.ref().wait(fork);
+    doubler(side.get(), a.data(), b.data(), 4, "side");
+    join.record(side);
+    s.ref().wait(join);
+    doubler(s.get(), b.data(), c.data(), 4, "main");
+    LOOM_CUDA_TRY(cudaMemcpyAsync(a.data(), c.data(), 16, cudaMemcpyDeviceToDevice, s.get()));
+  });
+  CHECK(g.size() >= 4);
+  loom::cuda::graph_exec x(g);
+  for (int i = 0; i < 3; ++i) x.launch(s);
+  s.synchronize();
+  loom::cuda::copy_to_host(std::span<float>(out), std::span<const float>(a.span()));
+  CHECK(out == std::vector<float>{64, 128, 192, 256});  // x4 per replay, three replays
+  CHECK(sim::reports().empty());
+}
+
+TEST_CASE("a stream forked into a capture and never joined makes the capture fail") {
+  fresh(1);
+  loom::cuda::stream s, side;
+  loom::cuda::device_buffer<float> a(4), b(4);
+  loom::cuda::event fork;
+  LOOM_CUDA_TRY(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal));
+  fork.record(s);
+  side.ref().wait(fork);
+  doubler(side.get(), a.data(), b.data(), 4, "forgotten");
+  cudaGraph_t g = nullptr;
+  CHECK(cudaStreamEndCapture(s.get(), &g) == cudaErrorStreamCaptureUnjoined);
+  CHECK(sim::detail().find("never joined back") != std::string::npos);
+  (void)cudaGetLastError();
+}
+
+TEST_CASE("an access to freed device memory is reported as a use after free") {
+  fresh(1, sim::race_policy::fail);
+  loom::cuda::stream s;
+  float* dangling = nullptr;
+  loom::cuda::device_buffer<float> out(4);
+  {
+    loom::cuda::device_buffer<float> gone(4);
+    dangling = gone.data();
+    loom::cuda::name_memory(dangling, "scratch");
+  }
+  doubler(s.get(), dangling, out.data(), 4, "late reader");
+  auto bad = of_kind(sim::report_kind::bad_pointer);
+  REQUIRE(bad.size() == 1);
+  CHECK(bad[0].text.find("'scratch'") != std::string::npos);
+  CHECK(bad[0].text.find("which was freed") != std::string::npos);
+  s.synchronize();
+}
+
+TEST_CASE("device memory is accounted per device and per thread label, with peaks") {
+  fresh(1);
+  const auto before = sim::device_memory(3);
+  std::thread t([] {
+    LOOM_CUDA_TRY(cudaSetDevice(3));
+    loom::cuda::name_thread("accounting test");
+    loom::cuda::device_buffer<double> a(1000);
+    { loom::cuda::device_buffer<double> b(500); }
+    loom::cuda::device_buffer<double> c(100);
+  });
+  t.join();
+  auto d = sim::device_memory(3);
+  CHECK(d.current == before.current);
+  CHECK(d.peak == before.current + 1500 * sizeof(double));
+  auto o = sim::owner_memory("accounting test");
+  CHECK(o.current == 0);
+  CHECK(o.peak == 1500 * sizeof(double));
+}
+
+TEST_CASE("a host function calling CUDA is refused") {
+  fresh(1);
+  loom::cuda::stream s;
+  static cudaError_t seen = cudaSuccess;
+  LOOM_CUDA_TRY(cudaLaunchHostFunc(s.get(), [](void*) { seen = cudaDeviceSynchronize(); }, nullptr));
+  s.synchronize();
+  CHECK(seen == cudaErrorNotPermitted);
+  auto api = of_kind(sim::report_kind::api);
+  REQUIRE(!api.empty());
+  CHECK(api[0].text.find("inside a kernel or host function") != std::string::npos);
+}
+
+TEST_CASE("a stream waiting for work that never comes is a deadlock naming the stuck operation") {
+  fresh(1, sim::race_policy::record, 300);
+  // A stream-ordered dependency that cannot be met: an NCCL receive whose send never comes.
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclComm_t> comms(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      LOOM_CUDA_TRY(cudaSetDevice(r));
+      LOOM_NCCL_TRY(ncclCommInitRank(&comms[static_cast<std::size_t>(r)], 2, id, r));
+    });
+  for (auto& t : ts) t.join();
+  loom::cuda::stream s;  // device 0
+  loom::cuda::name_stream(s.get(), "lonely");
+  loom::cuda::device_buffer<float> buf(4);
+  LOOM_NCCL_TRY(ncclRecv(buf.data(), 4, ncclFloat32, 1, comms[0], s.get()));
+  cudaError_t e = cudaStreamSynchronize(s.get());
+  CHECK(e == cudaErrorLaunchTimeout);
+  CHECK(sim::detail().find("deadlock") != std::string::npos);
+  CHECK(sim::detail().find("ncclRecv from rank 1 on stream 'lonely'") != std::string::npos);
+  CHECK(sim::detail().find("no matching ncclSend posted by rank 1") != std::string::npos);
+  (void)cudaGetLastError();
+  LOOM_NCCL_TRY(ncclCommAbort(comms[0]));  // the stuck receive ends (failed)
+  s.synchronize();
+  LOOM_NCCL_TRY(ncclCommAbort(comms[1]));
+}
