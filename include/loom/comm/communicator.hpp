@@ -26,6 +26,7 @@
 //!   floating-point values whose sums are representable) are identical on every backend.
 
 #include <chrono>
+#include <compare>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +79,15 @@ constexpr std::string_view to_string(reduce_op op) noexcept {
 //! Element types the typed collectives accept: arithmetic types other than `bool`.
 template <class T>
 concept comm_element = std::is_arithmetic_v<T> && !std::same_as<std::remove_cv_t<T>, bool>;
+
+//! A directed point-to-point channel: sends from rank `from` to rank `to` (device communicators
+//! create what a channel needs up front, `open_channels`).
+struct channel {
+  int from = 0;  //!< sending rank
+  int to = 0;    //!< receiving rank
+  friend constexpr bool operator==(const channel&, const channel&) = default;
+  friend constexpr auto operator<=>(const channel&, const channel&) = default;
+};
 
 //! The timeout a communicator starts with; `set_timeout` changes it per communicator.
 inline constexpr std::chrono::milliseconds default_comm_timeout{60'000};

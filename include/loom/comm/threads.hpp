@@ -603,6 +603,15 @@ class comm {
     return g_->world->abort_rank;
   }
 
+  //! Throws the world's `comm_error` if it was aborted (a non-blocking check for callers that
+  //! wait on something else, e.g. a CUDA stream).
+  void check() const { check_live(); }
+
+  //! Aborts the world because this rank waited `what` for longer than the timeout, and throws
+  //! the resulting `comm_error` (for callers that bound their own waits by this communicator's
+  //! timeout).
+  [[noreturn]] void timed_out(const std::string& what) { fail_timeout(what); }
+
   //! Aborts with a caller-chosen cause sentence (used by `run_threads` to report the original
   //! failure, e.g. "threw: <what()>").
   void abort_with_cause(std::string cause) { g_->world->abort(world_rank(), std::move(cause)); }

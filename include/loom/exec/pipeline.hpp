@@ -37,6 +37,15 @@
 //! Optimizer hooks (`update()`) run only after every rank agreed that the step succeeded, so a
 //! failed step leaves every weight as it was and can be retried.
 //!
+//! Execution spaces. Everything above is one code for the host and for CUDA devices. The
+//! communicator's type picks an *execution space* (`loom/exec/space.hpp`), the one place the
+//! pipeline consults for memory, stage calls, losses and transfers: over a host
+//! `loom::communicator` (threads, MPI) an action runs to completion; over a
+//! `loom::device_communicator` (`loom::cuda_local`, `loom::nccl`, with `loom/exec/device_space.hpp`)
+//! an action *enqueues* on the rank's compute stream (`stage_context::stream`), transfers are
+//! ordered by CUDA events, buffers are device memory from the same buffer plan and are reused only
+//! after the event that frees them, and the host waits only at the end of the step.
+//!
 //! Numerics. Gradient accumulators are zeroed at the start of each step. In the default mode a
 //! stage adds each microbatch's weight gradient into its accumulator in execution order. In
 //! deterministic mode it adds into a zeroed per-microbatch slot and the pipeline folds the slots
@@ -80,23 +89,14 @@
 #include "loom/schedule/schedule.hpp"
 #include "loom/schedule/static_schedule.hpp"
 #include "loom/schedule/validate.hpp"
+#include "loom/exec/space.hpp"
 #include "loom/stage/buffer_plan.hpp"
 #include "loom/stage/stage.hpp"
+#if defined(LOOM_HAS_CUDA)
+#include "loom/exec/device_space.hpp"
+#endif
 
 namespace loom {
-
-//! How the step's loss (and so every gradient) is scaled: the mean over microbatches (the
-//! last stage's backward is seeded with `1/m`) or their sum (seeded with `1`).
-enum class loss_scaling : unsigned char { mean, sum };
-
-//! Knobs of a pipeline (designated initialisers: `{.deterministic = true}`).
-struct pipeline_options {
-  bool deterministic = false;                 //!< fold weight gradients in microbatch order
-  loss_scaling scaling = loss_scaling::mean;  //!< loss and gradient scale
-  int recv_ahead = default_recv_ahead;        //!< receives posted ahead of the program (>= 1)
-  bool measure = false;                       //!< time every stage call (for the measured bubble)
-  std::chrono::milliseconds timeout{0};       //!< if positive, set as the communicator's timeout
-};
 
 //! A training step failed. Thrown on every rank with the same text: the rank whose failure
 //! started it (`rank()`, -1 if unknown) and the cause.
@@ -159,6 +159,7 @@ constexpr std::uint64_t schedule_hash(const schedule& s, const pipeline_options&
   }
   f.add(o.deterministic ? 1 : 0);
   f.add(static_cast<std::uint64_t>(o.scaling));
+  f.add(o.graph ? 1 : 0);
   return f.h;
 }
 
@@ -218,33 +219,43 @@ constexpr fixed_message static_split_message() {
 }
 
 //! A fixed set of equal-width slots of `T`, handed out per microbatch (a stack of free slots).
+//! The storage belongs to the pipeline's execution space. Each slot remembers when it was
+//! given back (`freed_at`: the step's action count after which it is free; 0 = since the step
+//! began), so a device space can order its next use after that point.
 template <class T>
 struct slot_pool {
-  std::vector<T> data;
+  std::span<T> data;
   std::size_t width = 0;
-  std::vector<int> free;  // free slot indices; the top is free[top - 1]
-  std::vector<int> slot;  // slot of each microbatch, -1 if none
+  std::vector<int> free;      // free slot indices; the top is free[top - 1]
+  std::vector<int> slot;      // slot of each microbatch, -1 if none
+  std::vector<int> freed_at;  // per slot
+  const int* clock = nullptr;  // the pipeline's count of compute actions run in the step
   int count = 0;
   int top = 0;
+  int last_freed_at = 0;      // freed_at of the slot handed out by the last take()
 
-  void init(int slots, std::size_t w, int microbatches) {
+  void init(std::span<T> storage, int slots, std::size_t w, int microbatches, const int* step_clock) {
+    data = storage;
     count = slots;
     width = w;
-    data.assign(static_cast<std::size_t>(slots) * w, T{});
+    clock = step_clock;
     free.assign(static_cast<std::size_t>(slots), 0);
     slot.assign(static_cast<std::size_t>(microbatches), -1);
+    freed_at.assign(static_cast<std::size_t>(slots), 0);
     reset();
   }
   void reset() {
     for (int i = 0; i < count; ++i) free[static_cast<std::size_t>(i)] = count - 1 - i;
     top = count;
     std::fill(slot.begin(), slot.end(), -1);
+    std::fill(freed_at.begin(), freed_at.end(), 0);
   }
-  std::span<T> at(int s) { return {data.data() + static_cast<std::size_t>(s) * width, width}; }
+  std::span<T> at(int s) { return data.subspan(static_cast<std::size_t>(s) * width, width); }
   std::span<T> take(int mb) {
     if (top == 0) throw std::logic_error("loom: buffer plan exhausted (a loom bug)");
     int s = free[static_cast<std::size_t>(--top)];
     slot[static_cast<std::size_t>(mb)] = s;
+    last_freed_at = freed_at[static_cast<std::size_t>(s)];
     return at(s);
   }
   std::span<T> get(int mb) {
@@ -255,6 +266,7 @@ struct slot_pool {
   void give(int mb) {
     int& s = slot[static_cast<std::size_t>(mb)];
     free[static_cast<std::size_t>(top++)] = s;
+    freed_at[static_cast<std::size_t>(s)] = *clock + 1;  // free once the running action completed
     s = -1;
   }
 };
@@ -264,13 +276,19 @@ struct slot_pool {
 //! Runs one training step of this rank's part of a pipeline schedule (see the file comment).
 //! `Sched` is `loom::schedule` (run-time shape) or a `loom::static_schedule<F, shape{...}>`
 //! type; `Stage` models `loom::stage` (`loom::split_stage` for schedules with separate B/W);
-//! `Comm` models `loom::communicator` and must have as many ranks as the schedule.
-template <class Sched, stage Stage, communicator Comm>
+//! `Comm` models `loom::communicator` (host) or `loom::device_communicator` (CUDA) and must have
+//! as many ranks as the schedule.
+template <class Sched, stage Stage, class Comm>
+  requires detail::pipeline_communicator<Comm>
 class pipeline {
  public:
   using value_type = typename Stage::value_type;  //!< element type of every buffer
   //! True when the rank's program is a compile-time constant.
   static constexpr bool is_static = detail::static_schedule_type<Sched>;
+  //! The execution space (`loom/exec/space.hpp`): host, or a CUDA device.
+  using space_type = typename detail::space_for<value_type, Comm>::type;
+  //! True when actions enqueue on CUDA streams.
+  static constexpr bool on_device = space_type::on_device;
 
  private:
   [[no_unique_address]] detail::stage_cannot_run_schedule<detail::static_split_message<Sched, Stage>()> split_check_{};
@@ -281,14 +299,15 @@ class pipeline {
   template <class Factory>
     requires(!is_static && std::is_invocable_r_v<Stage, Factory&, stage_id>)
   pipeline(const schedule& s, Comm& comm, Factory&& make_stage, pipeline_options opt = {})
-      : comm_(&comm), opt_(opt) {
+      : comm_(&comm), opt_(opt), space_(comm, opt) {
     init(s, make_stage);
   }
 
   //! Builds the pipeline for the static schedule `Sched` (pass `Sched{}`).
   template <class Factory>
     requires(is_static && std::is_invocable_r_v<Stage, Factory&, stage_id>)
-  pipeline(Sched, Comm& comm, Factory&& make_stage, pipeline_options opt = {}) : comm_(&comm), opt_(opt) {
+  pipeline(Sched, Comm& comm, Factory&& make_stage, pipeline_options opt = {})
+      : comm_(&comm), opt_(opt), space_(comm, opt) {
     init(typename Sched::family{}.generate(Sched::shape_v), make_stage);
   }
 
@@ -300,14 +319,22 @@ class pipeline {
     auto t0 = std::chrono::steady_clock::now();
     try {
       if (!handshaken_) handshake();
-      begin_step(inputs);
-      run_program();
-      for (std::size_t i = 0; i < nsend_; ++i) {
-        comm_->wait(send_reqs_[i]);
-        send_reqs_[i] = request_type{};  // hand the request back now: the next step reuses it
+      if (space_.replaying()) {
+        replay_step(inputs);
+      } else {
+        begin_step(inputs);
+        space_.begin();
+        run_program();
+        for (std::size_t i = 0; i < nsend_; ++i) {
+          space_.wait_send(send_reqs_[i]);
+          send_reqs_[i] = request_type{};  // hand the request back now: the next step reuses it
+        }
+        space_.end();
+        space_.collect_losses(losses_);
       }
       res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      res.busy_seconds = busy_;
+      if constexpr (on_device) res.busy_seconds = opt_.measure ? space_.busy_seconds() : 0;
+      else res.busy_seconds = busy_;
       agree(res);
     } catch (const pipeline_error&) {
       throw;  // a handshake mismatch: every rank found the same and throws the same
@@ -318,7 +345,10 @@ class pipeline {
       abort_quietly(std::string("stopped its pipeline step: ") + e.what());
       throw pipeline_error(rank_, e.what());
     }
-    if (failed_rank_ >= 0) throw pipeline_error(failed_rank_, failure_);
+    if (failed_rank_ >= 0) {
+      if constexpr (on_device) space_.drop_graph();  // a failed capture is never replayed
+      throw pipeline_error(failed_rank_, failure_);
+    }
     if (sched_.directions == 2) {
       try {
         sync_copies();
@@ -344,12 +374,18 @@ class pipeline {
   std::span<const double> microbatch_losses() const { return {losses_.data(), static_cast<std::size_t>(M_)}; }
   //! This rank.
   int rank() const { return rank_; }
+  //! The execution space (on a device: `space().stream()` is the rank's compute stream).
+  space_type& space() { return space_; }
+  //! Bytes of activation, gradient, stash and send buffers the pipeline allocated for this rank
+  //! (the buffer plan's slots times the stages' sizes, plus the loss, seed and discard buffers
+  //! and, on two-direction schedules, the buffers received from the other copy).
+  std::size_t buffer_bytes() const { return buffer_elements_ * sizeof(value_type); }
 
  private:
   struct local_stage {
     detail::slot_pool<value_type> in, stash, grad, send_act, send_grad, wgrad;
     std::vector<char> contributed;   // deterministic mode, on the fold leader: microbatches handed in
-    std::vector<value_type> twin;    // two copies on two ranks: buffers received from the other copy
+    std::span<value_type> twin;      // two copies on two ranks: buffers received from the other copy
     std::size_t leader = 0;          // local stage whose accumulator this stage's folds go to
     int twin_rank = -1;              // rank of the other copy (two directions), or -1
     int next_fold = 0;
@@ -389,12 +425,18 @@ class pipeline {
       l.out_size = static_cast<std::size_t>(st.output_size());
       l.stash_size = static_cast<std::size_t>(st.stash_size());
       l.wg_size = std::span<value_type>(st.weight_grad()).size();
-      l.in.init(sl.input, l.in_size, M_);
-      l.stash.init(sl.stash, l.stash_size, M_);
-      l.grad.init(sl.grad, l.out_size, M_);
-      l.send_act.init(sl.send_act, l.out_size, M_);
-      l.send_grad.init(sl.send_grad, l.in_size, M_);
-      l.wgrad.init(opt_.deterministic ? sl.wgrad : 0, l.wg_size, M_);
+      const std::string where = "stage " + std::to_string(sl.id.stage) + (sched_.directions == 2 ? " dir " + std::to_string(sl.id.direction) : "");
+      auto pool = [&](detail::slot_pool<value_type>& p, int slots, std::size_t width, const char* what) {
+        const std::size_t n = static_cast<std::size_t>(slots) * width;
+        buffer_elements_ += n;
+        p.init(space_.allocate(n, where + " " + what + " slots"), slots, width, M_, &clock_);
+      };
+      pool(l.in, sl.input, l.in_size, "input");
+      pool(l.stash, sl.stash, l.stash_size, "stash");
+      pool(l.grad, sl.grad, l.out_size, "output-gradient");
+      pool(l.send_act, sl.send_act, l.out_size, "activation-send");
+      pool(l.send_grad, sl.send_grad, l.in_size, "gradient-send");
+      pool(l.wgrad, opt_.deterministic ? sl.wgrad : 0, l.wg_size, "weight-gradient");
       l.contributed.assign(static_cast<std::size_t>(M_), 0);
       l.leader = li;
       l.twin_rank = detail::twin_rank(sched_, sl.id.direction, sl.id.stage);
@@ -402,7 +444,8 @@ class pipeline {
         l.leader = static_cast<std::size_t>(plan_.index_of(0, sl.id.stage));
       } else if (l.twin_rank >= 0) {
         const int bufs = opt_.deterministic ? sl.copy_recv : 1;
-        l.twin.assign(static_cast<std::size_t>(bufs) * l.wg_size, value_type{});
+        buffer_elements_ += static_cast<std::size_t>(bufs) * l.wg_size;
+        l.twin = space_.allocate(static_cast<std::size_t>(bufs) * l.wg_size, where + " other-copy gradients");
         // Requests of the exchange: one per received buffer and one per sent one (the held
         // slots of this copy, plus the prefix on the leader; the accumulator in default mode).
         int sent = 1;
@@ -416,15 +459,21 @@ class pipeline {
       if (sl.id.stage == S_ - 1) max_out_last = std::max(max_out_last, l.out_size);
       if (sl.id.stage == 0) max_in_first = std::max(max_in_first, l.in_size);
     }
-    loss_out_.assign(max_out_last, value_type{});
-    seed_.assign(max_out_last, value_type{});
-    discard_.assign(max_in_first, value_type{});
+    loss_out_ = space_.allocate(max_out_last, "loss terms");
+    seed_ = space_.allocate(max_out_last, "loss seed");
+    discard_ = space_.allocate(max_in_first, "discarded input gradient");
+    buffer_elements_ += 2 * max_out_last + max_in_first;
     const double scale = opt_.scaling == loss_scaling::mean ? 1.0 / M_ : 1.0;
-    std::fill(seed_.begin(), seed_.end(), static_cast<value_type>(scale));
+    space_.fill(seed_, static_cast<value_type>(scale));
     scale_ = scale;
+    std::size_t halves = 0;
+    for (auto const& a : program_) halves += a.kind == op::FB ? 2 : is_compute(a.kind) ? 1 : 0;
+    space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last);
+    make_labels();
     recv_reqs_.resize(plan_.recv_positions.size());
     send_reqs_.resize(sends);
     copy_reqs_.resize(copy_req_count);
+    copy_is_recv_.assign(copy_req_count, 0);
     for (std::size_t li = 0; li < L; ++li) copy_order_.push_back(li);
     std::stable_sort(copy_order_.begin(), copy_order_.end(),
                      [&](std::size_t a, std::size_t b) { return ids_[a].stage < ids_[b].stage; });
@@ -500,7 +549,45 @@ class pipeline {
                                       std::to_string(out) + (D > 1 ? " on direction " + std::to_string(d) : std::string{}));
         }
       }
+    if constexpr (on_device) open_channels();
     handshaken_ = true;
+  }
+
+  //! Device: every directed channel the lowered programs send on, and both directions between
+  //! the two copies of a stage; opened once, collectively, after the handshake proved that every
+  //! rank holds the same schedule.
+  void open_channels() {
+    std::vector<channel> chans;
+    for (std::size_t r = 0; r < sched_.programs.size(); ++r)
+      for (auto const& a : sched_.programs[r])
+        if (a.kind == op::send) chans.push_back({static_cast<int>(r), a.peer});
+    if (sched_.directions == 2)
+      for (int s = 0; s < S_; ++s) {
+        const int a = sched_.stage_to_rank[static_cast<std::size_t>(s)], b = sched_.stage_to_rank[static_cast<std::size_t>(S_ + s)];
+        if (a != b) {
+          chans.push_back({a, b});
+          chans.push_back({b, a});
+        }
+      }
+    comm_->open_channels(chans);
+  }
+
+  //! Device: NVTX/simulator labels of every compute half, "F mb3 s2", built once.
+  void make_labels() {
+    if constexpr (on_device) {
+      labels_.clear();
+      for (const char* k : {"F", "B", "W", "BW"})
+        for (int mb = 0; mb < M_; ++mb)
+          for (int st = 0; st < S_; ++st) labels_.push_back(std::string(k) + " mb" + std::to_string(mb) + " s" + std::to_string(st));
+    }
+  }
+  const char* label(op kind, int mb, int st) const {
+    if constexpr (!on_device) {
+      return "";
+    } else {
+      const int k = kind == op::F ? 0 : kind == op::B ? 1 : kind == op::W ? 2 : 3;
+      return labels_[static_cast<std::size_t>((k * M_ + mb) * S_ + st)].c_str();
+    }
   }
 
   static void pack(std::string_view text, std::span<std::int64_t> words) {
@@ -528,6 +615,7 @@ class pipeline {
     busy_ = 0;
     recv_k_ = 0;
     nsend_ = 0;
+    clock_ = 0;
     inputs_ = inputs;
     std::fill(losses_.begin(), losses_.end(), 0.0);
     for (std::size_t li = 0; li < locals_.size(); ++li) {
@@ -535,17 +623,31 @@ class pipeline {
       for (auto* p : {&l.in, &l.stash, &l.grad, &l.send_act, &l.send_grad, &l.wgrad}) p->reset();
       std::fill(l.contributed.begin(), l.contributed.end(), 0);
       l.next_fold = sched_.directions == 2 ? 0 : first_of_direction(ids_[li].direction, 0);
-      auto wg = std::span<value_type>(stages_[li].weight_grad());
-      std::fill(wg.begin(), wg.end(), value_type{});
+      space_.zero(std::span<value_type>(stages_[li].weight_grad()));
       if (ids_[li].stage == 0 && inputs.size() != static_cast<std::size_t>(M_) * l.in_size)
         fail("wrong buffer size: the batch has " + std::to_string(inputs.size()) + " elements but stage 0 needs " +
              std::to_string(M_) + " microbatches x " + std::to_string(l.in_size) + " = " +
              std::to_string(static_cast<std::size_t>(M_) * l.in_size));
     }
-    for (std::size_t k = 0; k < static_cast<std::size_t>(opt_.recv_ahead); ++k) post(k);
+  }
+
+  //! Graph mode after the first step: the captured step is replayed (stage functions are not
+  //! called; the batch must be in the same buffer as when it was captured).
+  void replay_step(std::span<const value_type> inputs) {
+    failure_.clear();
+    failed_rank_ = -1;
+    if (inputs.data() != inputs_.data() || inputs.size() != inputs_.size())
+      fail("graph mode replays the captured step, which reads the batch from the device buffer it was captured with: "
+           "pass the same buffer every step (its contents may change)");
+    std::fill(losses_.begin(), losses_.end(), 0.0);
+    if constexpr (on_device) {
+      space_.replay();
+      space_.collect_losses(losses_);
+    }
   }
 
   void run_program() {
+    for (std::size_t k = 0; k < static_cast<std::size_t>(opt_.recv_ahead); ++k) post(k);
     if constexpr (is_static) {
       [&]<int... R>(std::integer_sequence<int, R...>) {
         ((rank_ == R ? run_static<R>() : void()), ...);
@@ -596,21 +698,28 @@ class pipeline {
 
   void post(std::size_t k) {
     if (k >= plan_.recv_positions.size()) return;
-    const action& r = program_[plan_.recv_positions[k]];
-    std::span<value_type> buf = r.what == payload::activation ? local(r.mb, r.stage + 1).in.take(r.mb)
-                                                              : local(r.mb, r.stage - 1).grad.take(r.mb);
-    recv_reqs_[k] = comm_->irecv(r.peer, std::as_writable_bytes(buf));
+    std::size_t pos = k;
+    // Fault injection (device tests): two receives posted in swapped order.
+    if (opt_.faults.swap_receives >= 0) {
+      const auto sw = static_cast<std::size_t>(opt_.faults.swap_receives);
+      if (k == sw && sw + 1 < plan_.recv_positions.size()) pos = sw + 1;
+      else if (k == sw + 1) pos = sw;
+    }
+    const action& r = program_[plan_.recv_positions[pos]];
+    auto& pool = r.what == payload::activation ? local(r.mb, r.stage + 1).in : local(r.mb, r.stage - 1).grad;
+    std::span<value_type> buf = pool.take(r.mb);
+    recv_reqs_[pos] = space_.irecv(r.peer, buf, pool.last_freed_at, clock_);
   }
   void on_recv() {
     const std::size_t k = recv_k_++;
-    comm_->wait(recv_reqs_[k]);
+    space_.wait_recv(recv_reqs_[k]);
     recv_reqs_[k] = request_type{};
     post(k + static_cast<std::size_t>(opt_.recv_ahead));
   }
   void on_send(const action& a) {
     auto& l = local(a.mb, a.stage);
     std::span<value_type> buf = a.what == payload::activation ? l.send_act.get(a.mb) : l.send_grad.get(a.mb);
-    send_reqs_[nsend_++] = comm_->isend(a.peer, std::as_bytes(buf));
+    send_reqs_[nsend_++] = space_.isend(a.peer, buf, clock_);
   }
 
   local_stage& local(int mb, int s) { return locals_[local_index(mb, s)]; }
@@ -636,17 +745,15 @@ class pipeline {
       failure_ = std::move(why);
     }
   }
-  template <class Fn>
-  void guarded(const char* what, int mb, int s, Fn&& fn) {
+  //! Calls a stage function through the execution space (on a device: it enqueues on the
+  //! compute stream, inside a region labelled `kind mb s` that touches what `accesses()` lists).
+  //! A throwing stage marks this rank failed; the rank keeps communicating.
+  template <class Accesses, class Fn>
+  void guarded(const char* what, op kind, int mb, int s, Accesses&& accesses, Fn&& fn) {
     if (failed_rank_ >= 0) return;
     try {
-      if (opt_.measure) {
-        auto t = std::chrono::steady_clock::now();
-        fn();
-        busy_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-      } else {
-        fn();
-      }
+      stage_context ctx = context(mb, s);
+      busy_ += space_.call(label(kind, mb, s), ctx, accesses, [&] { fn(ctx); });
     } catch (const std::exception& e) {
       fail(std::string("stage ") + std::to_string(s) + " " + what + " of microbatch " + std::to_string(mb) + " threw: " + e.what());
     } catch (...) {
@@ -663,12 +770,10 @@ class pipeline {
     if (s == S_ - 1) out = std::span<value_type>(loss_out_.data(), l.out_size);
     else if (sched_.rank_of(mb, s + 1) == rank_) out = local(mb, s + 1).in.take(mb);
     else out = l.send_act.take(mb);
-    guarded("forward", mb, s, [&] { stages_[li].forward(context(mb, s), forward_buffers<value_type>{in, out, stash}); });
-    if (s == S_ - 1 && failed_rank_ < 0) {
-      double sum = 0;
-      for (auto v : out) sum += static_cast<double>(v);
-      losses_[static_cast<std::size_t>(mb)] = sum;
-    }
+    guarded("forward", op::F, mb, s, [&] { return detail::accesses(detail::reads(in), detail::writes(out), detail::writes(stash)); },
+            [&](const stage_context& c) { stages_[li].forward(c, forward_buffers<value_type>{in, out, stash}); });
+    if (s == S_ - 1 && failed_rank_ < 0) space_.record_loss(out, mb, losses_);
+    ++clock_;
   }
 
   template <op Kind>
@@ -685,19 +790,20 @@ class pipeline {
     else ig = l.send_grad.take(mb);
     if constexpr (Kind == op::BW) {
       std::span<value_type> wg = weight_target(li, mb);
-      guarded("backward", mb, s, [&] {
-        stages_[li].backward(context(mb, s), backward_buffers<value_type>{in, stash, og, ig, wg});
-      });
+      guarded("backward", op::BW, mb, s,
+              [&] { return detail::accesses(detail::reads(in), detail::reads(og), detail::writes(stash), detail::writes(ig), detail::writes(wg)); },
+              [&](const stage_context& c) { stages_[li].backward(c, backward_buffers<value_type>{in, stash, og, ig, wg}); });
       fold(li, mb);
       if (s > 0) l.in.give(mb);
       l.stash.give(mb);
     } else {
       if constexpr (split_stage<Stage>)
-        guarded("backward_input", mb, s, [&] {
-          stages_[li].backward_input(context(mb, s), backward_buffers<value_type>{in, stash, og, ig, {}});
-        });
+        guarded("backward_input", op::B, mb, s,
+                [&] { return detail::accesses(detail::reads(in), detail::reads(og), detail::writes(stash), detail::writes(ig)); },
+                [&](const stage_context& c) { stages_[li].backward_input(c, backward_buffers<value_type>{in, stash, og, ig, {}}); });
     }
     if (s + 1 < S_) l.grad.give(mb);
+    ++clock_;
   }
 
   void weight(int mb, int s) {
@@ -707,18 +813,19 @@ class pipeline {
     std::span<value_type> stash = l.stash.get(mb);
     std::span<value_type> wg = weight_target(li, mb);
     if constexpr (split_stage<Stage>)
-      guarded("backward_weight", mb, s, [&] {
-        stages_[li].backward_weight(context(mb, s), weight_buffers<value_type>{in, stash, wg});
-      });
+      guarded("backward_weight", op::W, mb, s,
+              [&] { return detail::accesses(detail::reads(in), detail::reads(stash), detail::writes(wg)); },
+              [&](const stage_context& c) { stages_[li].backward_weight(c, weight_buffers<value_type>{in, stash, wg}); });
     fold(li, mb);
     if (s > 0) l.in.give(mb);
     l.stash.give(mb);
+    ++clock_;
   }
 
   std::span<value_type> weight_target(std::size_t li, int mb) {
     if (!opt_.deterministic) return stages_[li].weight_grad();
     auto g = locals_[li].wgrad.take(mb);
-    std::fill(g.begin(), g.end(), value_type{});
+    space_.zero(g);
     return g;
   }
 
@@ -735,8 +842,7 @@ class pipeline {
     while (l.next_fold < M_ && l.contributed[static_cast<std::size_t>(l.next_fold)]) {
       std::span<value_type> acc = stages_[ld].weight_grad();
       auto& owner = paired ? local(l.next_fold, s) : l;
-      auto g = owner.wgrad.get(l.next_fold);
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
+      space_.add(acc, owner.wgrad.get(l.next_fold));
       owner.wgrad.give(l.next_fold);
       l.next_fold = paired ? l.next_fold + 1 : first_of_direction(dir, l.next_fold + 1);
     }
@@ -751,29 +857,39 @@ class pipeline {
     const bool det = opt_.deterministic;
     const int lead_dir = sched_.direction_of(0);
     std::size_t nreq = 0;
+    space_.begin();
     for (std::size_t li : copy_order_) {
       auto& l = locals_[li];
       if (l.twin_rank < 0 || l.twin_rank == rank_) continue;
       const int dir = ids_[li].direction;
       std::span<value_type> acc = stages_[li].weight_grad();
-      auto buf = [&](std::size_t i) { return std::span<value_type>(l.twin.data() + i * l.wg_size, l.wg_size); };
+      auto buf = [&](std::size_t i) { return l.twin.subspan(i * l.wg_size, l.wg_size); };
+      auto recv = [&](std::span<value_type> b) {
+        copy_is_recv_[nreq] = 1;
+        copy_reqs_[nreq++] = space_.irecv(l.twin_rank, b, 0, clock_);
+      };
+      auto send = [&](std::span<const value_type> b) {
+        copy_is_recv_[nreq] = 0;
+        copy_reqs_[nreq++] = space_.isend(l.twin_rank, b, clock_);
+      };
       if (!det) {
-        copy_reqs_[nreq++] = comm_->irecv(l.twin_rank, std::as_writable_bytes(buf(0)));
-        copy_reqs_[nreq++] = comm_->isend(l.twin_rank, std::as_bytes(acc));
+        recv(buf(0));
+        send(acc);
         continue;
       }
       // Receives: the leader's prefix (on the other copy), then the other copy's held slots in
       // microbatch order. Sends: the prefix (leader), then this copy's held slots in order.
       std::size_t r = 0;
-      if (lead_dir != dir) copy_reqs_[nreq++] = comm_->irecv(l.twin_rank, std::as_writable_bytes(buf(r++)));
+      if (lead_dir != dir) recv(buf(r++));
       for (int j = first_change_; j < M_; ++j)
-        if (sched_.direction_of(j) != dir) copy_reqs_[nreq++] = comm_->irecv(l.twin_rank, std::as_writable_bytes(buf(r++)));
-      if (lead_dir == dir) copy_reqs_[nreq++] = comm_->isend(l.twin_rank, std::as_bytes(acc));
+        if (sched_.direction_of(j) != dir) recv(buf(r++));
+      if (lead_dir == dir) send(acc);
       for (int j = first_change_; j < M_; ++j)
-        if (sched_.direction_of(j) == dir) copy_reqs_[nreq++] = comm_->isend(l.twin_rank, std::as_bytes(l.wgrad.get(j)));
+        if (sched_.direction_of(j) == dir) send(l.wgrad.get(j));
     }
     for (std::size_t i = 0; i < nreq; ++i) {
-      comm_->wait(copy_reqs_[i]);
+      if (copy_is_recv_[i]) space_.wait_recv(copy_reqs_[i]);  // on a device: the compute stream waits
+      else space_.wait_send(copy_reqs_[i]);
       copy_reqs_[i] = request_type{};
     }
     for (std::size_t li = 0; li < locals_.size(); ++li) {
@@ -783,37 +899,29 @@ class pipeline {
       if (l.twin_rank == rank_) {
         if (dir != 0) continue;
         std::span<value_type> other = stages_[static_cast<std::size_t>(plan_.index_of(1, ids_[li].stage))].weight_grad();
-        if (det) {
-          std::copy(acc.begin(), acc.end(), other.begin());  // the leader folded both copies' contributions
-        } else {
-          for (std::size_t i = 0; i < acc.size(); ++i) other[i] = acc[i] = acc[i] + other[i];
-        }
+        if (!det) space_.add(acc, other);  // (direction 0's) + (direction 1's)
+        space_.copy(other, acc);           // deterministic: the leader folded both copies' contributions
       } else if (!det) {
-        auto const& t = l.twin;
-        if (dir == 0)
-          for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + t[i];
-        else
-          for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = t[i] + acc[i];
+        space_.add(acc, l.twin.first(l.wg_size));  // the same bits on both copies: addition commutes
       } else {
         // Both copies now fold the same values in the same order: the leader's prefix
         // g(0) + ... + g(k-1), then g(k), ..., g(m-1) from this copy's slots or the received ones.
         std::size_t r = 0;
         if (lead_dir != dir) {
-          std::copy(l.twin.begin(), l.twin.begin() + static_cast<std::ptrdiff_t>(l.wg_size), acc.begin());
+          space_.copy(acc, l.twin.first(l.wg_size));
           r = 1;
         }
         for (int j = first_change_; j < M_; ++j) {
           if (sched_.direction_of(j) == dir) {
-            auto g = l.wgrad.get(j);
-            for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
+            space_.add(acc, l.wgrad.get(j));
             l.wgrad.give(j);
           } else {
-            const value_type* g = l.twin.data() + r++ * l.wg_size;
-            for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += g[i];
+            space_.add(acc, l.twin.subspan(r++ * l.wg_size, l.wg_size));
           }
         }
       }
     }
+    space_.end();
   }
 
   // ---- agreement ---------------------------------------------------------------------------
@@ -868,10 +976,15 @@ class pipeline {
   std::vector<Stage> stages_;
   std::vector<stage_id> ids_;
   std::vector<local_stage> locals_;
-  std::vector<value_type> loss_out_, seed_, discard_;
+  space_type space_;
+  std::span<value_type> loss_out_, seed_, discard_;
+  std::size_t buffer_elements_ = 0;
+  int clock_ = 0;  // compute halves enqueued (run) in this step: the slot pools' and the device space's clock
+  std::vector<std::string> labels_;  // device: "F mb3 s2", ...
   double scale_ = 1;
   using request_type = typename Comm::request;
   std::vector<request_type> recv_reqs_, send_reqs_, copy_reqs_;
+  std::vector<char> copy_is_recv_;
   std::vector<std::size_t> copy_order_;  // local stages by stage index (copy exchange order)
   std::size_t recv_k_ = 0, nsend_ = 0;
   int first_change_ = 0;  // two directions: first microbatch whose direction differs from microbatch 0's

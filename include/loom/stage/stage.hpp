@@ -40,6 +40,8 @@
 #include <span>
 #include <type_traits>
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*: named here without including CUDA
+
 namespace loom {
 
 //! Identifies a virtual stage: its index along a path and the path (direction 0, or 1 on
@@ -51,8 +53,8 @@ struct stage_id {
 };
 
 //! What a stage function is told about the call: which microbatch, which virtual stage, on which
-//! rank, and whether this stage is the first or the last of its path. On CUDA backends a stream
-//! is added here.
+//! rank, whether this stage is the first or the last of its path, and on CUDA backends the stream
+//! the stage must enqueue its kernels on.
 struct stage_context {
   int microbatch = 0;   //!< microbatch index within the step, 0..m-1
   int stage = 0;        //!< virtual stage index along the path
@@ -60,6 +62,9 @@ struct stage_context {
   int rank = 0;         //!< rank running the call
   int stages = 1;       //!< S, the number of virtual stages per path
   int microbatches = 1; //!< m, microbatches in the step
+  //! CUDA backends: the rank's compute stream (a `cudaStream_t`); the stage enqueues its kernels
+  //! there and returns without waiting. Null on host backends.
+  CUstream_st* stream = nullptr;
   //! True on the first stage of the path (its input is the user's batch).
   constexpr bool first() const { return stage == 0; }
   //! True on the last stage of the path (its output is the loss).

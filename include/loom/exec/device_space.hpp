@@ -1,0 +1,259 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The device execution space of `loom::pipeline` (see `loom/exec/space.hpp`), for
+//! `loom::device_communicator`s (`loom::cuda_local`, `loom::nccl`). Included by
+//! `loom/exec/pipeline.hpp` when the build links `loom::cuda`.
+//!
+//! Streams. The rank has one compute stream; its communicator has a stream per channel. A stage
+//! function receives the compute stream in `stage_context::stream` and enqueues its kernels there;
+//! the host never waits inside a step, only at its end (bounded, and for the agreement).
+//!
+//! Events. An action's completion is the compute stream's position after it. The space counts
+//! the compute actions enqueued in the step (the *clock*) and records an event at a position
+//! only when something on another stream must wait for it:
+//! - a send waits for the event at the current position (its buffer's producer is the last
+//!   action enqueued; consecutive sends share one event);
+//! - a receive into a reused buffer waits for the first event recorded at or after the position
+//!   where the buffer was freed (the slot pool remembers it); when none was recorded, it records
+//!   one now, which is later than needed but correct (the receive's consumer comes later still).
+//! The compute stream waits for a receive's event before its consumer (`wait_recv`). Buffers are
+//! device memory from the same buffer plan as on the host.
+//!
+//! Losses are copied to pinned host memory by the compute stream and summed on the host after
+//! the step, in the same order as on the host. Measurement (`pipeline_options::measure`) records a
+//! timing event before and after every stage call and sums the device time between them.
+//!
+//! Graphs (`pipeline_options::graph`): the first step is captured (the compute stream, the
+//! communicator's streams forked from it, NCCL calls or copies included) and launched; later steps
+//! replay it, so the host's cost of a step is one launch. Stage functions then run only during
+//! the capture: they must enqueue the same work every step (the CUDA graph contract), and the
+//! batch must come in the same device buffer every step (its contents may change).
+
+#include <array>
+#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/comm/device.hpp"
+#include "loom/cuda/annotate.hpp"
+#include "loom/cuda/buffer.hpp"
+#include "loom/cuda/device.hpp"
+#include "loom/cuda/kernels.hpp"
+#include "loom/cuda/stream.hpp"
+#include "loom/exec/space.hpp"
+
+namespace loom {
+namespace detail {
+
+template <class C>
+  requires device_communicator<C>
+inline constexpr bool is_device_communicator<C> = true;
+
+//! The device execution space (see the file comment).
+template <class T, class Comm>
+class device_space {
+ public:
+  //! Device spaces enqueue.
+  static constexpr bool on_device = true;
+  using request = typename Comm::request;  //!< the communicator's request
+
+  device_space(Comm& c, const pipeline_options& o) : comm_(&c), opt_(o), compute_(init_device(c)) {
+    cuda::name_stream(compute_.get(), "r" + std::to_string(c.rank()) + " compute");
+  }
+
+  //! `n` zeroed device elements, named `name` in the simulator's reports.
+  std::span<T> allocate(std::size_t n, const std::string& name) {
+    storage_.emplace_back(n);
+    auto& b = storage_.back();
+    if (n != 0) {
+      LOOM_CUDA_TRY(cudaMemset(b.data(), 0, b.bytes()));
+      cuda::name_memory(b.data(), "r" + std::to_string(comm_->rank()) + " " + name);
+    }
+    return b.span();
+  }
+  //! Events for `actions` compute halves, pinned memory for the losses.
+  void reserve(std::size_t actions, std::size_t m, std::size_t loss_width) {
+    events_.resize(actions + 1);
+    for (auto& e : events_) e = cuda::event();
+    if (opt_.measure) {
+      timing_.clear();
+      for (std::size_t i = 0; i < 2 * actions; ++i) timing_.emplace_back(true);
+    }
+    loss_width_ = loss_width;
+    losses_ = cuda::pinned_buffer<T>(m * loss_width);
+    recorded_.assign(m, 0);
+  }
+  //! `s[i] = 0`, enqueued on the compute stream.
+  void zero(std::span<T> s) {
+    if (!s.empty()) LOOM_CUDA_TRY(cudaMemsetAsync(s.data(), 0, s.size_bytes(), compute_.get()));
+  }
+  //! `s[i] = v` (when the pipeline is built: a synchronous copy from the host).
+  void fill(std::span<T> s, T v) {
+    std::vector<T> h(s.size(), v);
+    if (!s.empty()) LOOM_CUDA_TRY(cudaMemcpy(s.data(), h.data(), s.size_bytes(), cudaMemcpyHostToDevice));
+  }
+  //! `acc[i] += g[i]`, enqueued on the compute stream (loom's own kernel).
+  void add(std::span<T> acc, std::span<const T> g) {
+    if (acc.empty()) return;
+    const cuda::byte_access a[] = {cuda::reads(g), cuda::writes(acc)};
+    cuda::region r(compute_.get(), "loom add", a);
+    cuda::detail::add_async(acc.data(), g.data(), acc.size(), compute_.get());
+  }
+  //! `dst = src`, enqueued on the compute stream.
+  void copy(std::span<T> dst, std::span<const T> src) {
+    if (dst.empty()) return;
+    const cuda::byte_access a[] = {cuda::reads(src), cuda::writes(dst)};
+    cuda::region r(compute_.get(), "loom copy", a);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToDevice, compute_.get()));
+  }
+
+  //! Lets the stage enqueue its work (`fn()`) on the compute stream inside an NVTX range and a
+  //! simulator region named `label` that touches `accesses`. Returns 0: device time is measured
+  //! by events (`busy_seconds`).
+  template <class Fn, class Accesses>
+  double call(const char* label, stage_context& ctx, const Accesses& accesses, Fn&& fn) {
+    ctx.stream = compute_.get();
+    const bool timed = opt_.measure && !capturing_ && next_timing_ + 1 < timing_.size();
+    if (timed) timing_[next_timing_].record(compute_.ref());
+    {
+      const auto list = accesses();
+      std::array<cuda::byte_access, std::tuple_size_v<std::remove_cvref_t<decltype(list)>>> acc{};
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = {list[i].ptr, list[i].bytes, list[i].write};
+      cuda::region r(compute_.get(), label, acc);
+      fn();
+    }
+    if (timed) {
+      timing_[next_timing_ + 1].record(compute_.ref());
+      next_timing_ += 2;
+    }
+    return 0;
+  }
+
+  //! Enqueues the copy of microbatch `mb`'s loss terms `out` to pinned host memory.
+  void record_loss(std::span<const T> out, int mb, std::span<double> /*losses*/) {
+    T* dst = losses_.data() + static_cast<std::size_t>(mb) * loss_width_;
+    const cuda::byte_access a[] = {cuda::reads(out), {dst, out.size_bytes(), true}};
+    cuda::region r(compute_.get(), "loss to host", a);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(dst, out.data(), out.size_bytes(), cudaMemcpyDeviceToHost, compute_.get()));
+    recorded_[static_cast<std::size_t>(mb)] = out.size() + 1;
+  }
+  //! After the step: the losses of the microbatches this rank's last stage computed.
+  void collect_losses(std::span<double> losses) {
+    for (std::size_t mb = 0; mb < recorded_.size(); ++mb) {
+      if (recorded_[mb] == 0) continue;
+      double sum = 0;
+      const T* v = losses_.data() + mb * loss_width_;
+      for (std::size_t i = 0; i + 1 < recorded_[mb]; ++i) sum += static_cast<double>(v[i]);
+      losses[mb] = sum;
+    }
+  }
+
+  //! Posts a receive into `buf`, not before the buffer's last use ended (`freed_at`, an action
+  //! count; 0: free since the step began).
+  request irecv(int peer, std::span<T> buf, int freed_at, int clock) {
+    cudaEvent_t free = opt_.faults.skip_free_wait ? nullptr : event_covering(freed_at, clock);
+    return comm_->irecv(peer, std::as_writable_bytes(buf), free);
+  }
+  //! The compute stream waits for the receive.
+  void wait_recv(request& r) { comm_->wait(r, compute_.get()); }
+  //! Posts a send of `buf` once the actions enqueued so far (`clock`) have run.
+  request isend(int peer, std::span<const T> buf, int clock) {
+    cudaEvent_t ready = opt_.faults.skip_send_wait ? nullptr : event_covering(clock, clock);
+    return comm_->isend(peer, std::as_bytes(buf), ready);
+  }
+  //! Sends complete with the step (its end joins the communicator's streams).
+  void wait_send(request&) {}
+
+  //! Starts a step (or, on the first step of graph mode, its capture).
+  void begin() {
+    last_event_ = -1;
+    next_timing_ = 0;
+    std::fill(recorded_.begin(), recorded_.end(), 0);
+    if (opt_.graph && !captured_) {
+      comm_->begin_capture(compute_.get());
+      capturing_ = true;
+    }
+    comm_->begin_step(compute_.get());
+  }
+  //! Ends the step's program and waits for it (bounded): joins the communicator's streams,
+  //! finishes a capture and replays it, then synchronises.
+  void end() {
+    comm_->end_step(compute_.get());
+    if (capturing_) {
+      capturing_ = false;
+      comm_->end_capture(compute_.get());
+      captured_ = true;
+      comm_->launch(compute_.get());
+    }
+    comm_->synchronize(compute_.get());
+  }
+  //! Graph mode after the first step: the step is a replay.
+  bool replaying() const { return opt_.graph && captured_; }
+  //! Replays the captured step and waits for it.
+  void replay() {
+    comm_->launch(compute_.get());
+    comm_->synchronize(compute_.get());
+  }
+  //! Forgets a captured step (it failed, or must be captured again).
+  void drop_graph() {
+    captured_ = false;
+    capturing_ = false;
+  }
+  //! Device seconds spent in stage calls in the last step (measure mode, eager steps).
+  double busy_seconds() const {
+    double s = 0;
+    for (std::size_t i = 0; i + 1 < next_timing_; i += 2)
+      s += static_cast<double>(cuda::event::elapsed_ms(timing_[i], timing_[i + 1])) / 1000.0;
+    return s;
+  }
+  //! The rank's compute stream.
+  cudaStream_t stream() const { return compute_.get(); }
+
+ private:
+  static cuda::stream init_device(Comm& c) {
+    LOOM_CUDA_TRY(cudaSetDevice(c.device()));
+    return cuda::stream();
+  }
+
+  //! An event recorded at a position >= `pos` (reusing the latest one when it is late enough;
+  //! else recorded now, at `clock`); null when `pos` is 0 (nothing to wait for this step).
+  cudaEvent_t event_covering(int pos, int clock) {
+    if (pos <= 0) return nullptr;
+    if (last_event_ < pos) {
+      const auto i = static_cast<std::size_t>(clock);
+      events_[i].record(compute_.ref());
+      last_event_ = clock;
+    }
+    return events_[static_cast<std::size_t>(last_event_)].get();
+  }
+
+  Comm* comm_;
+  pipeline_options opt_;
+  cuda::stream compute_;
+  std::vector<cuda::device_buffer<T>> storage_;
+  std::vector<cuda::event> events_;
+  std::vector<cuda::event> timing_;
+  std::size_t next_timing_ = 0;
+  int last_event_ = -1;
+  cuda::pinned_buffer<T> losses_;
+  std::size_t loss_width_ = 0;
+  std::vector<std::size_t> recorded_;  // per microbatch: 1 + the number of loss terms copied, 0 if none
+  bool capturing_ = false, captured_ = false;
+};
+
+//! Pipelines over a device communicator run in the device space.
+template <class T, class Comm>
+  requires device_communicator<Comm>
+struct space_for<T, Comm> {
+  using type = device_space<T, Comm>;  //!< the space
+};
+
+}  // namespace detail
+}  // namespace loom
