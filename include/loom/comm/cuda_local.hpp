@@ -7,16 +7,16 @@
 //! host thread, exchanging through device-to-device copies. For developing and profiling a
 //! pipeline on one GPU (every rank's kernels share it, so timings show overlap, not speed-up).
 //!
-//! Transfers. A send posts a small descriptor (source address, size, the producer's event) to the
-//! receiver through an in-process `loom::threads` communicator (per-peer FIFO, as everywhere in
-//! loom). The receiver, when its program reaches the receive, takes the descriptor (its host
-//! waits for the sender's host to have posted it, bounded by the timeout: hosts run ahead of the
-//! device, so this is a hand-off between threads, never a wait for the GPU) and enqueues the copy
-//! on its receive stream for that peer, after the producer's event and after the event that
-//! freed its buffer; its compute stream then waits for the copy's event. So the copy starts as
-//! soon as both buffers are ready on the device. A send buffer stays valid until the step ends
-//! (the executor keeps one per send), and every receiver has synchronised its copies before the
-//! step's agreement, so no copy outlives its source.
+//! Transfers. A send posts a small descriptor (source address, size, the producer's event, and
+//! where to acknowledge) to the receiver through an in-process `loom::threads` communicator
+//! (per-peer FIFO, as everywhere in loom). The receiver, when its program reaches the receive,
+//! takes the descriptor (its host waits for the sender's host to have posted it, bounded by the
+//! timeout: hosts run ahead of the device, so this is a hand-off between threads, never a wait
+//! for the GPU) and enqueues the copy on its receive stream for that peer, after the producer's
+//! event and after the event that freed its buffer; its compute stream then waits for the copy's
+//! event, which it also hands back to the sender (the acknowledgement). So the copy starts as
+//! soon as both buffers are ready on the device, and `wait(send, stream)` makes the sender's
+//! stream wait for the copy before it may write the buffer again.
 //!
 //! Graphs. `begin_capture` / `end_capture` capture the whole step of every rank into one graph:
 //! rank 0 begins a relaxed-mode capture on an origin stream, every rank's stream forks from it,
@@ -26,6 +26,7 @@
 //! Failures: the host side is a `threads` communicator, so a timeout, an abort or an exception
 //! on any rank ends every rank's waits with a `comm_error` naming the rank and the cause.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -50,6 +51,13 @@ struct descriptor {
   const std::byte* src = nullptr;
   std::size_t bytes = 0;
   cudaEvent_t ready = nullptr;
+  std::atomic<cudaEvent_t>* ack = nullptr;  // the sender's slot for the copy's event
+};
+
+//! A rank's record of one transfer: the descriptor and, for a send, the acknowledgement.
+struct transfer_slot {
+  descriptor d;
+  std::atomic<cudaEvent_t> ack{nullptr};
 };
 
 //! Shared by the ranks of one world: the whole-step graph.
@@ -77,7 +85,7 @@ class comm {
   //! A posted send or receive.
   struct request {
     threads::request host;                  //!< the descriptor's hand-off
-    detail::descriptor* desc = nullptr;     //!< the descriptor (a slot of the rank's pool)
+    detail::transfer_slot* slot = nullptr;  //!< the descriptor (a slot of the rank's pool)
     std::byte* dst = nullptr;               //!< receive: destination
     std::size_t bytes = 0;                  //!< receive: expected size
     cudaEvent_t free = nullptr;             //!< receive: the destination is free after this event
@@ -121,12 +129,13 @@ class comm {
 
   //! Sends `bytes` (device memory) to `peer` once `ready` has completed.
   request isend(int peer, std::span<const std::byte> bytes, cudaEvent_t ready) {
-    auto* d = next_descriptor();
-    *d = {bytes.data(), bytes.size(), ready};
+    auto* t = next_slot();
+    t->ack.store(nullptr, std::memory_order_relaxed);
+    t->d = {bytes.data(), bytes.size(), ready, &t->ack};
     request r;
-    r.desc = d;
+    r.slot = t;
     r.peer = peer;
-    r.host = host_.isend(peer, std::as_bytes(std::span<const detail::descriptor>(d, 1)));
+    r.host = host_.isend(peer, std::as_bytes(std::span<const detail::descriptor>(&t->d, 1)));
     return r;
   }
 
@@ -135,25 +144,35 @@ class comm {
     if (peer < 0 || peer >= static_cast<int>(recv_streams_.size()) || recv_streams_[static_cast<std::size_t>(peer)] == nullptr)
       throw comm_error(host_.world_rank(), "cuda_local: no channel from rank " + std::to_string(peer) + " to rank " +
                                                std::to_string(rank()) + " was opened (open_channels)");
-    auto* d = next_descriptor();
+    auto* t = next_slot();
     request r;
-    r.desc = d;
+    r.slot = t;
     r.dst = bytes.data();
     r.bytes = bytes.size();
     r.free = free;
     r.peer = peer;
     r.is_recv = true;
-    r.host = host_.irecv(peer, std::as_writable_bytes(std::span<detail::descriptor>(d, 1)));
+    r.host = host_.irecv(peer, std::as_writable_bytes(std::span<detail::descriptor>(&t->d, 1)));
     return r;
   }
 
   //! Receive: enqueues the copy (once the sender posted) and makes `stream` wait for it. Send:
-  //! waits until the receiver took the descriptor.
+  //! makes `stream` wait for the receiver's copy (once the receiver enqueued it).
   void wait(request& r, cudaStream_t stream) {
     host_.wait(r.host);
     r.host = threads::request{};
-    if (!r.is_recv) return;
-    const detail::descriptor d = *r.desc;
+    if (!r.is_recv) {
+      auto* ack = &r.slot->ack;
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      loom::detail::poll_until([&] { return ack->load(std::memory_order_acquire) != nullptr; }, [&] {
+        host_.check();
+        if (std::chrono::steady_clock::now() > deadline)
+          host_.timed_out("waiting for rank " + std::to_string(r.peer) + " to copy a send");
+      });
+      LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, ack->load(std::memory_order_acquire), 0));
+      return;
+    }
+    const detail::descriptor d = r.slot->d;
     if (d.bytes != r.bytes)
       throw comm_error(host_.world_rank(), "cuda_local: rank " + std::to_string(r.peer) + " sent " + std::to_string(d.bytes) +
                                                " bytes to rank " + std::to_string(rank()) + ", whose matching receive expects " +
@@ -169,6 +188,7 @@ class comm {
     cudaEvent_t e = events_.next();
     LOOM_CUDA_TRY(cudaEventRecord(e, s));
     LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));
+    d.ack->store(e, std::memory_order_release);  // the sender may wait for the copy now
   }
 
   //! Starts a step: the receive streams fork from `stream`.
@@ -252,8 +272,12 @@ class comm {
 
   //! Replays the captured step (collective): `stream`'s later work waits for the replay.
   void launch(cudaStream_t stream) {
-    host_.barrier();  // every rank is done with the previous step's results
+    // The replay runs on rank 0's origin stream: it must follow every rank's work since the last
+    // replay (parameter updates, batch copies), and every rank must be done with its results.
+    LOOM_CUDA_TRY(cudaEventRecord(graph_->joins[static_cast<std::size_t>(rank())], stream));
+    host_.barrier();
     if (rank() == 0) {
+      for (auto e : graph_->joins) LOOM_CUDA_TRY(cudaStreamWaitEvent(graph_->origin, e, 0));
       LOOM_CUDA_TRY(cudaGraphLaunch(graph_->exec, graph_->origin));
       LOOM_CUDA_TRY(cudaEventRecord(graph_->done, graph_->origin));
     }
@@ -274,11 +298,12 @@ class comm {
   }
 
  private:
-  detail::descriptor* next_descriptor() {
-    // Descriptors live in chunks that never move (a request points into them) and are reused
-    // step after step: the first step grows the pool, later ones allocate nothing.
+  detail::transfer_slot* next_slot() {
+    // Slots live in chunks that never move (a request, and a peer's acknowledgement, point into
+    // them) and are reused step after step: the first step grows the pool, later ones allocate
+    // nothing. A slot is reused only after the step that used it ended on every rank.
     const std::size_t chunk = 64, i = next_desc_++;
-    if (i / chunk >= descs_.size()) descs_.push_back(std::make_unique<detail::descriptor[]>(chunk));
+    if (i / chunk >= descs_.size()) descs_.push_back(std::make_unique<detail::transfer_slot[]>(chunk));
     return &descs_[i / chunk][i % chunk];
   }
   const char* copy_label(int peer) {
@@ -292,7 +317,7 @@ class comm {
   std::shared_ptr<detail::shared_graph> graph_;
   std::vector<cudaStream_t> recv_streams_;
   loom::detail::event_pool events_;
-  std::vector<std::unique_ptr<detail::descriptor[]>> descs_;
+  std::vector<std::unique_ptr<detail::transfer_slot[]>> descs_;
   std::size_t next_desc_ = 0;
   std::vector<std::string> labels_;
   std::chrono::milliseconds timeout_ = default_comm_timeout;

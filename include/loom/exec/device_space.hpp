@@ -168,15 +168,19 @@ class device_space {
     cudaEvent_t ready = opt_.faults.skip_send_wait ? nullptr : event_covering(clock, clock);
     return comm_->isend(peer, std::as_bytes(buf), ready);
   }
-  //! Sends complete with the step (its end joins the communicator's streams).
-  void wait_send(request&) {}
+  //! The compute stream waits for the send (its buffer may be written next).
+  void wait_send(request& r) { comm_->wait(r, compute_.get()); }
 
-  //! Starts a step (or, on the first step of graph mode, its capture).
-  void begin() {
+  //! Starts a step's program (or, on the first step of graph mode, its capture); with
+  //! `program = false`, a communication phase after the step (the copy exchange) that keeps the
+  //! step's losses and is never captured.
+  void begin(bool program = true) {
     last_event_ = -1;
-    next_timing_ = 0;
-    std::fill(recorded_.begin(), recorded_.end(), 0);
-    if (opt_.graph && !captured_) {
+    if (program) {
+      next_timing_ = 0;
+      std::fill(recorded_.begin(), recorded_.end(), 0);
+    }
+    if (program && opt_.graph && !captured_) {
       comm_->begin_capture(compute_.get());
       capturing_ = true;
     }

@@ -322,8 +322,8 @@ class pipeline {
       if (space_.replaying()) {
         replay_step(inputs);
       } else {
+        space_.begin();  // first: in graph mode the whole step, zeroing included, is captured
         begin_step(inputs);
-        space_.begin();
         run_program();
         for (std::size_t i = 0; i < nsend_; ++i) {
           space_.wait_send(send_reqs_[i]);
@@ -331,6 +331,8 @@ class pipeline {
         }
         space_.end();
         space_.collect_losses(losses_);
+        if constexpr (on_device)
+          if (opt_.graph) save_held_slots();
       }
       res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if constexpr (on_device) res.busy_seconds = opt_.measure ? space_.busy_seconds() : 0;
@@ -643,6 +645,23 @@ class pipeline {
     if constexpr (on_device) {
       space_.replay();
       space_.collect_losses(losses_);
+      restore_held_slots();
+    }
+  }
+
+  //! Graph mode: the weight-gradient slots a captured step leaves held (two-direction
+  //! deterministic mode) are what the copy exchange after the step reads; a replay runs no host
+  //! bookkeeping, so the captured step's final state is kept and restored.
+  void save_held_slots() {
+    held_.clear();
+    for (auto& l : locals_) held_.push_back(l.wgrad);
+  }
+  void restore_held_slots() {
+    for (std::size_t i = 0; i < locals_.size() && i < held_.size(); ++i) {
+      auto& w = locals_[i].wgrad;
+      std::copy(held_[i].free.begin(), held_[i].free.end(), w.free.begin());
+      std::copy(held_[i].slot.begin(), held_[i].slot.end(), w.slot.begin());
+      w.top = held_[i].top;
     }
   }
 
@@ -857,7 +876,7 @@ class pipeline {
     const bool det = opt_.deterministic;
     const int lead_dir = sched_.direction_of(0);
     std::size_t nreq = 0;
-    space_.begin();
+    space_.begin(false);
     for (std::size_t li : copy_order_) {
       auto& l = locals_[li];
       if (l.twin_rank < 0 || l.twin_rank == rank_) continue;
@@ -985,6 +1004,7 @@ class pipeline {
   using request_type = typename Comm::request;
   std::vector<request_type> recv_reqs_, send_reqs_, copy_reqs_;
   std::vector<char> copy_is_recv_;
+  std::vector<detail::slot_pool<value_type>> held_;  // graph mode: weight-gradient slots after the captured step
   std::vector<std::size_t> copy_order_;  // local stages by stage index (copy exchange order)
   std::size_t recv_k_ = 0, nsend_ = 0;
   int first_change_ = 0;  // two directions: first microbatch whose direction differs from microbatch 0's

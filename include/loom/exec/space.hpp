@@ -143,8 +143,9 @@ class host_space {
   //! Waits for a send at the end of the step.
   void wait_send(request& r) { comm_->wait(r); }
 
-  //! Starts a step (nothing to do on the host).
-  void begin() {}
+  //! Starts a step's program, or (`program = false`) a communication phase after it: nothing to
+  //! do on the host.
+  void begin(bool /*program*/ = true) {}
   //! Ends a step's program: the host already waited for everything.
   void end() {}
   //! Whether the step's work can be replayed from a graph instead of run (devices only).

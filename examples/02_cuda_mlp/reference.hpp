@@ -1,0 +1,88 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The single-rank CPU reference of the CUDA MLP, in fp32 with the same `math.hpp` functors the
+//! kernels use, called in loops on the host: microbatch by microbatch, forward, loss terms
+//! (summed in double in order, as loom sums a last stage's output), backward into a zeroed
+//! per-microbatch gradient, `acc += g` in microbatch order, then SGD. loom's deterministic mode
+//! performs exactly these operations, so the two agree bit for bit.
+
+#include <cstddef>
+#include <vector>
+
+#include "math.hpp"
+#include "stage.hpp"
+
+namespace cuda_mlp {
+
+//! Parameters and the last step's gradients of every layer, and the losses of every step.
+struct reference {
+  std::vector<std::vector<float>> params, grads;
+  std::vector<double> losses;  //!< scaled loss of each step
+
+  //! The initial model.
+  explicit reference(const quickstart::mlp_spec& m) {
+    for (int l = 0; l < m.layers(); ++l) params.push_back(float_params(m, l));
+  }
+
+  //! One SGD step over `microbatches` microbatches with loss scale `scale` (1/m or 1).
+  void step(const quickstart::mlp_spec& m, int microbatches, const batch& data, double scale) {
+    const int L = m.layers();
+    const auto n = static_cast<unsigned>(m.samples);
+    grads.assign(static_cast<std::size_t>(L), {});
+    std::vector<std::vector<float>> y(static_cast<std::size_t>(L)), dz(static_cast<std::size_t>(L)), g(static_cast<std::size_t>(L));
+    for (int l = 0; l < L; ++l) {
+      const auto ul = static_cast<std::size_t>(l);
+      grads[ul].assign(m.params(l), 0.0f);
+      y[ul].resize(n * m.width(l + 1));
+      dz[ul].resize(n * m.width(l + 1));
+    }
+    const std::size_t fin = n * m.width(static_cast<std::size_t>(L));
+    std::vector<float> terms(fin), seed(fin, static_cast<float>(scale)), gx0(n * m.width(0));
+    double total = 0;
+    for (int j = 0; j < microbatches; ++j) {
+      const float* x0 = data.inputs.data() + static_cast<std::size_t>(j) * n * m.width(0);
+      const float* t = data.targets.data() + static_cast<std::size_t>(j) * fin;
+      const float* x = x0;
+      for (int l = 0; l < L; ++l) {
+        const auto ul = static_cast<std::size_t>(l);
+        layer_forward f{params[ul].data(), x, y[ul].data(), static_cast<unsigned>(m.width(l)), static_cast<unsigned>(m.width(l + 1)), l + 1 < L};
+        for (std::size_t e = 0; e < y[ul].size(); ++e) f(e);
+        x = y[ul].data();
+      }
+      double loss = 0;
+      for (std::size_t e = 0; e < fin; ++e) loss += static_cast<double>(loss_term{}(x[e], t[e]));
+      total += loss;
+      loss_grad lg{seed.data(), x, t, dz[static_cast<std::size_t>(L - 1)].data()};
+      for (std::size_t e = 0; e < fin; ++e) lg(e);
+      for (int l = L - 1; l >= 0; --l) {
+        const auto ul = static_cast<std::size_t>(l);
+        const auto in = static_cast<unsigned>(m.width(l)), out = static_cast<unsigned>(m.width(l + 1));
+        if (l + 1 < L) {
+          activation_backward a{y[ul].data(), dz[ul].data()};
+          for (std::size_t e = 0; e < dz[ul].size(); ++e) a(e);
+        }
+        input_grad ig{params[ul].data(), dz[ul].data(), l > 0 ? dz[ul - 1].data() : gx0.data(), in, out};
+        for (std::size_t e = 0; e < std::size_t{n} * in; ++e) ig(e);
+      }
+      for (int l = 0; l < L; ++l) {
+        const auto ul = static_cast<std::size_t>(l);
+        g[ul].assign(m.params(l), 0.0f);
+        weight_grad_add w{l == 0 ? x0 : y[ul - 1].data(), dz[ul].data(), g[ul].data(), static_cast<unsigned>(m.width(l)),
+                      static_cast<unsigned>(m.width(l + 1)), n};
+        for (std::size_t e = 0; e < g[ul].size(); ++e) w(e);
+        for (std::size_t e = 0; e < g[ul].size(); ++e) grads[ul][e] += g[ul][e];
+      }
+    }
+    losses.push_back(total * scale);
+    for (int l = 0; l < L; ++l) {
+      const auto ul = static_cast<std::size_t>(l);
+      sgd u{params[ul].data(), grads[ul].data(), static_cast<float>(m.lr)};
+      for (std::size_t e = 0; e < params[ul].size(); ++e) u(e);
+    }
+  }
+};
+
+}  // namespace cuda_mlp
