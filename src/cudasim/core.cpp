@@ -395,72 +395,70 @@ void access_segments(allocation& a, std::uintptr_t lo, std::uintptr_t hi, bool w
     cur = it->second.hi;
     ++it;
   }
-  const std::pair<int, clock_tick> me{o.agent, o.tick};
+  // Every earlier conflicting access of the segment that is not ordered before this one races
+  // with it (all pairs, not only the last write: the findings do not depend on execution order).
   for (auto i = sh.lower_bound(lo); i != sh.end() && i->first < hi; ++i) {
     auto& seg = i->second;
-    if (seg.write && seg.write->first != me && !hb(seg.write->first.first, seg.write->first.second, o))
-      race(a, i->first, seg.hi, seg.write->first.first, seg.write->first.second, seg.write->second, true, o, write);
-    if (write) {
-      for (auto& r : seg.reads)
-        if (r.first != me && !hb(r.first.first, r.first.second, o)) race(a, i->first, seg.hi, r.first.first, r.first.second, r.second, false, o, true);
-      seg.write = std::make_pair(me, o.desc);
-      seg.reads.clear();
-    } else {
-      std::erase_if(seg.reads, [&](auto& r) { return hb(r.first.first, r.first.second, o); });
-      seg.reads.emplace_back(me, o.desc);
+    for (auto const& r : seg.hist) {
+      if (!(r.write || write) || (r.agent == o.agent && r.tick == o.tick)) continue;
+      if (!hb(r.agent, r.tick, o)) race(a, i->first, seg.hi, r.agent, r.tick, r.desc, r.write, o, write);
     }
+    bool merged = false;
+    for (auto& r : seg.hist)
+      if (r.agent == o.agent && r.tick == o.tick) {
+        r.write = r.write || write;
+        merged = true;
+      }
+    if (!merged) seg.hist.push_back({o.agent, o.tick, write, o.desc});
+    if (seg.hist.size() > allocation::history) seg.hist.pop_front();
   }
 }
 
 }  // namespace
 
-void check_accesses(op& o) {
+void check_access(op& o, const access_rec& acc) {
   auto& s = S();
-  for (auto const& acc : o.acc) {
-    if (acc.hi <= acc.lo) continue;
-    auto* a = find_alloc(reinterpret_cast<const void*>(acc.lo));
-    if (a == nullptr) continue;  // pageable host memory: not tracked
-    if (a->freed) {
-      finding f;
-      std::string text = "use after free: " + o.desc->describe() + (acc.write ? " writes " : " reads ") + "bytes [" +
-                         std::to_string(acc.lo - a->base) + ", " + std::to_string(acc.hi - a->base) + ") of " + a->label();
-      f.r = {report_kind::use_after_free, std::move(text), o.desc->describe(), {}};
-      f.a_agent = o.agent;
-      f.a_tick = o.tick;
-      f.b_agent = o.agent;
-      f.b_tick = o.tick;
-      f.key = op_key(*o.desc);
-      s.findings.push_back(std::move(f));
-      continue;
-    }
-    access_segments(*a, acc.lo, std::min(acc.hi, a->base + a->size), acc.write, o);
+  if (acc.hi <= acc.lo) return;
+  auto* a = find_alloc(reinterpret_cast<const void*>(acc.lo));
+  if (a == nullptr) return;  // pageable host memory: not tracked
+  if (a->freed) {
+    finding f;
+    std::string text = "use after free: " + o.desc->describe() + (acc.write ? " writes " : " reads ") + "bytes [" +
+                       std::to_string(acc.lo - a->base) + ", " + std::to_string(acc.hi - a->base) + ") of " + a->label();
+    f.r = {report_kind::use_after_free, std::move(text), o.desc->describe(), {}};
+    f.a_agent = o.agent;
+    f.a_tick = o.tick;
+    f.b_agent = o.agent;
+    f.b_tick = o.tick;
+    f.key = op_key(*o.desc);
+    s.findings.push_back(std::move(f));
+    return;
   }
+  access_segments(*a, acc.lo, std::min(acc.hi, a->base + a->size), acc.write, o);
+}
+
+void check_accesses(op& o) {
+  for (auto const& acc : o.acc) check_access(o, acc);
 }
 
 cudaError_t report_findings_for_host(const char* call) {
   auto& s = S();
   auto& h = H();
   if (s.findings.empty()) return cudaSuccess;
-  std::vector<std::size_t> eligible;
-  for (std::size_t i = 0; i < s.findings.size(); ++i) {
-    auto& f = s.findings[i];
-    if (h.vc.at(f.a_agent) >= f.a_tick && h.vc.at(f.b_agent) >= f.b_tick) eligible.push_back(i);
+  if (h.id < 0) h.id = static_cast<int>(++s.id_counter);
+  // The findings whose two operations this thread's synchronisation now orders before it (its
+  // causal past, a set that does not depend on timing), not yet reported to this thread: report
+  // the first in canonical order.
+  const finding* best = nullptr;
+  for (auto& f : s.findings) {
+    if (h.vc.at(f.a_agent) < f.a_tick || h.vc.at(f.b_agent) < f.b_tick) continue;
+    if (std::find(f.reported_to.begin(), f.reported_to.end(), h.id) != f.reported_to.end()) continue;
+    f.reported_to.push_back(h.id);
+    if (best == nullptr || f.key < best->key) best = &f;
   }
-  if (eligible.empty()) return cudaSuccess;
-  std::size_t best = eligible[0];
-  for (auto i : eligible)
-    if (s.findings[i].key < s.findings[best].key) best = i;
-  report chosen = s.findings[best].r;
-  std::vector<finding> keep;
-  for (std::size_t i = 0; i < s.findings.size(); ++i) {
-    if (std::find(eligible.begin(), eligible.end(), i) != eligible.end()) s.reports.push_back(s.findings[i].r);
-    else keep.push_back(std::move(s.findings[i]));
-  }
-  s.findings = std::move(keep);
-  if (s.cfg.races == race_policy::record) return cudaSuccess;
-  std::string text = chosen.text + " (found by the simulator's race detector; reported to " + call + ")";
-  if (eligible.size() > 1) text += "; " + std::to_string(eligible.size() - 1) + " more finding(s) in loom::cudasim::reports()";
-  return fail(cudaErrorLaunchFailure, std::move(text));
+  if (best == nullptr || s.cfg.races == race_policy::record) return cudaSuccess;
+  return fail(cudaErrorLaunchFailure, best->r.text + " (found by the simulator's race detector; reported to " + call +
+                                          "; every finding is in loom::cudasim::reports())");
 }
 
 // ---- completion and the engine ---------------------------------------------------------------

@@ -105,6 +105,8 @@ struct p2p_part {
 struct coll_part {
   std::shared_ptr<coll_instance> inst;
   std::shared_ptr<nccl_comm> comm;
+  void* out = nullptr;        // what this rank's part writes, checked when the collective runs
+  std::size_t out_bytes = 0;
   int rank = 0;
   op* owner = nullptr;
   bool done = false;
@@ -235,11 +237,19 @@ struct allocation {
   std::string owner;
   std::string name;
   void* raw = nullptr;
+  //! One access of a segment: by the op (agent, tick) described by `desc`.
+  struct access_record {
+    int agent = -1;
+    clock_tick tick = 0;
+    bool write = false;
+    desc_ptr desc;
+  };
+  //! The last accesses of a byte range (oldest first, at most `history` of them).
   struct segment {
     std::uintptr_t hi = 0;
-    std::optional<std::pair<std::pair<int, clock_tick>, desc_ptr>> write;
-    std::vector<std::pair<std::pair<int, clock_tick>, desc_ptr>> reads;
+    std::deque<access_record> hist;
   };
+  static constexpr std::size_t history = 64;
   std::map<std::uintptr_t, segment> shadow;
   std::string label() const;
 };
@@ -251,7 +261,8 @@ struct finding {
   clock_tick a_tick = 0;
   int b_agent = -1;
   clock_tick b_tick = 0;
-  std::string key;  // canonical order
+  std::string key;              // canonical order
+  std::vector<int> reported_to;  // host threads that were told
 };
 
 struct nccl_world {
@@ -313,6 +324,7 @@ struct item {
 };
 
 struct host_thread {
+  int id = -1;  // assigned on first use
   vclock vc;
   std::string name;
   int device = 0;
@@ -398,6 +410,7 @@ cudaError_t fail(cudaError_t e, std::string why);  // sets thread's last error +
 bool capture_forbids_unsafe(const char* call, cudaError_t& err);
 void invalidate_capture(capture_session* c, std::string why);
 void check_accesses(op& o);
+void check_access(op& o, const access_rec& a);
 void post_nccl_calls(op& o);
 void nccl_activate(op& o);
 void nccl_transfer(p2p_part* s);

@@ -78,7 +78,10 @@ std::vector<report> reports() {
   auto& s = S();
   std::lock_guard lk(s.m);
   auto out = s.reports;
-  for (auto& f : s.findings) out.push_back(f.r);
+  std::vector<const finding*> fs;
+  for (auto& f : s.findings) fs.push_back(&f);
+  std::sort(fs.begin(), fs.end(), [](const finding* a, const finding* b) { return a->key < b->key; });
+  for (auto* f : fs) out.push_back(f->r);
   return out;
 }
 

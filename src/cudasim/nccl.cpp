@@ -257,9 +257,11 @@ ncclResult_t flush_group() {
       auto [in_b, out_b] = coll_bytes(c, c.comm->n, c.comm->rank);
       if (c.t == nccl_call::type::send) out_b = 0;
       if (c.t == nccl_call::type::recv) in_b = 0;
-      auto in = reinterpret_cast<std::uintptr_t>(c.in), out = reinterpret_cast<std::uintptr_t>(c.out);
+      // Reads are checked when the group starts; writes when the data arrives (`nccl_transfer`,
+      // `nccl_collective`), ordered after the operations that sent it.
+      auto in = reinterpret_cast<std::uintptr_t>(c.in);
+      (void)out_b;
       if (in_b) o->acc.push_back({in, in + in_b, false});
-      if (out_b) o->acc.push_back({out, out + out_b, true});
       o->calls.push_back(c);
     }
     if (o->calls.size() > 1) label = "ncclGroup{" + label + "}";
@@ -382,6 +384,8 @@ void post_nccl_calls(op& o) {
       auto p = std::make_unique<coll_part>();
       p->inst = inst;
       p->comm = comm;
+      p->out = c.out;
+      p->out_bytes = coll_bytes(c, comm->n, comm->rank).second;
       p->rank = comm->rank;
       p->owner = &o;
       inst->parts[static_cast<std::size_t>(comm->rank)] = p.get();
@@ -443,8 +447,11 @@ void nccl_transfer(p2p_part* snd) {
     snd->comm->broken = rcv->comm->broken = true;
     return;
   }
+  // The receive writes once the sender's data arrives: after everything ordered before the send.
+  rcv->owner->vc.join(snd->owner->vc);
+  const auto dst = reinterpret_cast<std::uintptr_t>(rcv->buf);
+  check_access(*rcv->owner, {dst, dst + rcv->bytes, true});
   if (snd->bytes) std::memcpy(rcv->buf, snd->buf, snd->bytes);
-  rcv->owner->extra.join(snd->owner->vc);
   part_done(*snd);
   part_done(*rcv);
 }
@@ -510,13 +517,18 @@ void nccl_collective(const std::shared_ptr<coll_instance>& c) {
     }
     default: break;
   }
-  for (std::size_t i = 0; i < n; ++i)
-    if (!res[i].empty()) std::memcpy(c->out[i], res[i].data(), res[i].size());
   vclock all;
   for (auto* p : c->parts) all.join(p->owner->vc);
+  for (auto* p : c->parts) {
+    // Each rank's output is written once every rank's input is there.
+    p->owner->vc.join(all);
+    const auto dst = reinterpret_cast<std::uintptr_t>(p->out);
+    if (p->out_bytes) check_access(*p->owner, {dst, dst + p->out_bytes, true});
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!res[i].empty()) std::memcpy(c->out[i], res[i].data(), res[i].size());
   for (std::size_t i = 0; i < n; ++i) {
     auto* p = c->parts[i];
-    p->owner->extra.join(all);
     coll_part_done(*p, *comms[i]);
   }
 }

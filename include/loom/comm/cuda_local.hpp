@@ -14,9 +14,11 @@
 //! timeout: hosts run ahead of the device, so this is a hand-off between threads, never a wait
 //! for the GPU) and enqueues the copy on its receive stream for that peer, after the producer's
 //! event and after the event that freed its buffer; its compute stream then waits for the copy's
-//! event, which it also hands back to the sender (the acknowledgement). So the copy starts as
-//! soon as both buffers are ready on the device, and `wait(send, stream)` makes the sender's
-//! stream wait for the copy before it may write the buffer again.
+//! event. That event is the sender's (it travels in the descriptor, so it outlives the copy
+//! whatever the receiver does next), and the receiver raises the sender's acknowledgement flag
+//! once it is recorded. So the copy starts as soon as both buffers are ready on the device, and
+//! `wait(send, stream)` makes the sender's stream wait for the copy before the buffer is written
+//! again.
 //!
 //! Graphs. `begin_capture` / `end_capture` capture the whole step of every rank into one graph:
 //! rank 0 begins a relaxed-mode capture on an origin stream, every rank's stream forks from it,
@@ -50,14 +52,15 @@ namespace detail {
 struct descriptor {
   const std::byte* src = nullptr;
   std::size_t bytes = 0;
-  cudaEvent_t ready = nullptr;
-  std::atomic<cudaEvent_t>* ack = nullptr;  // the sender's slot for the copy's event
+  cudaEvent_t ready = nullptr;      // the producer's event (the sender's)
+  cudaEvent_t done = nullptr;       // recorded after the copy (the sender's)
+  std::atomic<bool>* ack = nullptr;  // raised once `done` is recorded
 };
 
 //! A rank's record of one transfer: the descriptor and, for a send, the acknowledgement.
 struct transfer_slot {
   descriptor d;
-  std::atomic<cudaEvent_t> ack{nullptr};
+  std::atomic<bool> ack{false};
 };
 
 //! Shared by the ranks of one world: the whole-step graph.
@@ -130,8 +133,8 @@ class comm {
   //! Sends `bytes` (device memory) to `peer` once `ready` has completed.
   request isend(int peer, std::span<const std::byte> bytes, cudaEvent_t ready) {
     auto* t = next_slot();
-    t->ack.store(nullptr, std::memory_order_relaxed);
-    t->d = {bytes.data(), bytes.size(), ready, &t->ack};
+    t->ack.store(false, std::memory_order_relaxed);
+    t->d = {bytes.data(), bytes.size(), ready, events_.next(), &t->ack};
     request r;
     r.slot = t;
     r.peer = peer;
@@ -164,12 +167,12 @@ class comm {
     if (!r.is_recv) {
       auto* ack = &r.slot->ack;
       const auto deadline = std::chrono::steady_clock::now() + timeout_;
-      loom::detail::poll_until([&] { return ack->load(std::memory_order_acquire) != nullptr; }, [&] {
+      loom::detail::poll_until([&] { return ack->load(std::memory_order_acquire); }, [&] {
         host_.check();
         if (std::chrono::steady_clock::now() > deadline)
           host_.timed_out("waiting for rank " + std::to_string(r.peer) + " to copy a send");
       });
-      LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, ack->load(std::memory_order_acquire), 0));
+      LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, r.slot->d.done, 0));
       return;
     }
     const detail::descriptor d = r.slot->d;
@@ -185,10 +188,9 @@ class comm {
       cuda::region reg(s, copy_label(r.peer), acc);
       LOOM_CUDA_TRY(cudaMemcpyAsync(r.dst, d.src, d.bytes, cudaMemcpyDeviceToDevice, s));
     }
-    cudaEvent_t e = events_.next();
-    LOOM_CUDA_TRY(cudaEventRecord(e, s));
-    LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));
-    d.ack->store(e, std::memory_order_release);  // the sender may wait for the copy now
+    LOOM_CUDA_TRY(cudaEventRecord(d.done, s));
+    LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, d.done, 0));
+    d.ack->store(true, std::memory_order_release);  // the sender may wait for the copy now
   }
 
   //! Starts a step: the receive streams fork from `stream`.

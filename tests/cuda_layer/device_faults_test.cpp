@@ -1,0 +1,191 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// Deliberately broken variants of the device path are caught (against the simulator: a removed
+// event dependency and a buffer reused before its event are races naming both operations;
+// swapped receives give a wrong result or a named error), and failures end every rank with the
+// cause (a rank that throws, a rank that hangs, an asynchronous NCCL error, a synchronisation
+// inside a capture), on several families and both backends.
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+
+#include "device_support.hpp"
+
+using namespace loom_device_test;
+
+namespace {
+
+loom::schedule make(const char* family, int P, int m) {
+  return loom::default_registry().at(family).make({P, m, 0});
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+}  // namespace
+
+#if defined(LOOM_CUDA_SIM)
+TEST_CASE("a send that does not wait for its producer's event is a race naming both operations, the same on every seed") {
+  for (const char* family : {"1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v"})
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      CAPTURE(std::string(family));
+      CAPTURE(std::string(name(b)));
+      auto s = make(family, 2, 4);
+      auto spec = spec_for(s.stages);
+      std::set<std::string> texts;
+      for (std::uint64_t seed : {1, 2, 3}) {
+        simulate_with(seed);
+        loom::pipeline_options o;
+        o.faults.skip_send_wait = true;
+        auto out = run(b, s, spec, 1, o);
+        REQUIRE(!out.ok());
+        auto const& e = out.ranks[0].error;
+        CAPTURE(e);
+        CHECK(contains(e, "race: "));
+        CHECK((contains(e, "F mb") || contains(e, "B mb") || contains(e, "BW mb")));
+        CHECK(contains(e, b == backend::nccl ? "ncclSend" : "copy r"));
+        CHECK(contains(e, "neither is ordered before the other"));
+        texts.insert(e.substr(e.find("race: ")));
+      }
+      CHECK(texts.size() == 1);  // reported deterministically
+    }
+}
+
+TEST_CASE("a receive that reuses its buffer before the event that frees it is a race naming the pair") {
+  // (On 2 ranks the next transfer into a freed buffer is ordered after its last use through the
+  // data it carries for these families, so the bug is masked; on 4 it is not.)
+  for (const char* family : {"1f1b", "zb-h1", "zb-v", "interleaved-1f1b"})
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      CAPTURE(std::string(family));
+      CAPTURE(std::string(name(b)));
+      auto s = make(family, 4, 8);  // more microbatches than slots: slots are reused
+      auto spec = spec_for(s.stages);
+      simulate_with(1);
+      loom::pipeline_options o;
+      o.faults.skip_free_wait = true;
+      auto out = run(b, s, spec, 1, o);
+      REQUIRE(!out.ok());
+      std::string all = out.errors();
+      CAPTURE(all);
+      CHECK(contains(all, "race: "));
+      CHECK(contains(all, " slots'"));
+      CHECK(contains(all, b == backend::nccl ? "ncclRecv" : "copy r"));
+    }
+}
+
+TEST_CASE("two receives posted in swapped order give a wrong result or a named error") {
+  for (const char* family : {"1f1b", "gpipe", "zb-h1"})
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      CAPTURE(std::string(family));
+      CAPTURE(std::string(name(b)));
+      auto s = make(family, 2, 4);
+      auto spec = spec_for(s.stages);
+      auto ref = reference(spec, 4, 1);
+      simulate_with(1, 1000);
+      loom::pipeline_options o;
+      o.deterministic = true;
+      o.faults.swap_receives = 0;
+      hooks h;
+      h.timeout = std::chrono::milliseconds(3000);
+      auto out = run(b, s, spec, 1, o, h);
+      if (out.ok()) {
+        CHECK(compare(out, ref).second > 0);  // the data went to the wrong microbatches
+      } else {
+        auto all = out.errors();
+        CAPTURE(all);
+        CHECK((contains(all, "deadlock") || contains(all, "expects") || contains(all, "matched")));
+      }
+    }
+}
+
+TEST_CASE("an asynchronous NCCL error on one rank ends every rank's step with the cause") {
+  for (const char* family : {"1f1b", "zb-h1", "dualpipe"}) {
+    CAPTURE(std::string(family));
+    auto s = make(family, 4, 8);
+    auto spec = spec_for(s.stages);
+    simulate_with(1);
+    hooks h;
+    h.timeout = std::chrono::milliseconds(5000);
+    h.on_comm = [](int rank, ncclComm_t c) {
+      if (rank == 2) loom::cudasim::fail_nccl_after(c, 3, ncclRemoteError);
+    };
+    auto out = run(backend::nccl, s, spec, 3, {}, h);
+    for (int r = 0; r < 4; ++r) {
+      auto const& x = out.ranks[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      CAPTURE(x.error);
+      CHECK(contains(x.error, "NCCL asynchronous error"));
+      CHECK(contains(x.error, "on rank 2"));
+      CHECK(x.seconds < 4.0);
+    }
+  }
+}
+#endif
+
+TEST_CASE("a synchronisation inside a captured step is a capture error that ends every rank") {
+  for (const char* family : {"1f1b", "zb-h1"})
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      if (skip_unless_devices(b, 2)) continue;
+      CAPTURE(std::string(family));
+      CAPTURE(std::string(name(b)));
+      auto s = make(family, 2, 4);
+      auto spec = spec_for(s.stages);
+      simulate_with(1);
+      hooks h;
+      h.timeout = std::chrono::milliseconds(3000);
+      h.adjust = [](int rank, cuda_mlp::stage& st) { st.sync_in_forward = rank == 0; };
+      auto out = run(b, s, spec, 2, {.graph = true}, h);
+      REQUIRE(!out.ok());
+      auto const& e0 = out.ranks[0].error;
+      CAPTURE(out.errors());
+      CHECK((contains(e0, "cudaErrorStreamCaptureUnsupported") || contains(e0, "cudaErrorStreamCaptureInvalidated")));
+      for (auto const& r : out.ranks) CHECK(!r.error.empty());
+    }
+}
+
+TEST_CASE("a stage that throws on one rank ends every rank's step naming that rank and the cause") {
+  for (const char* family : {"1f1b", "zb-h1", "dualpipe-v", "chimera"})
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      if (skip_unless_devices(b, 4)) continue;
+      CAPTURE(std::string(family));
+      CAPTURE(std::string(name(b)));
+      auto s = make(family, 4, 8);
+      auto spec = spec_for(s.stages);
+      simulate_with(2);
+      hooks h;
+      h.adjust = [](int rank, cuda_mlp::stage& st) { st.fail_on = rank == 1 ? 2 : -1; };
+      auto out = run(b, s, spec, 1, {}, h);
+      for (int r = 0; r < 4; ++r) {
+        auto const& x = out.ranks[static_cast<std::size_t>(r)];
+        CAPTURE(r);
+        CAPTURE(x.error);
+        CHECK(x.error_rank == 1);
+        CHECK(contains(x.error, "injected failure"));
+        CHECK(contains(x.error, "microbatch 2"));
+        CHECK(x.seconds < 4.0);
+      }
+    }
+}
+
+TEST_CASE("a rank that hangs makes every rank end within seconds with the timeout as the cause") {
+  for (const char* family : {"1f1b", "zb-v"})
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      if (skip_unless_devices(b, 2)) continue;
+      CAPTURE(std::string(family));
+      CAPTURE(std::string(name(b)));
+      auto s = make(family, 2, 4);
+      auto spec = spec_for(s.stages);
+      simulate_with(1, 10000);
+      hooks h;
+      h.timeout = std::chrono::milliseconds(400);
+      h.adjust = [](int rank, cuda_mlp::stage& st) { st.hang_ms = rank == 1 ? 1500 : 0; };
+      auto out = run(b, s, spec, 1, {}, h);
+      for (int r = 0; r < 2; ++r) {
+        auto const& x = out.ranks[static_cast<std::size_t>(r)];
+        CAPTURE(r);
+        CAPTURE(x.error);
+        CHECK(contains(x.error, "timed out"));
+        CHECK(x.seconds < 4.0);
+      }
+    }
+}

@@ -1,0 +1,93 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// Device memory: what the pipeline allocates on each rank's device is exactly what the buffer
+// plan predicts (slots times the stages' sizes), its stash is the simulator's peak activation
+// (the memory model) on ranks holding one stage, and steps allocate nothing more.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "device_support.hpp"
+
+using namespace loom_device_test;
+
+#if defined(LOOM_CUDA_SIM)
+namespace {
+
+//! Bytes the buffer plan predicts for `rank`: every slot of every local stage at the stages'
+//! sizes, the buffers received from the other copy, and the loss, seed and discard buffers.
+std::size_t predicted_bytes(const loom::schedule& s, int rank, const quickstart::mlp_spec& m, bool det) {
+  auto lowered = loom::lower(s);
+  auto plan = loom::plan_buffers(lowered, rank);
+  std::size_t elems = 0, out_last = 0, in_first = 0;
+  for (auto const& l : plan.local) {
+    auto [a, b] = quickstart::stage_layers(m, l.id.stage, s.stages);
+    cuda_mlp::stage probe_size_only(m, a, b, l.id.stage == s.stages - 1, nullptr);
+    const std::size_t in = probe_size_only.input_size(), out = probe_size_only.output_size(), stash = probe_size_only.stash_size();
+    const std::size_t wg = probe_size_only.weight_grad().size();
+    elems += static_cast<std::size_t>(l.input) * in + static_cast<std::size_t>(l.stash) * stash + static_cast<std::size_t>(l.grad) * out +
+             static_cast<std::size_t>(l.send_act) * out + static_cast<std::size_t>(l.send_grad) * in +
+             (det ? static_cast<std::size_t>(l.wgrad) * wg : 0);
+    const int twin = s.directions == 2 ? s.stage_to_rank[static_cast<std::size_t>((1 - l.id.direction) * s.stages + l.id.stage)] : -1;
+    if (twin >= 0 && twin != rank) elems += static_cast<std::size_t>(det ? l.copy_recv : 1) * wg;
+    if (l.id.stage == s.stages - 1) out_last = std::max(out_last, out);
+    if (l.id.stage == 0) in_first = std::max(in_first, in);
+  }
+  return (elems + 2 * out_last + in_first) * sizeof(float);
+}
+
+}  // namespace
+
+TEST_CASE("peak device memory of every rank equals the buffer plan's prediction for every family at P = 4") {
+  for (bool det : {false, true})
+    for (auto const& e : loom::default_registry().entries()) {
+      loom::shape sh = e.resolve({.ranks = 4, .microbatches = 8});
+      if (!e.check(sh).empty()) continue;
+      loom::schedule s = e.make(sh);
+      auto m = spec_for(s.stages);
+      CAPTURE(e.name);
+      CAPTURE(det);
+      simulate_with(1);
+      std::vector<std::size_t> before(4), built(4), stage_bytes(4), predicted(4), after_first(4), peak_later(4);
+      std::vector<int> stash_ok(4, 1);
+      const auto sim_peak = loom::simulate(s).peak_activation;
+      loom::nccl::run(4, [&](loom::nccl::comm& c) {
+        const auto r = static_cast<std::size_t>(c.rank());
+        const std::size_t in0 = static_cast<std::size_t>(m.samples) * m.width(0), fin = static_cast<std::size_t>(m.samples) * m.width(m.layers());
+        loom::cuda::device_buffer<float> inputs(8 * in0), targets(8 * fin);
+        c.all_reduce(std::span<double>(), loom::reduce_op::sum);  // every rank's buffers exist before anyone measures
+        before[r] = loom::cudasim::device_memory(c.rank()).current;
+        loom::pipeline p(s, c, [&](loom::stage_id id) {
+          auto [a, z] = quickstart::stage_layers(m, id.stage, s.stages);
+          cuda_mlp::stage st(m, a, z, id.stage == s.stages - 1, targets.data());
+          stage_bytes[r] += 2 * st.weight_grad().size() * sizeof(float);  // parameters and gradient accumulator
+          return st;
+        }, {.deterministic = det});
+        built[r] = loom::cudasim::device_memory(c.rank()).current;
+        predicted[r] = predicted_bytes(s, c.rank(), m, det);
+        // The memory model: one stage per rank holds as many stashes as the simulated peak.
+        if (s.chunks == 1 && s.directions == 1) {
+          auto plan = loom::plan_buffers(loom::lower(s), c.rank());
+          stash_ok[r] = plan.local.size() == 1 && plan.local[0].stash == static_cast<int>(sim_peak[r]);
+        }
+        auto data = cuda_mlp::float_batch(m, 8, 0);
+        loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
+        loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
+        p.step(std::span<const float>(inputs.span()));  // the first step may allocate (communicator staging)
+        after_first[r] = loom::cudasim::device_memory(c.rank()).current;
+        c.all_reduce(std::span<double>(), loom::reduce_op::sum);
+        if (c.rank() == 0) loom::cudasim::reset_peaks();
+        c.all_reduce(std::span<double>(), loom::reduce_op::sum);
+        for (int i = 0; i < 3; ++i) p.step(std::span<const float>(inputs.span()));
+        peak_later[r] = loom::cudasim::device_memory(c.rank()).peak;
+      });
+      for (std::size_t r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        CHECK(built[r] - before[r] == predicted[r] + stage_bytes[r]);
+        CHECK(stash_ok[r]);
+        CHECK(peak_later[r] == after_first[r]);  // steps after the first allocate nothing
+      }
+    }
+}
+#endif
