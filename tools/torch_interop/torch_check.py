@@ -12,7 +12,8 @@ What it does, for every family `loom list` names that `loom export` accepts (the
 ones are refused by loom and listed as such), on 2 and 4 ranks and each shape of SHAPES:
 
 1. `loom export --torch-csv` (compute-only form) and `loom export --torch-csv --lowered`
-   (compute_comms form), plus `--lowered --no-waits` with `--no-waits`.
+   (compute_comms form; `--lowered no-waits` runs `--lowered --no-waits` instead, the form of
+   PyTorch 2.10-2.14, and `--lowered both` both).
 2. compute-only: PyTorch's own `_validate_schedule` on the parsed actions.
 3. Both forms: on P gloo processes, each rank builds its stages (a Linear + tanh per stage,
    float64, seeded by stage index), loads the file with
@@ -223,7 +224,9 @@ def main():
     ap.add_argument("--loom", required=True, help="the loom binary")
     ap.add_argument("--out", required=True, help="folder for the exported files")
     ap.add_argument("--vectors", help="also dump PyTorch's own schedules into this folder")
-    ap.add_argument("--no-waits", action="store_true", help="also run the --lowered --no-waits files (PyTorch <= 2.14)")
+    ap.add_argument("--lowered", choices=["waits", "no-waits", "both"], default="waits",
+                    help="which lowered files to run: `--lowered` (PyTorch >= 2.15), `--lowered --no-waits` "
+                         "(PyTorch 2.10-2.14), or both")
     ap.add_argument("--families", help="comma-separated families (default: all of `loom list`)")
     ap.add_argument("--port", type=int, default=29561)
     args = ap.parse_args()
@@ -234,8 +237,10 @@ def main():
         [args.loom, "list"], capture_output=True, text=True, check=True).stdout.split()
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, loom {args.loom}")
 
-    lowered_forms = [("comms", "compute_comms", ["--lowered"])]
-    if args.no_waits:
+    lowered_forms = []
+    if args.lowered in ("waits", "both"):
+        lowered_forms.append(("comms", "compute_comms", ["--lowered"]))
+    if args.lowered in ("no-waits", "both"):
         lowered_forms.append(("comms-nowaits", "compute_comms", ["--lowered", "--no-waits"]))
     cases = {2: [], 4: []}
     refused, unrunnable, static_fail = [], [], []

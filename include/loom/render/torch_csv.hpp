@@ -645,7 +645,7 @@ struct torch_csv_write_options {
   torch_spelling spelling = torch_spelling::current;  //!< backward spelling to write (`detect` means `current`)
   //! The form to write. `compute_only` needs a schedule without send/recv; `compute_comms` lowers a
   //! compute-only schedule first (`lower`). Default: `compute_comms` iff `s` has send/recv.
-  std::optional<torch_csv_form> form;
+  std::optional<torch_csv_form> form = std::nullopt;
   //! compute_comms only: write PyTorch 2.15's completion points, a `WAIT_SEND_F`/`WAIT_SEND_B`
   //! for every send and a `WAIT_REDUCE_GRAD` after every `REDUCE_GRAD`. `false` writes the
   //! compute_comms form of PyTorch 2.10 to 2.14, which reads `WAIT_...` cells wrongly.
