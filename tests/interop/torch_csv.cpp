@@ -251,6 +251,143 @@ TEST_CASE("A compute+comms file with FSDP and gradient-reduction actions imports
   }
 }
 
+TEST_CASE("PyTorch 2.15's completion points are read, checked against the operation they complete, and dropped") {
+  // 1F1B on two ranks as PyTorch 2.15's lowering writes it: every send has a wait (a forward
+  // send's right after the local backward that proves it was received, the rest at the end), and
+  // every REDUCE_GRAD its WAIT_REDUCE_GRAD.
+  const std::string text =
+      "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,0WAIT_SEND_F1,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n"
+      "1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD,1WAIT_SEND_B0,1WAIT_SEND_B1\n";
+  auto imp = loom::import_torch_csv(text);
+  CHECK(imp.form == loom::torch_csv_form::compute_comms);
+  CHECK(imp.sends == 4);
+  CHECK(imp.wait_send_cells == 4);
+  CHECK(imp.unwaited_sends == 0);
+  CHECK(imp.reduce_grad_cells == 2);
+  CHECK(imp.wait_reduce_grad_cells == 2);
+  CHECK(imp.unwaited_reduce_grads == 0);
+  // The waits leave no trace in the schedule: it is the one without them.
+  const std::string without =
+      "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+      "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n";
+  auto plain = loom::import_torch_csv(without);
+  CHECK(imp.sched.programs == plain.sched.programs);
+  CHECK(plain.unwaited_sends == 4);
+  CHECK(plain.wait_send_cells == 0);
+  auto v = loom::validate(imp.sched);
+  CHECK_MESSAGE(v.ok, v.message);
+
+  SUBCASE("a send waited for later than PyTorch would, or a reduction never waited for, still reads and is counted") {
+    auto late = loom::import_torch_csv(
+        "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,0WAIT_SEND_F0\n"
+        "1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,1WAIT_REDUCE_GRAD\n");
+    CHECK(late.unwaited_sends == 1);
+    CHECK(late.unwaited_reduce_grads == 1);
+    CHECK(late.wait_send_cells == 1);
+  }
+}
+
+TEST_CASE("The lowered form carries a wait for every send and a REDUCE_GRAD per stage, where PyTorch's lowering puts them") {
+  // Checked from the written cells alone, over every family the CSV can hold.
+  const auto& reg = loom::default_registry();
+  int files = 0;
+  for (auto const& e : reg.entries())
+    for (int p : {1, 2, 3, 4})
+      for (int m : {1, 3, 8})
+        for (int chunks : {0, 2}) {
+          loom::shape sh{.ranks = p, .microbatches = m, .chunks = chunks};
+          if (!e.check(e.resolve(sh)).empty()) continue;
+          loom::schedule s = e.make(sh);
+          if (s.directions != 1 || s.param_copies != 1) continue;
+          CAPTURE(e.name);
+          CAPTURE(p);
+          CAPTURE(m);
+          CAPTURE(chunks);
+          ++files;
+          const std::string csv = loom::write_torch_csv(s, {.form = loom::torch_csv_form::compute_comms});
+          // The same file as writing the lowered schedule (one rank has nothing to lower).
+          if (p > 1) CHECK(csv == loom::write_torch_csv(loom::lower(s)));
+          auto rows = cells_of(csv);
+          REQUIRE(static_cast<int>(rows.size()) == p);
+          for (std::size_t r = 0; r < rows.size(); ++r) {
+            const auto& row = rows[r];
+            auto find = [&](const std::string& cell) {
+              for (std::size_t i = 0; i < row.size(); ++i)
+                if (row[i] == cell) return static_cast<long>(i);
+              return -1L;
+            };
+            auto count = [&](const std::string& cell) {
+              long n = 0;
+              for (auto const& c : row) n += c == cell;
+              return n;
+            };
+            // The backwards of each (stage, mb) on this line, by cell text prefix.
+            for (std::size_t i = 0; i < row.size(); ++i) {
+              const std::string& c = row[i];
+              auto at = c.find("SEND_");
+              if (at == std::string::npos || c.find("WAIT_") != std::string::npos) continue;
+              const std::string stage = c.substr(0, at), mb = c.substr(at + 6);
+              const std::string wait = stage + "WAIT_" + c.substr(at);
+              CHECK_MESSAGE(count(wait) == 1, wait);
+              const long w = find(wait);
+              CHECK_MESSAGE(w > static_cast<long>(i), wait);
+              if (c[at + 5] == 'F') {
+                // Right after this line's backward of (stage, mb), if it has one; else at the end.
+                long back = -1;
+                for (std::size_t j = 0; j < row.size(); ++j) {
+                  const std::string& b = row[j];
+                  for (const std::string& k : {stage + "B" + mb, stage + "I" + mb})
+                    if (b == k || b.find(";" + k + ")") != std::string::npos) back = static_cast<long>(j);
+                }
+                if (back >= 0) CHECK_MESSAGE(w == back + 1, wait);
+                else
+                  for (std::size_t j = static_cast<std::size_t>(w); j < row.size(); ++j)
+                    CHECK_MESSAGE(row[j].find("WAIT_SEND") != std::string::npos, wait << " is followed by " << row[j]);
+              } else {
+                for (std::size_t j = static_cast<std::size_t>(w); j < row.size(); ++j)
+                  CHECK_MESSAGE(row[j].find("WAIT_SEND") != std::string::npos, wait << " is followed by " << row[j]);
+              }
+            }
+            // One REDUCE_GRAD per stage of the line, right after the sends of its last B or W,
+            // and its wait right after it.
+            for (int st = 0; st < s.stages; ++st) {
+              if (s.stage_to_rank[static_cast<std::size_t>(st)] != static_cast<int>(r)) continue;
+              const std::string red = std::to_string(st) + "REDUCE_GRAD";
+              REQUIRE_MESSAGE(count(red) == 1, red);
+              const long at = find(red);
+              CHECK(row[static_cast<std::size_t>(at + 1)] == std::to_string(st) + "WAIT_REDUCE_GRAD");
+              long last = -1;
+              for (std::size_t j = 0; j < row.size(); ++j) {
+                const std::string& b = row[j];
+                for (int mb = 0; mb < m; ++mb)
+                  for (const std::string& k : {std::to_string(st) + "B" + std::to_string(mb), std::to_string(st) + "W" + std::to_string(mb)})
+                    if (b == k || b.find(";" + k + ")") != std::string::npos) last = static_cast<long>(j);
+              }
+              REQUIRE(last >= 0);
+              CHECK(at > last);
+              for (long j = last + 1; j < at; ++j)
+                CHECK_MESSAGE(row[static_cast<std::size_t>(j)].find("SEND_") != std::string::npos, row[static_cast<std::size_t>(j)]);
+            }
+          }
+          // Read back, the file is the lowered schedule; without waits it has none and the same schedule.
+          auto imp = loom::import_torch_csv(csv);
+          CHECK(imp.unwaited_sends == 0);
+          CHECK(imp.unwaited_reduce_grads == 0);
+          check_same(imp.sched, loom::lower(s));
+          const std::string old = loom::write_torch_csv(s, {.form = loom::torch_csv_form::compute_comms, .waits = false});
+          CHECK(old.find("WAIT_") == std::string::npos);
+          CHECK(count_of(old, "REDUCE_GRAD") == static_cast<std::size_t>(s.stages));
+          check_same(loom::read_torch_csv(old), loom::lower(s));
+        }
+  CHECK(files > 100);
+}
+
+TEST_CASE("A lowered schedule asked for in the compute-only form is refused") {
+  auto low = loom::lower(loom::generate(loom::one_f_one_b{}, {.ranks = 2, .microbatches = 2}));
+  CHECK_THROWS_WITH_AS(loom::write_torch_csv(low, {.form = loom::torch_csv_form::compute_only}),
+                       doctest::Contains("compute_only form cannot hold"), loom::schedule_error);
+}
+
 TEST_CASE("A well-formed file that is not a valid schedule imports but fails validation") {
   // Stage 1's backward of microbatch 0 is missing.
   auto s = loom::read_torch_csv("0F0,0B0\n1F0\n");
@@ -271,6 +408,10 @@ TEST_CASE("Line endings, spaces and quoting are read the way Python's csv module
 static_assert(loom::validate(loom::read_torch_csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")).ok);
 static_assert(loom::read_torch_csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n").placement == loom::placement_kind::loop);
 static_assert(loom::write_torch_csv(loom::read_torch_csv("0F0,0I0,0W0\n")) == "0F0,0I0,0W0\n");
+// PyTorch 2.15's completion points, read and written during constant evaluation.
+static_assert(loom::import_torch_csv("0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0\n1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n").wait_send_cells == 2);
+static_assert(loom::write_torch_csv(loom::read_torch_csv("0F0,0B0\n"), {.form = loom::torch_csv_form::compute_comms}) ==
+              "0F0,0B0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n");
 
 TEST_CASE("Malformed files name the line, the cell and the reason") {
   struct bad_case {
@@ -301,6 +442,18 @@ TEST_CASE("Malformed files name the line, the cell and the reason") {
       {"0F0\n1F0,1B0,1RECV_B0\n", 2, 3, "1RECV_B0", "names its sending stage 2, outside"},
       {"0F0,99999999F0\n", 1, 2, "99999999F0", "exceeds loom's limit"},
       {"0F0,\"0B0\n1F0\n", 1, 2, "0B0", "unterminated quoted cell"},
+      {"0F0,0WAIT_SEND_F0,0SEND_F0\n1F0\n", 1, 2, "0WAIT_SEND_F0", "waits for 0SEND_F0, which line 1 issues only later, at cell 3 \"0SEND_F0\""},
+      {"0F0,0SEND_F0\n1F0,1WAIT_SEND_F0\n", 2, 2, "1WAIT_SEND_F0", "waits for 1SEND_F0, which line 2 does not issue"},
+      {"0F0,0SEND_F0,0WAIT_SEND_F0,0WAIT_SEND_F0\n1F0\n", 1, 4, "0WAIT_SEND_F0", "already completed at cell 3"},
+      {"0F0,0SEND_F0,0WAIT_SEND_B0\n1F0\n", 1, 3, "0WAIT_SEND_B0", "waits for 0SEND_B0"},
+      {"0F0,0SEND_F0,0SEND_F0\n1F0\n", 1, 3, "0SEND_F0", "a second time (first at cell 2"},
+      {"0F0,0WAIT_SEND_F\n", 1, 2, "0WAIT_SEND_F", "action WAIT_SEND_F of stage 0 has no microbatch index"},
+      {"0F0,0B0,0WAIT_REDUCE_GRAD,0REDUCE_GRAD\n", 1, 3, "0WAIT_REDUCE_GRAD", "waits for 0REDUCE_GRAD, which line 1 issues only later"},
+      {"0F0,0B0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0WAIT_REDUCE_GRAD\n", 1, 5, "0WAIT_REDUCE_GRAD", "waits a second time"},
+      {"0F0,0F1,0B0,0REDUCE_GRAD,0B1\n", 1, 4, "0REDUCE_GRAD", "before its backward at cell 5 \"0B1\""},
+      {"0F0,0I0,0REDUCE_GRAD,0W0\n", 1, 3, "0REDUCE_GRAD", "before its backward at cell 4 \"0W0\""},
+      {"0F0,0B0,0REDUCE_GRAD,0REDUCE_GRAD\n", 1, 4, "0REDUCE_GRAD", "a second time"},
+      {"0F0,0WAIT_SEND_X0\n", 1, 2, "0WAIT_SEND_X0", "unknown action type \"WAIT_SEND_X\" (expected F, I, B, W, SEND_F, RECV_F, SEND_B, RECV_B, WAIT_SEND_F"},
   };
   for (auto const& c : cases) {
     CAPTURE(c.text);

@@ -5,7 +5,7 @@
 //     imports a PyTorch schedule (stage -> rank inferred, placement detected), then validates and
 //     simulates it like any other schedule;
 //   loom export --torch-csv FILE --schedule NAME --ranks P --microbatches M [--chunks V]
-//               [--lowered] [--torch-spelling current|legacy]
+//               [--lowered [--no-waits]] [--torch-spelling current|legacy]
 //     writes a loom schedule in PyTorch's format (FILE "-" = standard output).
 // A malformed file is one line on stderr (`loom: FILE: torch csv line L, cell C "TEXT": reason`)
 // and exit status 2.
@@ -79,10 +79,14 @@ void print_import(const loom::torch_csv_import& imp, const std::string& path) {
   fmt::print("torch csv        {} ({} form, {} spelling of the backward)\n", path, loom::to_string(imp.form),
              loom::to_string(imp.spelling));
   fmt::print("stage -> rank    {}   (inferred; {} placement)\n", map, loom::to_string(s.placement));
-  int dropped = imp.unshard_cells + imp.reshard_cells + imp.reduce_grad_cells;
+  int dropped = imp.unshard_cells + imp.reshard_cells + imp.reduce_grad_cells + imp.wait_send_cells + imp.wait_reduce_grad_cells;
   if (imp.idle_cells > 0 || dropped > 0)
-    fmt::print("dropped cells    {} idle, {} UNSHARD, {} RESHARD, {} REDUCE_GRAD\n", imp.idle_cells, imp.unshard_cells,
-               imp.reshard_cells, imp.reduce_grad_cells);
+    fmt::print("dropped cells    {} idle, {} UNSHARD, {} RESHARD, {} REDUCE_GRAD, {} WAIT_SEND, {} WAIT_REDUCE_GRAD\n", imp.idle_cells,
+               imp.unshard_cells, imp.reshard_cells, imp.reduce_grad_cells, imp.wait_send_cells, imp.wait_reduce_grad_cells);
+  if (imp.form == loom::torch_csv_form::compute_comms)
+    fmt::print("waits            {} of {} sends and {} of {} REDUCE_GRAD waited for, each after its operation{}\n",
+               imp.sends - imp.unwaited_sends, imp.sends, imp.reduce_grad_cells - imp.unwaited_reduce_grads, imp.reduce_grad_cells,
+               imp.unwaited_sends + imp.unwaited_reduce_grads > 0 ? " (PyTorch >= 2.15 needs every one waited for)" : "");
 }
 
 cli::register_source torch_source{{.name = "--torch-csv", .provide = [](const cli::request& r) -> std::optional<loom::schedule> {
@@ -119,13 +123,16 @@ cli::register_command export_command{{.name = "export", .order = 60, .install = 
   auto req = cli::add_request_options(*sub);
   struct export_text {
     std::string path, spelling = "current";
-    bool lowered = false;
+    bool lowered = false, no_waits = false;
   };
   auto t = std::make_shared<export_text>();
   sub->add_option("--torch-csv", t->path, "write PyTorch pipelining's schedule CSV to this file (\"-\": standard output)")
       ->required();
   sub->add_flag("--lowered", t->lowered,
-                "write the compute+comms form (SEND_F/RECV_F/SEND_B/RECV_B from loom's lowering) instead of compute-only");
+                "write the compute+comms form (SEND_F/RECV_F/SEND_B/RECV_B from loom's lowering, REDUCE_GRAD, and the "
+                "WAIT_SEND_F/WAIT_SEND_B/WAIT_REDUCE_GRAD completion points of PyTorch 2.15) instead of compute-only");
+  sub->add_flag("--no-waits", t->no_waits,
+                "with --lowered: leave out the WAIT_* cells, for PyTorch 2.10-2.14 (which does not know them)");
   sub->add_option("--torch-spelling", t->spelling, "current|legacy: B = full backward and I = input gradient, or B for both")
       ->capture_default_str();
   sub->callback([req, t] {
@@ -134,8 +141,9 @@ cli::register_command export_command{{.name = "export", .order = 60, .install = 
     loom::schedule s = cli::make_schedule(r);
     if (auto v = loom::validate(s); !v.ok)
       throw cli::run_failure("schedule '" + s.name + "' is not valid: " + v.message);
-    if (t->lowered) s = loom::lower(s);
-    const std::string csv = loom::write_torch_csv(s, {.spelling = spelling});
+    if (t->no_waits && !t->lowered) throw cli::usage_error("--no-waits applies to the --lowered form only");
+    const auto form = t->lowered ? loom::torch_csv_form::compute_comms : loom::torch_csv_form::compute_only;
+    const std::string csv = loom::write_torch_csv(s, {.spelling = spelling, .form = form, .waits = !t->no_waits});
     if (t->path == "-") fmt::print("{}", csv);
     else cli::write_file("--torch-csv", t->path, csv);
   });

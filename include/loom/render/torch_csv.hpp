@@ -62,12 +62,14 @@
 //! `static_assert`.
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "loom/schedule/action.hpp"
 #include "loom/schedule/error.hpp"
+#include "loom/schedule/lower.hpp"
 #include "loom/schedule/schedule.hpp"
 
 namespace loom {
@@ -110,12 +112,20 @@ struct torch_csv_import {
   int unshard_cells = 0;      //!< UNSHARD cells, dropped
   int reshard_cells = 0;      //!< RESHARD cells, dropped
   int reduce_grad_cells = 0;  //!< REDUCE_GRAD cells, dropped
+  int wait_send_cells = 0;    //!< WAIT_SEND_F/WAIT_SEND_B cells, checked against their sends and dropped
+  int wait_reduce_grad_cells = 0;  //!< WAIT_REDUCE_GRAD cells, checked against their REDUCE_GRAD and dropped
+  int sends = 0;              //!< SEND_F/SEND_B cells
+  int unwaited_sends = 0;     //!< sends with no WAIT_SEND on their line (PyTorch 2.15 refuses such a file)
+  int unwaited_reduce_grads = 0;  //!< REDUCE_GRADs with no WAIT_REDUCE_GRAD on their line (likewise)
 };
 
 namespace detail {
 
 //! Action types of PyTorch's `_ComputationType`, by their CSV token.
-enum class torch_kind : unsigned char { F, I, B, W, unshard, reshard, reduce_grad, send_f, recv_f, send_b, recv_b, overlap };
+enum class torch_kind : unsigned char {
+  F, I, B, W, unshard, reshard, reduce_grad, send_f, recv_f, send_b, recv_b, overlap,
+  wait_send_f, wait_send_b, wait_reduce_grad  // completion points (PyTorch 2.15)
+};
 
 //! Largest stage or microbatch index accepted (far beyond any real pipeline; keeps the
 //! validator's `stages x microbatches` tables bounded).
@@ -179,6 +189,9 @@ constexpr std::string_view torch_token(torch_kind k) {
     case torch_kind::send_b: return "SEND_B";
     case torch_kind::recv_b: return "RECV_B";
     case torch_kind::overlap: return "OVERLAP_F_B";
+    case torch_kind::wait_send_f: return "WAIT_SEND_F";
+    case torch_kind::wait_send_b: return "WAIT_SEND_B";
+    case torch_kind::wait_reduce_grad: return "WAIT_REDUCE_GRAD";
   }
   return "?";
 }
@@ -188,6 +201,24 @@ constexpr bool torch_compute(torch_kind k) {
 }
 constexpr bool torch_comm(torch_kind k) {
   return k == torch_kind::send_f || k == torch_kind::recv_f || k == torch_kind::send_b || k == torch_kind::recv_b;
+}
+constexpr bool torch_wait(torch_kind k) {
+  return k == torch_kind::wait_send_f || k == torch_kind::wait_send_b || k == torch_kind::wait_reduce_grad;
+}
+//! The operation a wait completes: `WAIT_SEND_F` -> `SEND_F`, `WAIT_SEND_B` -> `SEND_B`,
+//! `WAIT_REDUCE_GRAD` -> `REDUCE_GRAD`.
+constexpr torch_kind torch_waited(torch_kind k) {
+  return k == torch_kind::wait_send_f ? torch_kind::send_f : k == torch_kind::wait_send_b ? torch_kind::send_b : torch_kind::reduce_grad;
+}
+//! True for the actions PyTorch counts towards a stage's gradient reduction (`_requires_reduce_grad`:
+//! a weight gradient, `W`, or a full backward, `B`).
+constexpr bool torch_grad(torch_kind k) { return k == torch_kind::W || k == torch_kind::B; }
+//! The text of an action PyTorch names by stage and microbatch, e.g. `2SEND_F0` (`mb` < 0: none).
+constexpr std::string torch_cell_text(torch_kind k, int stage, int mb) {
+  std::string out = to_text(stage);
+  out += torch_token(k);
+  if (mb >= 0) out += to_text(mb);
+  return out;
 }
 
 //! Parses a decimal index at the front of `s` (advancing it); -1 if `s` starts with no digit.
@@ -215,9 +246,11 @@ constexpr torch_atom torch_parse_atom(std::string_view s, int line, int column, 
   while (n < s.size() && ((s[n] >= 'A' && s[n] <= 'Z') || s[n] == '_')) ++n;
   const std::string_view token = s.substr(0, n);
   s.remove_prefix(n);
-  constexpr torch_kind kinds[] = {torch_kind::F,       torch_kind::I,       torch_kind::B,           torch_kind::W,
-                                  torch_kind::unshard, torch_kind::reshard, torch_kind::reduce_grad, torch_kind::send_f,
-                                  torch_kind::recv_f,  torch_kind::send_b,  torch_kind::recv_b};
+  constexpr torch_kind kinds[] = {torch_kind::F,           torch_kind::I,           torch_kind::B,
+                                  torch_kind::W,           torch_kind::unshard,     torch_kind::reshard,
+                                  torch_kind::reduce_grad, torch_kind::send_f,      torch_kind::recv_f,
+                                  torch_kind::send_b,      torch_kind::recv_b,      torch_kind::wait_send_f,
+                                  torch_kind::wait_send_b, torch_kind::wait_reduce_grad};
   bool found = false;
   for (torch_kind k : kinds)
     if (torch_token(k) == token) {
@@ -228,12 +261,12 @@ constexpr torch_atom torch_parse_atom(std::string_view s, int line, int column, 
     std::string why = token.empty() ? "no action type after stage " + to_text(stage)
                                     : "unknown action type \"" + std::string(token) + "\"";
     throw schedule_error(detail::torch_msg(line, column, cell,
-               why + " (expected F, I, B, W, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD or REDUCE_GRAD)"));
+               why + " (expected F, I, B, W, SEND_F, RECV_F, SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD or WAIT_REDUCE_GRAD)"));
   }
   long long mb = torch_number(s, line, column, cell, "microbatch");
   if (!s.empty())
     throw schedule_error(detail::torch_msg(line, column, cell, "unexpected text \"" + std::string(s) + "\" after the action"));
-  bool needs_mb = torch_compute(out.kind) || torch_comm(out.kind);
+  bool needs_mb = torch_compute(out.kind) || torch_comm(out.kind) || out.kind == torch_kind::wait_send_f || out.kind == torch_kind::wait_send_b;
   if (needs_mb && mb < 0)
     throw schedule_error(detail::torch_msg(line, column, cell, "action " + std::string(torch_token(out.kind)) + " of stage " + to_text(stage) + " has no microbatch index"));
   out.stage = static_cast<int>(stage);
@@ -337,6 +370,87 @@ constexpr int torch_split(std::string_view text, Cell&& cell, Row&& row) {
     row(line);
   }
   return line;
+}
+
+//! Checks the completion points of every line (see "Waits" in the file comment) and counts the
+//! sends and reductions left without one. `rows` are the parsed lines; `S`, `M` the stage and
+//! microbatch extents. Throws `schedule_error` naming the line and cell of the first fault.
+template <class Import>
+constexpr void torch_check_completions(const std::vector<std::vector<torch_cell>>& rows, int S, int M, Import& out) {
+  const auto uS = static_cast<std::size_t>(S);
+  const auto keys = uS * static_cast<std::size_t>(M) * 2;
+  // Per (payload, stage, microbatch): the send's cell on this line, and whether it was waited for.
+  std::vector<const torch_cell*> sent(keys, nullptr), waited(keys, nullptr);
+  std::vector<std::size_t> touched;
+  // Per stage: this line's REDUCE_GRAD cell and its wait, and the stage's last gradient action.
+  std::vector<const torch_cell*> reduced(uS, nullptr), reduce_waited(uS, nullptr), last_grad(uS, nullptr);
+  auto key = [M](torch_kind k, int stage, int mb) {
+    return (static_cast<std::size_t>(stage) * static_cast<std::size_t>(M) + static_cast<std::size_t>(mb)) * 2 +
+           (k == torch_kind::send_b || k == torch_kind::wait_send_b ? 1 : 0);
+  };
+  for (auto const& row : rows) {
+    for (std::size_t i : touched) sent[i] = waited[i] = nullptr;
+    touched.clear();
+    for (std::size_t st = 0; st < uS; ++st) reduced[st] = reduce_waited[st] = last_grad[st] = nullptr;
+    for (std::size_t ci = 0; ci < row.size(); ++ci) {
+      const torch_cell& c = row[ci];
+      const torch_atom& a = c.a;
+      const auto ust = static_cast<std::size_t>(a.stage);
+      auto where = [](const torch_cell& o) { return "cell " + to_text(o.column) + " \"" + o.text + "\""; };
+      if (c.kind == torch_kind::overlap) {
+        if (torch_grad(c.b.kind)) last_grad[static_cast<std::size_t>(c.b.stage)] = &c;
+        continue;
+      }
+      if (torch_grad(c.kind)) last_grad[ust] = &c;
+      if (c.kind == torch_kind::send_f || c.kind == torch_kind::send_b) {
+        const std::size_t k = key(c.kind, a.stage, a.mb);
+        if (sent[k])
+          throw schedule_error(torch_msg(c, "sends " + torch_cell_text(c.kind, a.stage, a.mb) + " a second time (first at " + where(*sent[k]) +
+                                                "); each item is sent once"));
+        sent[k] = &c;
+        touched.push_back(k);
+        ++out.sends;
+      } else if (c.kind == torch_kind::reduce_grad) {
+        if (reduced[ust])
+          throw schedule_error(torch_msg(c, "reduces stage " + to_text(a.stage) + "'s gradients a second time (first at " + where(*reduced[ust]) +
+                                                "); a stage's gradients are reduced once, after its last backward"));
+        reduced[ust] = &c;
+      } else if (torch_wait(c.kind)) {
+        const torch_kind target = torch_waited(c.kind);
+        const bool is_send = target != torch_kind::reduce_grad;
+        const std::string op = torch_cell_text(target, a.stage, is_send ? a.mb : -1);
+        const torch_cell* done = is_send ? sent[key(c.kind, a.stage, a.mb)] : reduced[ust];
+        const torch_cell*& wait = is_send ? waited[key(c.kind, a.stage, a.mb)] : reduce_waited[ust];
+        if (done && wait)
+          throw schedule_error(torch_msg(c, "waits a second time for " + op + ", already completed at " + where(*wait) + "; each " +
+                                                std::string(torch_token(target)) + " has one wait"));
+        if (!done) {
+          std::string later;
+          for (std::size_t cj = ci + 1; cj < row.size() && later.empty(); ++cj) {
+            const torch_cell& o = row[cj];
+            if (o.kind == target && o.a.stage == a.stage && (!is_send || o.a.mb == a.mb)) later = where(o);
+          }
+          throw schedule_error(torch_msg(c, "waits for " + op + ", which " +
+                                                (later.empty() ? "line " + to_text(c.line) + " does not issue"
+                                                               : "line " + to_text(c.line) + " issues only later, at " + later) +
+                                                "; a wait is the completion point of an earlier " + std::string(torch_token(target)) +
+                                                " of the same rank and must follow it"));
+        }
+        wait = &c;
+      }
+    }
+    for (std::size_t k : touched)
+      if (sent[k] && !waited[k]) ++out.unwaited_sends;
+    for (std::size_t st = 0; st < uS; ++st) {
+      if (!reduced[st]) continue;
+      if (!reduce_waited[st]) ++out.unwaited_reduce_grads;
+      const torch_cell* g = last_grad[st];
+      if (g && g->column > reduced[st]->column)
+        throw schedule_error(torch_msg(*reduced[st], "reduces stage " + to_text(static_cast<int>(st)) + "'s gradients before its backward at cell " +
+                                                         to_text(g->column) + " \"" + g->text +
+                                                         "\"; REDUCE_GRAD follows the stage's last B or W on its rank"));
+    }
+  }
 }
 
 }  // namespace detail
@@ -447,6 +561,8 @@ constexpr torch_csv_import import_torch_csv(std::string_view text, const torch_c
     return legacy && has_w[pair(a.stage, a.mb)] ? op::B : op::BW;
   };
 
+  detail::torch_check_completions(rows, S, M, out);
+
   // The schedule.
   schedule& s = out.sched;
   s.name = std::string(opt.name);
@@ -496,6 +612,9 @@ constexpr torch_csv_import import_torch_csv(std::string_view text, const torch_c
         case torch_kind::unshard: ++out.unshard_cells; break;
         case torch_kind::reshard: ++out.reshard_cells; break;
         case torch_kind::reduce_grad: ++out.reduce_grad_cells; break;
+        case torch_kind::wait_send_f:
+        case torch_kind::wait_send_b: ++out.wait_send_cells; break;
+        case torch_kind::wait_reduce_grad: ++out.wait_reduce_grad_cells; break;
       }
     }
   }
@@ -521,61 +640,135 @@ constexpr schedule read_torch_csv(std::string_view text, const torch_csv_options
   return import_torch_csv(text, opt).sched;
 }
 
-//! Options of `write_torch_csv`: the backward spelling to write (`detect` means `current`).
+//! Options of `write_torch_csv`.
 struct torch_csv_write_options {
-  torch_spelling spelling = torch_spelling::current;
+  torch_spelling spelling = torch_spelling::current;  //!< backward spelling to write (`detect` means `current`)
+  //! The form to write. `compute_only` needs a schedule without send/recv; `compute_comms` lowers a
+  //! compute-only schedule first (`lower`). Default: `compute_comms` iff `s` has send/recv.
+  std::optional<torch_csv_form> form = std::nullopt;
+  //! compute_comms only: write PyTorch 2.15's completion points, a `WAIT_SEND_F`/`WAIT_SEND_B`
+  //! for every send and a `WAIT_REDUCE_GRAD` after every `REDUCE_GRAD`. `false` writes the
+  //! compute_comms form of PyTorch 2.10 to 2.14, which reads `WAIT_...` cells wrongly.
+  bool waits = true;
 };
 
-//! Writes `s` in PyTorch pipelining's CSV format: one line per rank, one cell per action. A
-//! compute-only schedule gives the compute-only form (`PipelineScheduleMulti._load_csv`), a
-//! lowered one (with send/recv) the compute+comms form (`_load_csv(format="compute_comms")`).
-//! Current spelling: `F -> F`, `B -> I`, `W -> W`, `BW -> B`, `FB -> (F;I|B)OVERLAP_F_B`; legacy
-//! spelling writes `B` for both backwards (a following `W` marks the input-gradient one).
+//! Writes `s` in PyTorch pipelining's CSV format: one line per rank, one cell per action.
+//!
+//! The compute-only form (`PipelineScheduleMulti._load_csv`) holds the compute actions. Current
+//! spelling: `F -> F`, `B -> I`, `W -> W`, `BW -> B`, `FB -> (F;I|B)OVERLAP_F_B`; legacy spelling
+//! writes `B` for both backwards (a following `W` marks the input-gradient one).
+//!
+//! The compute_comms form (`_PipelineScheduleRuntime._load_csv(format="compute_comms")`) holds
+//! the lowered programs: loom's send/recv as `SEND_F`/`RECV_F`/`SEND_B`/`RECV_B`, and what
+//! PyTorch's runtime needs beyond them, placed where PyTorch's own lowering places it
+//! (`_add_reduce_grad`, `_add_wait_send`):
+//! - `sREDUCE_GRAD` after the action that completes stage `s`'s weight gradients (its last `W`
+//!   or `BW`, with the sends that action issues): PyTorch scales the gradients there (divides
+//!   them by the number of microbatches) and, under FSDP, reduces them;
+//! - with `waits`, `sWAIT_REDUCE_GRAD` right after it;
+//! - with `waits`, `sWAIT_SEND_Fm` right after the rank's backward of (`s`, `m`) (its receiver
+//!   ran `F(s+1, m)` and sent the gradient back, so it has received the activation), and a wait
+//!   for every other send (`SEND_B`s, forward sends with no backward on the rank) at the end of
+//!   the line, in send order.
+//!
 //! Throws `schedule_error` for a schedule PyTorch's format cannot hold (two directions, several
-//! parameter copies).
+//! parameter copies), and for a lowered schedule asked for in the compute-only form.
 constexpr std::string write_torch_csv(const schedule& s, const torch_csv_write_options& opt = {}) {
   using detail::to_text;
+  using detail::torch_kind;
   if (s.directions != 1)
     throw schedule_error("PyTorch's pipeline CSV has one path through the stages, but schedule '" + s.name + "' has " +
                          to_text(s.directions) + " directions (bidirectional schedules such as DualPipe and Chimera cannot be written)");
   if (s.param_copies != 1)
     throw schedule_error("PyTorch's pipeline CSV holds one copy of the parameters, but schedule '" + s.name + "' needs " +
                          to_text(s.param_copies) + " (param_copies)");
+  bool has_comm = false;
+  for (auto const& prog : s.programs)
+    for (const action& a : prog) has_comm = has_comm || !is_compute(a.kind);
+  const torch_csv_form form = opt.form ? *opt.form : has_comm ? torch_csv_form::compute_comms : torch_csv_form::compute_only;
+  if (form == torch_csv_form::compute_only && has_comm)
+    throw schedule_error("schedule '" + s.name + "' is lowered (it has send/recv actions), which PyTorch's compute_only form cannot hold; "
+                         "write it before lowering, or in the compute_comms form");
+  const bool comms = form == torch_csv_form::compute_comms;
+  schedule lowered;
+  if (comms && !has_comm) lowered = lower(s);
+  const schedule& src = comms && !has_comm ? lowered : s;
   const bool legacy = opt.spelling == torch_spelling::legacy;
+  const bool waits = comms && opt.waits;
+  const int S = src.stages, M = src.microbatches;
   auto atom = [&](op k, int mb, int stage) {
     std::string cell = to_text(stage);
     cell += k == op::F ? "F" : k == op::W ? "W" : k == op::BW ? "B" : (legacy ? "B" : "I");
     cell += to_text(mb);
     return cell;
   };
+  auto idx = [M](int mb, int stage) { return detail::cell(mb, stage, M); };
   // Appends only: GCC 12's -Wrestrict misfires on `"literal" + std::string` at -O3.
   std::string out;
-  for (auto const& prog : s.programs) {
+  std::vector<int> last_grad(static_cast<std::size_t>(S), -1);
+  std::vector<int> forward_send(static_cast<std::size_t>(S) * static_cast<std::size_t>(M), -1);
+  for (auto const& prog : src.programs) {
     bool first = true;
-    for (const action& a : prog) {
+    auto put = [&](std::string_view cell) {
       if (!first) out.push_back(',');
       first = false;
+      out += cell;
+    };
+    // The last action that adds to each stage's weight gradients: REDUCE_GRAD follows it.
+    for (int& g : last_grad) g = -1;
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
+      if (a.kind == op::W || a.kind == op::BW) last_grad[static_cast<std::size_t>(a.stage)] = static_cast<int>(i);
+      if (a.kind == op::FB && a.bkind == op::BW) last_grad[static_cast<std::size_t>(a.bstage)] = static_cast<int>(i);
+    }
+    std::vector<action> sends;   // this line's sends, in order; a waited one gets mb = -1
+    std::vector<int> reduce_due;  // stages whose REDUCE_GRAD follows the current action's sends
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
       switch (a.kind) {
-        case op::FB:
-          out += '(';
-          out += atom(op::F, a.mb, a.stage);
-          out += ';';
-          out += atom(a.bkind, a.bmb, a.bstage);
-          out += ")OVERLAP_F_B";
+        case op::FB: {
+          std::string cell = "(";
+          cell += atom(op::F, a.mb, a.stage);
+          cell += ';';
+          cell += atom(a.bkind, a.bmb, a.bstage);
+          cell += ")OVERLAP_F_B";
+          put(cell);
           break;
+        }
         case op::send:
-          out += to_text(a.stage);
-          out += a.what == payload::activation ? "SEND_F" : "SEND_B";
-          out += to_text(a.mb);
+          put(detail::torch_cell_text(a.what == payload::activation ? torch_kind::send_f : torch_kind::send_b, a.stage, a.mb));
+          if (a.what == payload::activation) forward_send[idx(a.mb, a.stage)] = static_cast<int>(sends.size());
+          sends.push_back(a);
           break;
         case op::recv:
           // PyTorch names a receive by the receiving stage, loom by the producing one.
-          out += to_text(a.what == payload::activation ? a.stage + 1 : a.stage - 1);
-          out += a.what == payload::activation ? "RECV_F" : "RECV_B";
-          out += to_text(a.mb);
+          put(detail::torch_cell_text(a.what == payload::activation ? torch_kind::recv_f : torch_kind::recv_b,
+                                      a.what == payload::activation ? a.stage + 1 : a.stage - 1, a.mb));
           break;
-        default: out += atom(a.kind, a.mb, a.stage); break;
+        default: put(atom(a.kind, a.mb, a.stage)); break;
       }
+      if (!comms) continue;
+      // A backward of (s, m) proves that stage s+1 received F(s, m)'s activation.
+      const bool backward = is_input_backward(a.kind) || a.kind == op::FB;
+      const int bst = a.kind == op::FB ? a.bstage : a.stage, bmb = a.kind == op::FB ? a.bmb : a.mb;
+      if (waits && backward && forward_send[idx(bmb, bst)] >= 0) {
+        put(detail::torch_cell_text(torch_kind::wait_send_f, bst, bmb));
+        sends[static_cast<std::size_t>(forward_send[idx(bmb, bst)])].mb = -1;
+        forward_send[idx(bmb, bst)] = -1;
+      }
+      if (is_compute(a.kind) && last_grad[static_cast<std::size_t>(bst)] == static_cast<int>(i)) reduce_due.push_back(bst);
+      const bool next_is_send = i + 1 < prog.size() && prog[i + 1].kind == op::send;
+      if (next_is_send) continue;
+      for (int st : reduce_due) {
+        put(detail::torch_cell_text(torch_kind::reduce_grad, st, -1));
+        if (waits) put(detail::torch_cell_text(torch_kind::wait_reduce_grad, st, -1));
+      }
+      reduce_due.clear();
+    }
+    for (const action& a : sends) {
+      if (a.what == payload::activation && a.mb >= 0) forward_send[idx(a.mb, a.stage)] = -1;
+      if (waits && a.mb >= 0)
+        put(detail::torch_cell_text(a.what == payload::activation ? torch_kind::wait_send_f : torch_kind::wait_send_b, a.stage, a.mb));
     }
     out.push_back('\n');
   }
