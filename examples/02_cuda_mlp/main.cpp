@@ -52,6 +52,7 @@ struct options {
   bool deterministic = false;
   bool graph = false;
   bool block_reductions = false;
+  bool measure = false;
   int width = 16;
   int layers = 9;
   int samples = 4;
@@ -73,13 +74,16 @@ verdict train(Comm& comm, const options& o, const loom::schedule& s, const quick
   loom::pipeline p(s, comm, [&](loom::stage_id id) {
     auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
     return cuda_mlp::stage(m, a, b, id.stage == s.stages - 1, targets.data(), o.block_reductions && !o.deterministic);
-  }, {.deterministic = o.deterministic, .graph = o.graph});
+  }, {.deterministic = o.deterministic, .measure = o.measure, .graph = o.graph});
   verdict v;
   for (int st = 0; st < o.steps; ++st) {
     auto data = cuda_mlp::float_batch(m, o.microbatches, st);
     loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
     loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
     auto r = p.step(std::span<const float>(inputs.span()));
+    if (o.measure && root)
+      std::printf("      step %.6f s, host issue %.6f s, device busy %.6f s (rank 0), all ranks busy %.6f s -> %.1f%% busy\n", r.seconds,
+                  r.host_seconds, r.busy_seconds, r.busy_sum, 100.0 * r.busy_sum / (s.ranks * r.makespan));
     const double want = ref.losses[static_cast<std::size_t>(st)];
     v.loss = std::max(v.loss, std::abs(r.loss - want) / std::max(std::abs(want), 1e-300));
     if (std::memcmp(&r.loss, &want, sizeof(double)) != 0) ++v.differing;
@@ -128,6 +132,7 @@ int main(int argc, char** argv) {
   app.add_flag("--deterministic", o.deterministic, "fold weight gradients in microbatch order (bitwise equal to the reference)");
   app.add_flag("--graph", o.graph, "capture the step once and replay it as a CUDA graph");
   app.add_flag("--block-reductions", o.block_reductions, "GPU, default mode: bias gradients by CUB block reductions");
+  app.add_flag("--measure", o.measure, "time every stage call on the device (events) and print the busy fraction per step");
   app.add_option("--width", o.width, "hidden features")->check(CLI::Range(1, 1 << 16));
   app.add_option("--layers", o.layers, "layers (raised to the number of virtual stages if smaller)")->check(CLI::Range(1, 4096));
   app.add_option("--samples", o.samples, "samples per microbatch")->check(CLI::Range(1, 1 << 16));

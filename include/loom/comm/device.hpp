@@ -116,11 +116,11 @@ void poll_until(Ready&& ready, Check&& check) {
   auto sleep = std::chrono::microseconds(0);
   for (int spins = 0; !ready(); ++spins) {
     check();
-    if (spins < 64) {
+    if (spins < 16) {
       std::this_thread::yield();
       continue;
     }
-    sleep = std::min(std::chrono::microseconds(1000), sleep + std::chrono::microseconds(20));
+    sleep = std::min(std::chrono::microseconds(500), sleep + std::chrono::microseconds(25));
     std::this_thread::sleep_for(sleep);
   }
 }

@@ -199,9 +199,11 @@ class device_space {
   }
   //! Graph mode after the first step: the step is a replay.
   bool replaying() const { return opt_.graph && captured_; }
-  //! Replays the captured step and waits for it.
-  void replay() {
+  //! Replays the captured step and waits for it; `launched()` is called between the two.
+  template <class Launched>
+  void replay(Launched&& launched) {
     comm_->launch(compute_.get());
+    launched();
     comm_->synchronize(compute_.get());
   }
   //! Forgets a captured step (it failed, or must be captured again).

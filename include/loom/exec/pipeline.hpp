@@ -122,6 +122,9 @@ class pipeline_error : public std::runtime_error {
 struct step_result {
   double loss = 0;          //!< scaled loss: (sum of microbatch losses in order) * scale
   double seconds = 0;       //!< this rank's wall time for the program (excluding the agreement)
+  //! The part of `seconds` the host spent issuing the program: on the host, all of it; on a
+  //! device, enqueueing the step (or launching its graph), before waiting for the device.
+  double host_seconds = 0;
   double busy_seconds = 0;  //!< this rank's time inside stage functions (`measure` only)
   double busy_sum = 0;      //!< sum of every rank's busy time (`measure` only)
   double makespan = 0;      //!< largest rank wall time (`measure` only)
@@ -320,7 +323,7 @@ class pipeline {
     try {
       if (!handshaken_) handshake();
       if (space_.replaying()) {
-        replay_step(inputs);
+        res.host_seconds = replay_step(inputs, t0);
       } else {
         space_.begin();  // first: in graph mode the whole step, zeroing included, is captured
         begin_step(inputs);
@@ -329,6 +332,7 @@ class pipeline {
           space_.wait_send(send_reqs_[i]);
           send_reqs_[i] = request_type{};  // hand the request back now: the next step reuses it
         }
+        res.host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         space_.end();
         space_.collect_losses(losses_);
         if constexpr (on_device)
@@ -635,7 +639,8 @@ class pipeline {
 
   //! Graph mode after the first step: the captured step is replayed (stage functions are not
   //! called; the batch must be in the same buffer as when it was captured).
-  void replay_step(std::span<const value_type> inputs) {
+  double replay_step(std::span<const value_type> inputs, std::chrono::steady_clock::time_point t0) {
+    double host = 0;
     failure_.clear();
     failed_rank_ = -1;
     if (inputs.data() != inputs_.data() || inputs.size() != inputs_.size())
@@ -643,10 +648,11 @@ class pipeline {
            "pass the same buffer every step (its contents may change)");
     std::fill(losses_.begin(), losses_.end(), 0.0);
     if constexpr (on_device) {
-      space_.replay();
+      space_.replay([&] { host = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); });
       space_.collect_losses(losses_);
       restore_held_slots();
     }
+    return host;
   }
 
   //! Graph mode: the weight-gradient slots a captured step leaves held (two-direction

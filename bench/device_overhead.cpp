@@ -1,0 +1,89 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// The executor's host cost per action on the device path: a stage whose kernels cost nothing
+// (it enqueues none), so what is measured is what the host spends issuing the step (events,
+// waits, transfers, NVTX ranges, the stage calls) and, replayed from a graph, the launch.
+// Built twice: against loom's CUDA simulator (device_overhead: the simulator's own API cost is
+// included, an upper bound) and against a GPU (device_overhead_gpu). Counters: actions per step
+// on rank 0 (its lowered program, transfers included) and host microseconds per action
+// (step_result::host_seconds / actions, mean over the timed steps).
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <string>
+
+#include <loom/comm/cuda_local.hpp>
+#include <loom/comm/nccl.hpp>
+#include <loom/cuda/device.hpp>
+#include <loom/exec/pipeline.hpp>
+#include <loom/schedule.hpp>
+#if defined(LOOM_CUDA_SIM)
+#include <loom/cudasim/sim.hpp>
+#endif
+
+namespace {
+
+//! A split stage that enqueues no work: one float in, one out.
+struct noop_stage {
+  using value_type = float;
+  loom::cuda::device_buffer<float> grad{1};
+  std::size_t input_size() const { return 1; }
+  std::size_t output_size() const { return 1; }
+  std::size_t stash_size() const { return 1; }
+  std::span<float> weight_grad() { return grad.span(); }
+  void forward(const loom::stage_context&, loom::forward_buffers<float>) {}
+  void backward_input(const loom::stage_context&, loom::backward_buffers<float>) {}
+  void backward_weight(const loom::stage_context&, loom::weight_buffers<float>) {}
+  void backward(const loom::stage_context&, loom::backward_buffers<float>) {}
+};
+
+template <class Comm>
+void steps(Comm& c, const loom::schedule& s, bool graph, int warmup, int timed, double& host, std::size_t& actions) {
+  loom::cuda::device_buffer<float> in(static_cast<std::size_t>(s.microbatches));
+  loom::pipeline p(s, c, [](loom::stage_id) { return noop_stage{}; }, {.graph = graph});
+  for (int i = 0; i < warmup; ++i) p.step(std::span<const float>(in.span()));
+  double sum = 0;
+  for (int i = 0; i < timed; ++i) sum += p.step(std::span<const float>(in.span())).host_seconds;
+  if (c.rank() == 0) {
+    host = sum / timed;
+    actions = p.lowered().programs[0].size();
+  }
+}
+
+void run_case(benchmark::State& state, bool nccl, bool graph) {
+  const int P = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));
+  auto avail = loom::cuda::available();
+  if (!avail || (nccl && avail.devices < P)) {
+    state.SkipWithError(("needs " + std::to_string(nccl ? P : 1) + " CUDA device(s): " + (avail ? "too few" : avail.why)).c_str());
+    return;
+  }
+#if defined(LOOM_CUDA_SIM)
+  loom::cudasim::config cfg;
+  cfg.delays = false;  // zero-cost operations, in order
+  loom::cudasim::configure(cfg);
+#endif
+  loom::schedule s = loom::generate(loom::zb_h1{}, {.ranks = P, .microbatches = m});
+  double host = 0;
+  std::size_t actions = 1;
+  for (auto _ : state) {
+    if (nccl) loom::nccl::run(P, [&](loom::nccl::comm& c) { steps(c, s, graph, 3, 20, host, actions); });
+    else loom::cuda_local::run(P, [&](loom::cuda_local::comm& c) { steps(c, s, graph, 3, 20, host, actions); });
+    state.SetIterationTime(host);
+  }
+  state.counters["actions"] = static_cast<double>(actions);
+  state.counters["host_us_per_action"] = host * 1e6 / static_cast<double>(actions);
+  state.SetLabel(std::string(nccl ? "nccl" : "cuda_local") + (graph ? " graph replay" : " eager") + ", zb-h1");
+}
+
+void BM_cuda_local_eager(benchmark::State& s) { run_case(s, false, false); }
+void BM_cuda_local_graph(benchmark::State& s) { run_case(s, false, true); }
+void BM_nccl_eager(benchmark::State& s) { run_case(s, true, false); }
+void BM_nccl_graph(benchmark::State& s) { run_case(s, true, true); }
+
+}  // namespace
+
+BENCHMARK(BM_cuda_local_eager)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cuda_local_graph)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_nccl_eager)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_nccl_graph)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK_MAIN();
