@@ -6,7 +6,8 @@
 # registered family of examples/02_cuda_mlp on the GPU(s), the busy-fraction runs and the
 # device benchmarks. Logs go to $OUT (default ./gpu-out); a summary is printed last.
 # Packages missing on a machine without a package registry may be given as Debian packages in
-# .devdeps/*.deb (extracted, not installed).
+# .devdeps/*.deb (extracted, not installed). Phases (default: all of them, in order):
+#   bash scripts/gpu-check.sh [build] [test] [sweep] [busy] [bench]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-out}
@@ -21,19 +22,24 @@ jobs=$(nproc)
 { nvidia-smi -L; nvcc --version | tail -2; g++ --version | head -1; cmake --version | head -1; } 2>&1 | tee "$out/machine.txt"
 
 t0=$(date +%s)
+build() {
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA_RUNTIME=real -DLOOM_ENABLE_MPI=OFF \
   ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 cmake --build build-gpu -j"$jobs" --target loom cuda_mlp_gpu test_cuda_layer_gpu nvcc_all_headers device_overhead_gpu p2p_perf_gpu \
   >>"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
+}
 
 # 1. The gpu-labelled tests (the same sources as the simulated ones, on the real runtime).
+test() {
 (cd build-gpu && ctest -L gpu -R "cuda" --output-on-failure -j1 --timeout 300) >"$out/ctest-gpu.log" 2>&1
 grep -E "tests passed|Skipped|Failed|\*\*\*" "$out/ctest-gpu.log" | tee -a "$out/summary.txt"
 ./build-gpu/tests/cuda_layer/nvcc_all_headers && echo "nvcc_all_headers: ran" | tee -a "$out/summary.txt"
+}
 
 # 2. Every family on the GPU: cuda_local (P 2 and 4 as streams on one GPU), and nccl when there
 #    are enough GPUs; deterministic (bitwise) and default (1e-5), eager and graph.
+sweep() {
 ngpu=$(nvidia-smi -L | wc -l)
 pass=0; fail=0
 for sched in $(./build-gpu/tools/loom/loom list); do
@@ -49,16 +55,20 @@ for sched in $(./build-gpu/tools/loom/loom list); do
   done; done
 done
 echo "cuda_mlp_gpu sweep: $pass match, $fail differ or fail (GPUs: $ngpu)" | tee -a "$out/summary.txt"
+}
 
 # 3. Busy fraction at realistic kernel sizes (one rank: the simulator predicts no bubble).
+busy() {
 for g in "" "--graph"; do
   ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule 1f1b --ranks 1 --microbatches 8 --width 2048 --layers 8 --samples 512 \
     --steps 4 --measure $g 2>&1 | tee -a "$out/busy.txt" | grep -E "busy|MATCH|DIFFERENT" | tail -2 | tee -a "$out/summary.txt"
 done
 ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule zb-h1 --ranks 4 --microbatches 16 --width 1024 --layers 8 --samples 512 \
   --steps 4 --measure 2>&1 | tee -a "$out/busy.txt" | tail -2 | tee -a "$out/summary.txt"
+}
 
 # 4. Host cost per action (eager and graph replay) and the p2p patterns.
+bench() {
 ./build-gpu/bench/device_overhead_gpu --benchmark_counters_tabular=true >"$out/device_overhead.txt" 2>&1
 grep -E "^BM_" "$out/device_overhead.txt" | tee -a "$out/summary.txt"
 for sched in 1f1b zb-h1 interleaved-1f1b dualpipe-v; do
@@ -66,4 +76,9 @@ for sched in 1f1b zb-h1 interleaved-1f1b dualpipe-v; do
   ./build-gpu/bench/p2p_perf_gpu -s "$sched" -p 2 -m 8 -B cuda_local -b 64K -e 256M -f 16 -n 10 -w 3 -G 1 >>"$out/p2p.txt" 2>&1
 done
 grep -E "^# loom|Out of bounds|Avg bus" "$out/p2p.txt" | tee -a "$out/summary.txt"
+}
+
+phases=("$@")
+((${#phases[@]})) || phases=(build test sweep busy bench)
+for p in "${phases[@]}"; do "$p"; done
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
