@@ -112,8 +112,11 @@ class file_failures final : public failure_channel {
       f << rank << '\n' << cause;
     }
     // link() fails when the file exists already: the first failure stays.
-    (void)::link(tmp.c_str(), path_.c_str());
-    (void)::unlink(tmp.c_str());
+    if (::link(tmp.c_str(), path_.c_str()) != 0) {
+      // the file exists: an earlier failure was announced, and it stays the cause
+    }
+    if (::unlink(tmp.c_str()) != 0) {
+    }
   }
   std::optional<std::pair<int, std::string>> poll() override {
     if (cached_) return cached_;
