@@ -61,10 +61,10 @@ echo "cuda_mlp_gpu sweep: $pass match, $fail differ or fail (GPUs: $ngpu)" | tee
 busy() {
 for g in "" "--graph"; do
   ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule 1f1b --ranks 1 --microbatches 8 --width 2048 --layers 8 --samples 512 \
-    --steps 4 --measure $g 2>&1 | tee -a "$out/busy.txt" | grep -E "busy|MATCH|DIFFERENT" | tail -2 | tee -a "$out/summary.txt"
+    --steps 4 --measure --no-reference $g 2>&1 | tee -a "$out/busy.txt" | grep -E "busy|MATCH|DIFFERENT" | tail -2 | tee -a "$out/summary.txt"
 done
 ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule zb-h1 --ranks 4 --microbatches 16 --width 1024 --layers 8 --samples 512 \
-  --steps 4 --measure 2>&1 | tee -a "$out/busy.txt" | tail -2 | tee -a "$out/summary.txt"
+  --steps 4 --measure --no-reference 2>&1 | tee -a "$out/busy.txt" | tail -2 | tee -a "$out/summary.txt"
 }
 
 # 4. Host cost per action (eager and graph replay) and the p2p patterns.
