@@ -7,7 +7,10 @@
 // inside a capture), on several families and both backends.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <set>
+#include <thread>
+#include <unistd.h>
 #include <string>
 
 #include "device_support.hpp"
@@ -198,3 +201,57 @@ TEST_CASE("a rank that hangs makes every rank end within seconds with the timeou
     }
   if (ran == 0) std::cout << "SKIPPED: " << missing_devices(backend::cuda_local, 1) << "\n";
 }
+
+#if defined(LOOM_CUDA_SIM)
+TEST_CASE("ranks meeting through a file (environment bootstrap) train, and a failure reaches every rank through the file") {
+  auto s = make("1f1b", 3, 6);
+  auto spec = spec_for(s.stages);
+  auto ref = reference(spec, 6, 2);
+  for (bool fail : {false, true}) {
+    CAPTURE(fail);
+    simulate_with(1);
+    const std::string path = "/tmp/loom-nccl-file-test-" + std::to_string(::getpid()) + (fail ? "-fail" : "-ok");
+    std::remove(path.c_str());
+    std::remove((path + ".abort").c_str());
+    std::vector<std::string> errors(3);
+    std::vector<double> losses(3, 0.0);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          LOOM_CUDA_TRY(cudaSetDevice(r));
+          auto c = loom::nccl::from_file(r, 3, r, path, std::chrono::milliseconds(5000));
+          const std::size_t in0 = static_cast<std::size_t>(spec.samples) * spec.width(0), fin = static_cast<std::size_t>(spec.samples) * spec.width(spec.layers());
+          loom::cuda::device_buffer<float> inputs(6 * in0), targets(6 * fin);
+          loom::pipeline p(s, c, [&](loom::stage_id id) {
+            auto [a, z] = quickstart::stage_layers(spec, id.stage, s.stages);
+            cuda_mlp::stage st(spec, a, z, id.stage == s.stages - 1, targets.data());
+            st.hang_ms = fail && r == 2 ? 2500 : 0;  // ranks 0 and 1 time out; rank 2 learns it from the file
+            return st;
+          }, {.deterministic = true, .timeout = std::chrono::milliseconds(fail ? 500 : 5000)});
+          for (int i = 0; i < 2; ++i) {
+            auto data = cuda_mlp::float_batch(spec, 6, i);
+            loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
+            loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
+            losses[static_cast<std::size_t>(r)] = p.step(std::span<const float>(inputs.span())).loss;
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      CAPTURE(errors[static_cast<std::size_t>(r)]);
+      if (fail) {
+        CHECK(contains(errors[static_cast<std::size_t>(r)], "timed out"));
+      } else {
+        CHECK(errors[static_cast<std::size_t>(r)].empty());
+        CHECK(losses[static_cast<std::size_t>(r)] == ref.losses[1]);
+      }
+    }
+    std::remove(path.c_str());
+    std::remove((path + ".abort").c_str());
+  }
+}
+#endif

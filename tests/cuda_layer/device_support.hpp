@@ -111,7 +111,10 @@ inline outcome run(backend b, const loom::schedule& s, const quickstart::mlp_spe
     auto& me = out.ranks[static_cast<std::size_t>(c.rank())];
     auto t0 = std::chrono::steady_clock::now();
     try {
-      loom::cuda::device_buffer<float> inputs(static_cast<std::size_t>(s.microbatches) * in0), targets(static_cast<std::size_t>(s.microbatches) * fin);
+      // Two batch buffers used in turn: a captured step (graph mode) must read each step's batch.
+      loom::cuda::device_buffer<float> batches[2] = {loom::cuda::device_buffer<float>(static_cast<std::size_t>(s.microbatches) * in0),
+                                                     loom::cuda::device_buffer<float>(static_cast<std::size_t>(s.microbatches) * in0)};
+      loom::cuda::device_buffer<float> targets(static_cast<std::size_t>(s.microbatches) * fin);
       loom::pipeline p(s, c, [&](loom::stage_id id) {
         auto [a, z] = quickstart::stage_layers(m, id.stage, s.stages);
         cuda_mlp::stage st(m, a, z, id.stage == s.stages - 1, targets.data());
@@ -121,6 +124,7 @@ inline outcome run(backend b, const loom::schedule& s, const quickstart::mlp_spe
       if (c.rank() == 0) out.buffer_bytes = p.buffer_bytes();
       for (int i = 0; i < steps; ++i) {
         auto data = cuda_mlp::float_batch(m, s.microbatches, i);
+        auto& inputs = batches[i % 2];
         loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
         loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
         auto r = p.step(std::span<const float>(inputs.span()));

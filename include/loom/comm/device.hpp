@@ -129,7 +129,7 @@ void poll_until(Ready&& ready, Check&& check) {
 inline bool stream_done(cudaStream_t s) {
   const cudaError_t e = cudaStreamQuery(s);
   if (e == cudaErrorNotReady) return false;
-  LOOM_CUDA_TRY(e);
+  if (e != cudaSuccess) cuda::detail::throw_cuda(e, "cudaStreamQuery(stream)", __FILE__, __LINE__);
   return true;
 }
 

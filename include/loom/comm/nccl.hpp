@@ -167,7 +167,7 @@ void wait_ready(ncclComm_t c, Check&& check) {
     LOOM_NCCL_TRY(ncclCommGetAsyncError(c, &st));
     return st != ncclInProgress;
   }, check);
-  if (st != ncclSuccess) LOOM_NCCL_TRY(st);
+  if (st != ncclSuccess) cuda::detail::throw_nccl(st, "ncclCommGetAsyncError(comm) while it was being created", __FILE__, __LINE__);
 }
 
 inline ncclConfig_t nonblocking() {
@@ -583,28 +583,13 @@ void run(int n, F f, std::chrono::milliseconds timeout = default_comm_timeout) {
   std::rethrow_exception(errors[static_cast<std::size_t>(order.front())]);
 }
 
-//! Joins the world described by the environment: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (the device,
-//! default 0) and `LOOM_NCCL_ID_FILE`, a path every rank can read, unique to this run (rank 0
-//! writes the NCCL unique id there; the others wait for it, bounded by `timeout`). Failures are
-//! announced through `<LOOM_NCCL_ID_FILE>.abort`.
-inline comm from_env(std::chrono::milliseconds timeout = default_comm_timeout) {
-  auto need = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') throw config_error(std::string("loom::nccl::from_env: environment variable ") + name + " is not set");
-    return v;
-  };
-  auto number = [&](const char* name, const std::string& v) {
-    char* end = nullptr;
-    const long x = std::strtol(v.c_str(), &end, 10);
-    if (end == v.c_str() || *end != '\0' || x < 0 || x > 1 << 20)
-      throw config_error(std::string("loom::nccl::from_env: ") + name + "=" + v + " is not a rank number");
-    return static_cast<int>(x);
-  };
-  const int rank = number("RANK", need("RANK")), size = number("WORLD_SIZE", need("WORLD_SIZE"));
-  const char* lr = std::getenv("LOCAL_RANK");
-  const int device = lr != nullptr && *lr != '\0' ? number("LOCAL_RANK", lr) : 0;
-  const std::string path = need("LOOM_NCCL_ID_FILE");
-  if (rank >= size) throw config_error("loom::nccl::from_env: RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(size));
+//! Joins the world of `size` ranks as `rank` on `device`, meeting through a file `path` that
+//! every rank can read and that is unique to this run: rank 0 writes the NCCL unique id there,
+//! the others wait for it (bounded by `timeout`). Failures are announced through `<path>.abort`.
+inline comm from_file(int rank, int size, int device, const std::string& path,
+                      std::chrono::milliseconds timeout = default_comm_timeout) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw config_error("loom::nccl: rank " + std::to_string(rank) + " is not in 0.." + std::to_string(size - 1));
   ncclUniqueId id;
   if (rank == 0) {
     LOOM_NCCL_TRY(ncclGetUniqueId(&id));
@@ -612,9 +597,9 @@ inline comm from_env(std::chrono::milliseconds timeout = default_comm_timeout) {
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
       f.write(id.internal, sizeof id.internal);
-      if (!f) throw config_error("loom::nccl::from_env: cannot write " + tmp);
+      if (!f) throw config_error("loom::nccl: cannot write " + tmp);
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw config_error("loom::nccl::from_env: cannot create " + path);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw config_error("loom::nccl: cannot create " + path);
   } else {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
@@ -626,6 +611,28 @@ inline comm from_env(std::chrono::milliseconds timeout = default_comm_timeout) {
     }
   }
   return comm(id, rank, size, device, std::make_shared<file_failures>(path + ".abort"), timeout);
+}
+
+//! Joins the world described by the environment (torchrun style): `RANK`, `WORLD_SIZE`,
+//! `LOCAL_RANK` (the device, default 0) and `LOOM_NCCL_ID_FILE`, the meeting file of `from_file`.
+inline comm from_env(std::chrono::milliseconds timeout = default_comm_timeout) {
+  auto need = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') throw config_error(std::string("loom::nccl::from_env: environment variable ") + name + " is not set");
+    return v;
+  };
+  auto number = [](const char* name, const std::string& v) {
+    char* end = nullptr;
+    const long x = std::strtol(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || x < 0 || x > 1 << 20)
+      throw config_error(std::string("loom::nccl::from_env: ") + name + "=" + v + " is not a rank number");
+    return static_cast<int>(x);
+  };
+  const int rank = number("RANK", need("RANK")), size = number("WORLD_SIZE", need("WORLD_SIZE"));
+  const char* lr = std::getenv("LOCAL_RANK");
+  const int device = lr != nullptr && *lr != '\0' ? number("LOCAL_RANK", lr) : 0;
+  if (rank >= size) throw config_error("loom::nccl::from_env: RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(size));
+  return from_file(rank, size, device, need("LOOM_NCCL_ID_FILE"), timeout);
 }
 
 }  // namespace loom::nccl

@@ -21,6 +21,20 @@
 
 namespace loom {
 
+namespace cuda::detail {
+//! `file` as messages name it: from the include root for loom's headers ("loom/comm/nccl.hpp"),
+//! else from the last directory on ("src/train.cpp" stays "train.cpp"), so a message does not
+//! depend on where the tree was checked out.
+constexpr const char* short_file(const char* file) noexcept {
+  const char* last = file;
+  for (const char* p = file; *p != '\0'; ++p) {
+    if (*p == '/') last = p + 1;
+    if (p[0] == '/' && p[1] == 'l' && p[2] == 'o' && p[3] == 'o' && p[4] == 'm' && p[5] == '/') return p + 1;
+  }
+  return last;
+}
+}  // namespace cuda::detail
+
 //! A CUDA runtime call failed.
 class cuda_error : public std::runtime_error {
  public:
@@ -37,7 +51,7 @@ class cuda_error : public std::runtime_error {
  private:
   static std::string compose(cudaError_t code, const std::string& call, const char* file, int line, const std::string& extra) {
     std::string s = "loom cuda: " + call + " failed: " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ") at " +
-                    file + ":" + std::to_string(line);
+                    cuda::detail::short_file(file) + ":" + std::to_string(line);
     if (!extra.empty()) s += "; " + extra;
     return s;
   }
@@ -58,8 +72,8 @@ class nccl_error : public std::runtime_error {
 
  private:
   static std::string compose(ncclResult_t code, const std::string& call, const char* file, int line, const std::string& extra) {
-    std::string s = "loom nccl: " + call + " failed: " + name_of(code) + " (" + ncclGetErrorString(code) + ") at " + file + ":" +
-                    std::to_string(line);
+    std::string s = "loom nccl: " + call + " failed: " + name_of(code) + " (" + ncclGetErrorString(code) + ") at " +
+                    cuda::detail::short_file(file) + ":" + std::to_string(line);
     if (!extra.empty()) s += "; " + extra;
     return s;
   }

@@ -35,7 +35,7 @@ class stream_ref {
   bool ready() const {
     const cudaError_t e = cudaStreamQuery(s_);
     if (e == cudaErrorNotReady) return false;
-    LOOM_CUDA_TRY(e);
+    if (e != cudaSuccess) detail::throw_cuda(e, "cudaStreamQuery(stream)", __FILE__, __LINE__);
     return true;
   }
   //! Makes later work on this stream wait for the last record of `e`.
@@ -112,7 +112,7 @@ class event {
   bool ready() const {
     const cudaError_t e = cudaEventQuery(e_);
     if (e == cudaErrorNotReady) return false;
-    LOOM_CUDA_TRY(e);
+    if (e != cudaSuccess) detail::throw_cuda(e, "cudaEventQuery(event)", __FILE__, __LINE__);
     return true;
   }
   //! Milliseconds between the last records of two timing events.

@@ -28,9 +28,9 @@
 //!
 //! Graphs (`pipeline_options::graph`): the first step is captured (the compute stream, the
 //! communicator's streams forked from it, NCCL calls or copies included) and launched; later steps
-//! replay it, so the host's cost of a step is one launch. Stage functions then run only during
-//! the capture: they must enqueue the same work every step (the CUDA graph contract), and the
-//! batch must come in the same device buffer every step (its contents may change).
+//! replay it, so the host's cost of a step is one launch (and a copy of the batch into the
+//! buffer the graph reads). Stage functions then run only during the capture: they must enqueue
+//! the same work every step (the CUDA graph contract).
 
 #include <array>
 #include <cstddef>
@@ -170,6 +170,21 @@ class device_space {
   //! The compute stream waits for the send (its buffer may be written next).
   void wait_send(request& r) { comm_->wait(r, compute_.get()); }
 
+  //! The batch the step reads. In graph mode the captured step reads a buffer of the space, and
+  //! the caller's batch is copied there (on the compute stream, before the step) every step, so
+  //! the caller may pass any buffer; eagerly, the caller's own.
+  std::span<const T> stage_batch(std::span<const T> in) {
+    if (!opt_.graph || in.empty()) return in;
+    if (batch_.size() == 0) {
+      batch_ = cuda::device_buffer<T>(in.size());
+      cuda::name_memory(batch_.data(), "r" + std::to_string(comm_->rank()) + " batch (graph mode)");
+    }
+    if (in.size() != batch_.size()) return in;  // the pipeline reports the size
+    const cuda::byte_access a[] = {cuda::reads(in), cuda::writes(batch_.span())};
+    cuda::region r(compute_.get(), "batch to the graph's buffer", a);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(batch_.data(), in.data(), in.size_bytes(), cudaMemcpyDeviceToDevice, compute_.get()));
+    return batch_.span();
+  }
   //! Starts a step's program (or, on the first step of graph mode, its capture); with
   //! `program = false`, a communication phase after the step (the copy exchange) that keeps the
   //! step's losses and is never captured.
@@ -248,6 +263,7 @@ class device_space {
   std::size_t next_timing_ = 0;
   int last_event_ = -1;
   cuda::pinned_buffer<T> losses_;
+  cuda::device_buffer<T> batch_;  // graph mode: the batch the captured step reads
   std::size_t loss_width_ = 0;
   std::vector<std::size_t> recorded_;  // per microbatch: 1 + the number of loss terms copied, 0 if none
   bool capturing_ = false, captured_ = false;

@@ -322,6 +322,7 @@ class pipeline {
     auto t0 = std::chrono::steady_clock::now();
     try {
       if (!handshaken_) handshake();
+      inputs = space_.stage_batch(inputs);  // graph mode: the batch goes to the buffer the graph reads
       if (space_.replaying()) {
         res.host_seconds = replay_step(inputs, t0);
       } else {
@@ -638,14 +639,14 @@ class pipeline {
   }
 
   //! Graph mode after the first step: the captured step is replayed (stage functions are not
-  //! called; the batch must be in the same buffer as when it was captured).
+  //! called; the batch was copied into the buffer the graph reads).
   double replay_step(std::span<const value_type> inputs, std::chrono::steady_clock::time_point t0) {
     double host = 0;
     failure_.clear();
     failed_rank_ = -1;
-    if (inputs.data() != inputs_.data() || inputs.size() != inputs_.size())
-      fail("graph mode replays the captured step, which reads the batch from the device buffer it was captured with: "
-           "pass the same buffer every step (its contents may change)");
+    if (inputs.size() != inputs_.size())
+      fail("wrong buffer size: the batch has " + std::to_string(inputs.size()) + " elements but the captured step reads " +
+           std::to_string(inputs_.size()));
     std::fill(losses_.begin(), losses_.end(), 0.0);
     if constexpr (on_device) {
       space_.replay([&] { host = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); });

@@ -143,6 +143,9 @@ class host_space {
   //! Waits for a send at the end of the step.
   void wait_send(request& r) { comm_->wait(r); }
 
+  //! The batch the step reads: the caller's (device spaces in graph mode copy it into the buffer
+  //! their captured step reads).
+  std::span<const T> stage_batch(std::span<const T> in) { return in; }
   //! Starts a step's program, or (`program = false`) a communication phase after it: nothing to
   //! do on the host.
   void begin(bool /*program*/ = true) {}
