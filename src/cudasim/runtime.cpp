@@ -98,7 +98,7 @@ cudaError_t allocate(void** p, std::size_t size, bool pinned, const char* call) 
   return cudaSuccess;
 }
 
-//! Quarantine: freed memory is kept (so a later access is recognised) up to 256 MiB.
+//! Quarantine: freed memory is kept (so a later access is recognised) up to 64 MiB.
 void release(allocation& a) {
   auto& s = S();
   a.freed = true;
@@ -110,7 +110,7 @@ void release(allocation& a) {
   }
   s.quarantine += a.size;
   s.quarantine_order.push_back(a.base);
-  while (s.quarantine > (std::size_t{256} << 20) && !s.quarantine_order.empty()) {
+  while (s.quarantine > (std::size_t{64} << 20) && !s.quarantine_order.empty()) {
     auto it = s.allocs.find(s.quarantine_order.front());
     s.quarantine_order.pop_front();
     if (it == s.allocs.end() || !it->second.freed) continue;
