@@ -263,3 +263,43 @@ TEST_CASE("a stream waiting for work that never comes is a deadlock naming the s
   s.synchronize();
   LOOM_NCCL_TRY(ncclCommAbort(comms[1]));
 }
+
+TEST_CASE("memory freed by another stream before a pending reader runs is a use after free naming the reader") {
+  fresh(1);
+  loom::cuda::stream reader, freer, slow;
+  loom::cuda::name_stream(reader.get(), "reader");
+  float* x = nullptr;
+  LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&x), 64));
+  loom::cuda::name_memory(x, "x");
+  loom::cuda::device_buffer<float> out(16);
+  // The reader waits for a slow host function on a third stream; the free does not wait.
+  LOOM_CUDA_TRY(cudaLaunchHostFunc(slow.get(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr));
+  loom::cuda::event e;
+  e.record(slow);
+  reader.ref().wait(e);
+  doubler(reader.get(), x, out.data(), 16, "late reader");
+  LOOM_CUDA_TRY(cudaFreeAsync(x, freer.get()));
+  freer.synchronize();
+  reader.synchronize();
+  auto uaf = of_kind(sim::report_kind::use_after_free);
+  REQUIRE(uaf.size() == 1);
+  CHECK(uaf[0].text.find("late reader on stream 'reader' reads bytes [0, 64) of 'x'") != std::string::npos);
+}
+
+TEST_CASE("the operation trace lists what ran, in order per stream, with labels") {
+  sim::config c;
+  c.trace = true;
+  c.races = sim::race_policy::record;
+  sim::configure(c);
+  loom::cuda::stream s;
+  loom::cuda::name_stream(s.get(), "traced");
+  loom::cuda::device_buffer<float> a(4), b(4);
+  LOOM_CUDA_TRY(cudaMemsetAsync(a.data(), 0, a.bytes(), s.get()));
+  doubler(s.get(), a.data(), b.data(), 4, "F mb0 s0");
+  LOOM_CUDA_TRY(cudaMemcpyAsync(a.data(), b.data(), a.bytes(), cudaMemcpyDeviceToDevice, s.get()));
+  s.synchronize();
+  std::vector<std::string> seen;
+  for (auto& t : sim::trace())
+    if (t.stream == "traced") seen.push_back(t.kind + ":" + t.label);
+  CHECK(seen == std::vector<std::string>{"memset:cudaMemsetAsync", "region:F mb0 s0", "kernel:F mb0 s0", "copy:cudaMemcpyAsync"});
+}
