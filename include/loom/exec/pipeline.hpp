@@ -176,12 +176,12 @@ constexpr bool needs_split_stage(const schedule& s) {
 
 //! The sentence explaining why `Stage` cannot run schedule `s`, or "".
 template <class Stage>
-constexpr std::string split_rule(const schedule& s) {
+constexpr text split_rule(const schedule& s) {
   if constexpr (split_stage<Stage>) {
     return {};
   } else {
     if (!needs_split_stage(s)) return {};
-    std::string missing;
+    text missing;
     if constexpr (!requires(Stage& st, const stage_context& c, backward_buffers<typename Stage::value_type> b) {
                     st.backward_input(c, b);
                   })

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "loom/schedule/text.hpp"
+
 namespace loom {
 
 //! A schedule cannot be generated, is malformed, or would deadlock. The message names the rule
@@ -27,7 +29,7 @@ struct config_error : std::runtime_error {
 namespace detail {
 
 //! Decimal text of an integer; constexpr so messages can be built during constant evaluation.
-constexpr std::string to_text(long long v) {
+constexpr text to_text(long long v) {
   if (v == 0) return "0";
   bool neg = v < 0;
   unsigned long long u = neg ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
@@ -37,7 +39,7 @@ constexpr std::string to_text(long long v) {
     buf[n++] = static_cast<char>('0' + u % 10);
     u /= 10;
   }
-  std::string s;
+  text s;
   if (neg) s.push_back('-');
   while (n > 0) s.push_back(buf[--n]);
   return s;

@@ -26,7 +26,9 @@ struct generate_options {
 };
 
 //! A schedule family: a default-constructible type with a `name`, a constexpr `check(shape)`
-//! returning the violated rule as a sentence (empty when the shape can run), and a constexpr
+//! returning the violated rule as a sentence (empty when the shape can run) as a `loom::text`
+//! (a `std::string` works at run time, but not during constant evaluation under clang with
+//! libstdc++ 12; `static_schedule` requires `loom::text`), and a constexpr
 //! `generate(shape)` returning the schedule. It may declare `static constexpr int
 //! default_chunks` (else 1), `static constexpr std::string_view summary`, and a cost-aware
 //! `generate(shape, const generate_options&)` (see `cost_aware_family`).
@@ -35,7 +37,7 @@ struct generate_options {
 template <class F>
 concept schedule_family = std::semiregular<F> && requires(const F& f, const shape& s) {
   { F::name } -> std::convertible_to<std::string_view>;
-  { f.check(s) } -> std::convertible_to<std::string>;
+  { f.check(s) } -> std::convertible_to<text>;
   { f.generate(s) } -> std::same_as<schedule>;
 };
 
@@ -64,8 +66,8 @@ constexpr shape resolve(shape s) {
 namespace detail {
 //! The rules every family shares: positive ranks, microbatches and chunks; a family that runs
 //! one chunk per rank (`fixed_chunks`) rejects any other count.
-constexpr std::string check_basic(std::string_view family, shape s, int fixed_chunks = 0) {
-  std::string f(family);
+constexpr text check_basic(std::string_view family, shape s, int fixed_chunks = 0) {
+  text f(family);
   if (s.ranks < 1) return f + " needs ranks >= 1 (got ranks=" + to_text(s.ranks) + ")";
   if (s.microbatches < 1) return f + " needs microbatches >= 1 (got microbatches=" + to_text(s.microbatches) + ")";
   if (s.chunks < 1) return f + " needs chunks >= 1 (got chunks=" + to_text(s.chunks) + ")";
@@ -77,7 +79,7 @@ constexpr std::string check_basic(std::string_view family, shape s, int fixed_ch
 
 //! The rule `shape` breaks for family `F` (after defaulting its chunks), or "" if it can run.
 template <schedule_family F>
-constexpr std::string check(const F& f, shape s) {
+constexpr text check(const F& f, shape s) {
   return f.check(resolve<F>(s));
 }
 
@@ -86,7 +88,7 @@ constexpr std::string check(const F& f, shape s) {
 template <schedule_family F>
 constexpr schedule generate(const F& f, shape s) {
   s = resolve<F>(s);
-  if (std::string rule = f.check(s); !rule.empty()) throw schedule_error(rule);
+  if (text rule = f.check(s); !rule.empty()) throw schedule_error(rule);
   return f.generate(s);
 }
 
@@ -94,7 +96,7 @@ constexpr schedule generate(const F& f, shape s) {
 template <schedule_family F>
 constexpr schedule generate(const F& f, shape s, const generate_options& o) {
   s = resolve<F>(s);
-  if (std::string rule = f.check(s); !rule.empty()) throw schedule_error(rule);
+  if (text rule = f.check(s); !rule.empty()) throw schedule_error(rule);
   if constexpr (cost_aware_family<F>) return f.generate(s, o);
   else return f.generate(s);
 }

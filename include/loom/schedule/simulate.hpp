@@ -40,7 +40,7 @@ struct action_time {
 //! action; `error` says where, and the metrics are those of the part that could run.
 struct simulation {
   bool ok = false;
-  std::string error;
+  text error;
   int stuck_rank = -1;         //!< on deadlock: the first rank that cannot proceed
   std::size_t stuck_pos = 0;   //!< on deadlock: its position
   double makespan = 0;       //!< global end - global start
@@ -87,11 +87,11 @@ constexpr void prefetch(const void* p) {
 }
 
 //! Text of the dependency that half `backward_half` of `a` waits for, for deadlock reports.
-constexpr std::string waited_for(const schedule& s, const action& a, bool backward_half) {
+constexpr text waited_for(const schedule& s, const action& a, bool backward_half) {
   const int mb = backward_half ? a.bmb : a.mb;
   const int st = backward_half ? a.bstage : a.stage;
   const op k = backward_half ? a.bkind : a.kind;
-  auto at = [&](std::string what, int stage) {
+  auto at = [&](text what, int stage) {
     return what + " (rank " + to_text(s.rank_of(mb, stage)) + ")";
   };
   if (k == op::F) return at(to_string(forward(mb, st - 1)), st - 1);

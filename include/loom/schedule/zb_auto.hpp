@@ -345,7 +345,7 @@ constexpr bool zb_auto_score_of(const schedule& s, const costs& k, double limit,
 }
 
 //! The rule a cost model or limit breaks for zb-auto, or "".
-constexpr std::string zb_auto_check_options(const generate_options& o, int ranks) {
+constexpr text zb_auto_check_options(const generate_options& o, int ranks) {
   const costs& k = o.cost;
   if (!(k.f > 0)) return "zb-auto needs f > 0 (got f=" + to_text(static_cast<long long>(k.f)) + ")";
   if (!(k.b > 0)) return "zb-auto needs b > 0 (got b=" + to_text(static_cast<long long>(k.b)) + ")";
@@ -371,7 +371,7 @@ struct zb_auto {
   int search_budget = 40;
 
   //! Rules every shape must meet: p, m >= 1 and 1 (loop) or 2 (V) chunks per rank.
-  constexpr std::string check(shape s) const {
+  constexpr text check(shape s) const {
     if (auto r = detail::check_basic(name, s); !r.empty()) return r;
     if (s.chunks != 1 && s.chunks != 2)
       return "zb-auto runs 1 chunk per rank (loop placement) or 2 (V placement) (got chunks=" +
@@ -394,7 +394,7 @@ struct zb_auto {
     if (s.chunks == 0) s.chunks = o.placement == placement_kind::v ? 2 : 1;
     if (auto r = check(s); !r.empty()) throw schedule_error(r);
     if (o.placement != placement_kind::loop && o.placement != placement_kind::v)
-      throw schedule_error("zb-auto runs the loop or the v placement (got " + std::string(to_string(o.placement)) + ")");
+      throw schedule_error("zb-auto runs the loop or the v placement (got " + text(to_string(o.placement)) + ")");
     if (o.placement == placement_kind::v && s.chunks != 2)
       throw schedule_error("zb-auto with placement v runs 2 chunk(s) per rank (got chunks=" + detail::to_text(s.chunks) + ")");
     // The chunk count names the placement: 1 = loop, 2 = V.
@@ -487,7 +487,7 @@ struct zb_auto {
       }
     }
     if (!have) throw schedule_error("zb-auto found no schedule within mem-limit (internal error)");
-    best.name = std::string(name);
+    best.name = text(name);
     return best;
   }
 };

@@ -58,10 +58,10 @@ namespace loom {
 namespace detail {
 
 //! `v` with two decimals (for messages).
-constexpr std::string zb_v_text(double v) {
+constexpr text zb_v_text(double v) {
   const long long h = static_cast<long long>(v * 100 + (v < 0 ? -0.5 : 0.5));
   const long long a = h < 0 ? -h : h;
-  std::string frac = to_text(a % 100);
+  text frac = to_text(a % 100);
   return (h < 0 ? "-" : "") + to_text(a / 100) + "." + (frac.size() < 2 ? "0" + frac : frac);
 }
 
@@ -225,7 +225,7 @@ struct zb_v {
   static constexpr std::string_view name = "zb-v";
   static constexpr std::string_view summary = "Zero Bubble ZB-V: V placement, 2 chunks/rank, zero bubble at 1F1B memory (Qi et al. 2024)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_v_shape(name, s); }
+  constexpr text check(shape s) const { return detail::check_v_shape(name, s); }
   //! Simulations the cost-aware local search may spend (bounds its run time).
   int search_budget = 150;
 
