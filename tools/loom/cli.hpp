@@ -152,12 +152,13 @@ struct register_source {
 // Strict number parsing. CLI11 would accept "4x"-style input in places and its messages differ
 // from ours; every numeric option is therefore taken as text and parsed here.
 
-//! Upper bounds that keep a mistyped size from exhausting memory (a rule, never a clamp).
-inline constexpr int max_ranks = 4096;
+//! Upper bounds that keep a mistyped size from exhausting memory (a rule, never a clamp); ranks
+//! and ranks x microbatches x chunks are the library's own limits (loom/schedule/shape.hpp).
+inline constexpr int max_ranks = loom::max_ranks;
 inline constexpr int max_microbatches = 1 << 16;
 inline constexpr int max_chunks = 64;
 //! Upper bound on ranks x microbatches x chunks (about the number of forwards).
-inline constexpr long long max_cells = 1LL << 20;
+inline constexpr long long max_cells = loom::max_shape_cells;
 
 //! Parses `text` (the value of option `flag`) as a decimal integer in [lo, hi]; throws
 //! `usage_error` naming the option and the value otherwise.

@@ -45,6 +45,47 @@ constexpr text to_text(long long v) {
   return s;
 }
 
+//! True for a finite `v` (neither NaN nor an infinity); constexpr, unlike `std::isfinite` in C++20.
+constexpr bool finite(double v) { return v - v == 0; }
+
+//! Text of a real number for messages: `nan`, `inf`, `-inf`, up to 6 decimals without trailing
+//! zeros below 1e12 (`0.5`, `3`, `-2.25`), else `d.dddddde+N`; small non-zero values as `d.dddddde-N`.
+constexpr text real_text(double v) {
+  if (v != v) return "nan";
+  if (!finite(v)) return v < 0 ? "-inf" : "inf";
+  text out;
+  if (v < 0) {
+    out.push_back('-');
+    v = -v;
+  }
+  int exp10 = 0;
+  if (v >= 1e12) {
+    while (v >= 10) {
+      v /= 10;
+      ++exp10;
+    }
+  } else if (v != 0 && v < 1e-6) {
+    while (v < 1) {
+      v *= 10;
+      --exp10;
+    }
+  }
+  // v < 1e12 here, so v * 1e6 < 1e18 fits in a long long.
+  auto scaled = static_cast<long long>(v * 1e6 + 0.5);
+  long long whole = scaled / 1000000, frac = scaled % 1000000;
+  out += to_text(whole);
+  if (frac != 0) {
+    char digits[6]{};
+    for (int i = 5; i >= 0; --i, frac /= 10) digits[i] = static_cast<char>('0' + frac % 10);
+    int n = 6;
+    while (digits[n - 1] == '0') --n;
+    out.push_back('.');
+    out += std::string_view(digits, static_cast<std::size_t>(n));
+  }
+  if (exp10 != 0) out += (exp10 > 0 ? "e+" : "e-") + to_text(exp10 > 0 ? exp10 : -exp10);
+  return out;
+}
+
 //! Fixed-capacity, structural copy of a message: usable as a template argument, so that a
 //! rule violated by a static shape is printed verbatim by the compiler.
 struct fixed_message {

@@ -46,7 +46,7 @@ struct family_entry {
   text name;                                       //!< CLI name
   text summary;                                    //!< one line: what it is, paper
   int default_chunks = 1;                          //!< natural chunks per rank
-  std::function<text(shape)> check;                //!< rule broken by a resolved shape, or ""
+  std::function<text(shape)> check;                //!< rule (size limits included) broken by a resolved shape, or ""
   bool cost_aware = false;                         //!< uses `generate_options` (auto-schedulers)
   std::function<schedule(shape, const generate_options&)> generate;  //!< schedule for a resolved shape
 
@@ -70,7 +70,7 @@ family_entry make_entry() {
   e.name = text(F::name);
   if constexpr (requires { F::summary; }) e.summary = text(F::summary);
   e.default_chunks = default_chunks_v<F>;
-  e.check = [](shape s) { return F{}.check(s); };
+  e.check = [](shape s) { return detail::check_all(F{}, s); };
   e.cost_aware = cost_aware_family<F>;
   e.generate = [](shape s, const generate_options& o) { return loom::generate(F{}, s, o); };
   return e;

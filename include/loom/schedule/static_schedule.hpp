@@ -76,7 +76,7 @@ struct static_schedule {
   using family = F;  //!< the family type
   static constexpr shape shape_v = resolve<F>(Shape);  //!< the resolved shape
   //! The rule the shape breaks, or empty.
-  static constexpr detail::fixed_message rule{F{}.check(shape_v)};
+  static constexpr detail::fixed_message rule{detail::check_all(F{}, shape_v)};
   //! True when the family can run the shape.
   static constexpr bool ok = rule.empty();
 

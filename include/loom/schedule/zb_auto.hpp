@@ -347,8 +347,8 @@ constexpr bool zb_auto_score_of(const schedule& s, const costs& k, double limit,
 //! The rule a cost model or limit breaks for zb-auto, or "".
 constexpr text zb_auto_check_options(const generate_options& o, int ranks) {
   const costs& k = o.cost;
-  if (!(k.f > 0)) return "zb-auto needs f > 0 (got f=" + to_text(static_cast<long long>(k.f)) + ")";
-  if (!(k.b > 0)) return "zb-auto needs b > 0 (got b=" + to_text(static_cast<long long>(k.b)) + ")";
+  if (!(k.f > 0)) return "zb-auto needs f > 0 (got f=" + real_text(k.f) + ")";
+  if (!(k.b > 0)) return "zb-auto needs b > 0 (got b=" + real_text(k.b) + ")";
   if (!(k.w >= 0)) return "zb-auto needs w >= 0";
   if (!(k.c >= 0)) return "zb-auto needs c >= 0";
   if (!(k.mem_w_ratio >= 0 && k.mem_w_ratio <= 1)) return "zb-auto needs 0 <= mem-w-ratio <= 1";
@@ -369,6 +369,10 @@ struct zb_auto {
   //! Evaluations the local search may spend beyond the grid (bounds run time: p = 32, m = 256
   //! stays well under one second on one core).
   int search_budget = 40;
+  //! Size limits of the search (see `loom::max_ranks`): its run time grows with cells x (p + m),
+  //! about 3 s at p = 256, m = 64 on one core.
+  static constexpr int max_ranks = 256;
+  static constexpr long long max_cells = 1LL << 14;  //!< see `max_ranks`
 
   //! Rules every shape must meet: p, m >= 1 and 1 (loop) or 2 (V) chunks per rank.
   constexpr text check(shape s) const {

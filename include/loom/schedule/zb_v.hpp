@@ -228,6 +228,8 @@ struct zb_v {
   constexpr text check(shape s) const { return detail::check_v_shape(name, s); }
   //! Simulations the cost-aware local search may spend (bounds its run time).
   int search_budget = 150;
+  //! Size limit of the search (see `loom::max_ranks`): about 3 s at the limit on one core.
+  static constexpr long long max_cells = 1LL << 16;
 
   constexpr schedule generate(shape s) const {
     return detail::v_schedule_from_timetable(name, s, detail::v_zero_bubble_timetable(s.ranks, s.microbatches, 2 * s.ranks));
