@@ -150,7 +150,30 @@ struct torch_cell {
   torch_atom b;  //!< the overlap's backward half
 };
 
-//! The message of a malformed cell: `torch csv line L, cell C "TEXT": why`.
+//! `s` with each control character written as `\n`, `\r`, `\t` or `\xHH`, so that a message
+//! quoting a cell (a quoted cell may span lines) stays one line.
+constexpr loom::text torch_escape(std::string_view s) {
+  loom::text out;
+  for (char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u >= 0x20 && u != 0x7f) {
+      out.push_back(ch);
+      continue;
+    }
+    out.push_back('\\');
+    if (ch == '\n') out.push_back('n');
+    else if (ch == '\r') out.push_back('r');
+    else if (ch == '\t') out.push_back('t');
+    else {
+      out.push_back('x');
+      out.push_back("0123456789abcdef"[u >> 4]);
+      out.push_back("0123456789abcdef"[u & 15]);
+    }
+  }
+  return out;
+}
+
+//! The message of a malformed cell: `torch csv line L, cell C "TEXT": why`, on one line.
 constexpr loom::text torch_msg(int line, int column, std::string_view text, std::string_view why) {
   loom::text m = "torch csv line ";
   m += to_text(line);
@@ -160,7 +183,7 @@ constexpr loom::text torch_msg(int line, int column, std::string_view text, std:
   m += text;
   m += "\": ";
   m += why;
-  return m;
+  return torch_escape(m);
 }
 //! As above, for a parsed cell.
 constexpr loom::text torch_msg(const torch_cell& c, std::string_view why) { return torch_msg(c.line, c.column, c.text, why); }

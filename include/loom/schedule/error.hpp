@@ -105,13 +105,39 @@ struct fixed_message {
   }
 };
 
+//! A message in an array of exactly its length plus the terminating NUL. As a template argument
+//! every compiler prints it whole where a conversion fails (clang elides a `fixed_message`'s
+//! text after 32 characters in most diagnostics, and prints its trailing NULs as numbers).
+template <std::size_t N>
+struct exact_message {
+  char text[N]{};
+  constexpr exact_message() = default;
+  constexpr explicit exact_message(std::string_view s) {
+    for (std::size_t i = 0; i < s.size() && i + 1 < N; ++i) text[i] = s[i];
+  }
+};
+
+//! `Message` as an `exact_message`.
+template <fixed_message Message>
+inline constexpr exact_message<Message.view().size() + 1> exact_of{Message.view()};
+
+//! A type that carries a message.
+template <auto Message>
+struct message_text {};
+
+//! Callable only with the empty message: a call with another one fails to compile with the
+//! whole message in the diagnostic, under GCC ("could not convert 'message_text<exact_message<N>
+//! {"..."}>'") and clang ("no known conversion from 'message_text<exact_message<N>{"..."}>'").
+constexpr bool no_message(message_text<exact_message<1>{}>) { return true; }
+
 //! Instantiated with a non-empty message, fails with that message visible in the diagnostic
-//! ("In instantiation of 'schedule_rule_violated<fixed_message{"..."}>'").
+//! ("In instantiation of 'schedule_rule_violated<fixed_message{"..."}>'", and whole in
+//! 'message_text<exact_message<N>{"..."}>').
 template <fixed_message Rule>
 struct schedule_rule_violated {
-  static_assert(Rule.empty(),
+  static_assert(no_message(message_text<exact_of<Rule>>{}),
                 "loom: this static schedule shape breaks a rule of its family; the rule is the "
-                "text in 'schedule_rule_violated<fixed_message{\"...\"}>' above");
+                "text in 'message_text<exact_message<N>{\"...\"}>' above");
 };
 
 }  // namespace detail

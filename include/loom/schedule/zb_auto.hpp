@@ -313,7 +313,11 @@ constexpr std::vector<int> zb_auto_warmup_caps(shape s, placement_kind pk, const
   for (int r = 0; r < P; ++r) {
     const int lo = r, hi = C == 2 ? 2 * P - 1 - r : r;
     double window = b_start[static_cast<std::size_t>(hi)] - f_start[static_cast<std::size_t>(lo)];
-    int n = static_cast<int>(window / (q * k.f) + 1e-9) + delta;
+    // More forwards than the rank runs in all (M*C) never bind; bounding the quotient first keeps
+    // the conversion defined for any finite costs (b/f may be 1e300).
+    const double fits = window / (q * k.f) + 1e-9;
+    const int all = s.microbatches * C;
+    int n = (fits < all ? static_cast<int>(fits) : all) + delta;
     cap[static_cast<std::size_t>(r)] = n < 1 ? 1 : n;
   }
   return cap;

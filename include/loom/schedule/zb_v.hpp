@@ -260,7 +260,7 @@ struct zb_v {
     detail::zb_v_score best_score;
     bool have = false;
     const int p = s.ranks;
-    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= static_cast<int>(2 * limit + 1e-9); cap += 2) {
+    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= 2 * limit + 1e-9; cap += 2) {
       schedule cand = detail::v_schedule_from_timetable(name, s, detail::v_zero_bubble_timetable(p, s.microbatches, cap));
       detail::zb_v_score sc;
       if (!detail::zb_v_score_of(cand, k, limit, sc, nullptr)) continue;
