@@ -60,6 +60,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <cerrno>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -185,13 +187,39 @@ inline double parse_real(std::string_view flag, const std::string& text, double 
                          double hi = std::numeric_limits<double>::max()) {
   auto bad = [&](std::string why) { return usage_error(std::string(flag) + " '" + text + "' " + why); };
   if (text.empty()) throw bad("is empty; give a number");
-  double v = 0;
-  const char* b = text.data();
-  const char* e = b + text.size();
-  if (*b == '+') ++b;
-  auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
-  if (ec == std::errc::result_out_of_range) throw bad("is out of range");
-  if (ec != std::errc{} || p != e) throw bad("is not a number");
+  // The decimal grammar [+-]digits[.digits][(e|E)[+-]digits] (digits on at least one side of
+  // the point), checked here; then strtod, which every standard library has (libc++ 19 has no
+  // floating-point std::from_chars). Named non-numbers ("nan", "inf") are not of this grammar.
+  std::size_t i = 0;
+  const std::size_t n = text.size();
+  auto digits = [&] {
+    std::size_t start = i;
+    while (i < n && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - start;
+  };
+  if (text[i] == '+' || text[i] == '-') ++i;
+  std::size_t mantissa = digits();
+  if (i < n && text[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  bool ok = mantissa > 0;
+  if (ok && i < n && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < n && (text[i] == '+' || text[i] == '-')) ++i;
+    ok = digits() > 0;
+  }
+  if (!ok || i != n) {
+    std::string word;  // lower case, without a sign: "nan", "inf", "infinity", "nan(...)"
+    for (char c : text.substr(text[0] == '+' || text[0] == '-' ? 1 : 0))
+      word += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    if (word == "inf" || word == "infinity" || word == "nan" || (word.rfind("nan(", 0) == 0 && word.back() == ')'))
+      throw bad("is not a finite number");
+    throw bad("is not a number");
+  }
+  errno = 0;
+  const double v = std::strtod(text.c_str(), nullptr);
+  if (errno == ERANGE) throw bad("is out of range");
   if (!std::isfinite(v)) throw bad("is not a finite number");
   auto num = [](double x) {
     std::string s = std::to_string(x);
