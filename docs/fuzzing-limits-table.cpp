@@ -19,7 +19,7 @@ int main() {
         auto row = [](auto fam) {
           using F = decltype(fam);
           if (loom::max_ranks_v<F> == loom::max_ranks && loom::max_cells_v<F> == loom::max_shape_cells) return;
-          std::printf("| `%.*s` | ranks <= %d, ranks x microbatches x chunks <= %lld | its own: its generator's time grows faster than its schedule |\n",
+          std::printf("| `%.*s` | ranks <= %d, ranks x microbatches x chunks <= %lld | its own (its header says why) |\n",
                       static_cast<int>(F::name.size()), F::name.data(), loom::max_ranks_v<F>, loom::max_cells_v<F>);
         };
         (row(f), ...);
