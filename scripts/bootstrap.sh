@@ -4,7 +4,10 @@
 # Installs what loom's build, tests, tools and benchmarks need from Debian packages, when missing.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ doctest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-      libopenmpi-dev openmpi-bin)
+      libopenmpi-dev openmpi-bin
+      # clang presets (clang, clang-libcxx, asan, fuzz): the compiler, libc++ and libc++abi, and
+      # the sanitizer and libFuzzer runtimes
+      clang-19 libc++-19-dev libc++abi-19-dev libclang-rt-19-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,7 +16,7 @@ template <int Cap>
 struct eager_1f1b {
   static constexpr std::string_view name = "eager-1f1b";
   static constexpr std::string_view summary = "1F1B with a fixed warm-up of Cap forwards on every rank";
-  constexpr std::string check(loom::shape s) const {
+  constexpr loom::text check(loom::shape s) const {
     if (auto rule = loom::detail::check_basic(name, s, 1); !rule.empty()) return rule;
     if (Cap < s.ranks - 1) return "eager-1f1b needs Cap >= ranks-1 (got Cap=" + loom::detail::to_text(Cap) + ")";
     return {};

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -44,7 +45,9 @@ std::string quote(const std::string& a) {
 // Runs `loom args...` with a 60 s limit (a hang fails the test with code 124).
 result run(const std::vector<std::string>& args) {
   const std::string dir = LOOM_CLI_WORKDIR;
-  const std::string out = dir + "/last.out", err = dir + "/last.err";
+  // Per process: ctest runs this file's test cases as parallel processes in one directory.
+  const std::string tag = std::to_string(::getpid());
+  const std::string out = dir + "/last-" + tag + ".out", err = dir + "/last-" + tag + ".err";
   std::string cmd = "timeout 60 " + quote(LOOM_CLI_PATH);
   for (auto const& a : args) cmd += " " + quote(a);
   cmd += " >" + quote(out) + " 2>" + quote(err) + " </dev/null";
@@ -53,6 +56,8 @@ result run(const std::vector<std::string>& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = slurp(out);
   r.err = slurp(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
   return r;
 }
 

@@ -1,5 +1,7 @@
 # Configures, builds and runs the consumer project; called by ctest with -P.
-set(args -S ${SOURCE} -B ${BINARY} -G ${GENERATOR} -DLOOM_CONSUMER_KIND=${KIND})
+# The consumer is built with loom's own compiler and flags (clang, -stdlib=libc++, sanitizers).
+set(args -S ${SOURCE} -B ${BINARY} -G ${GENERATOR} -DLOOM_CONSUMER_KIND=${KIND} "-DCMAKE_CXX_COMPILER=${CXX}"
+         "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
 if(KIND STREQUAL "add_subdirectory")
   list(APPEND args -DLOOM_SOURCE=${LOOM_SOURCE} -DLOOM_BUILD_TESTS=OFF)
 else()

@@ -15,7 +15,7 @@ struct eager_1f1b {
   static constexpr std::string_view name = "eager-1f1b";
   static constexpr std::string_view summary = "1F1B with a fixed warm-up of `cap` forwards (test family)";
   int cap = 2;
-  constexpr std::string check(loom::shape s) const {
+  constexpr loom::text check(loom::shape s) const {
     if (auto e = loom::detail::check_basic(name, s, 1); !e.empty()) return e;
     if (cap < s.ranks - 1) return "eager-1f1b needs cap >= ranks-1";
     return {};

@@ -60,6 +60,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <cerrno>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -152,12 +154,13 @@ struct register_source {
 // Strict number parsing. CLI11 would accept "4x"-style input in places and its messages differ
 // from ours; every numeric option is therefore taken as text and parsed here.
 
-//! Upper bounds that keep a mistyped size from exhausting memory (a rule, never a clamp).
-inline constexpr int max_ranks = 4096;
+//! Upper bounds that keep a mistyped size from exhausting memory (a rule, never a clamp); ranks
+//! and ranks x microbatches x chunks are the library's own limits (loom/schedule/shape.hpp).
+inline constexpr int max_ranks = loom::max_ranks;
 inline constexpr int max_microbatches = 1 << 16;
 inline constexpr int max_chunks = 64;
 //! Upper bound on ranks x microbatches x chunks (about the number of forwards).
-inline constexpr long long max_cells = 1LL << 20;
+inline constexpr long long max_cells = loom::max_shape_cells;
 
 //! Parses `text` (the value of option `flag`) as a decimal integer in [lo, hi]; throws
 //! `usage_error` naming the option and the value otherwise.
@@ -184,13 +187,39 @@ inline double parse_real(std::string_view flag, const std::string& text, double 
                          double hi = std::numeric_limits<double>::max()) {
   auto bad = [&](std::string why) { return usage_error(std::string(flag) + " '" + text + "' " + why); };
   if (text.empty()) throw bad("is empty; give a number");
-  double v = 0;
-  const char* b = text.data();
-  const char* e = b + text.size();
-  if (*b == '+') ++b;
-  auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
-  if (ec == std::errc::result_out_of_range) throw bad("is out of range");
-  if (ec != std::errc{} || p != e) throw bad("is not a number");
+  // The decimal grammar [+-]digits[.digits][(e|E)[+-]digits] (digits on at least one side of
+  // the point), checked here; then strtod, which every standard library has (libc++ 19 has no
+  // floating-point std::from_chars). Named non-numbers ("nan", "inf") are not of this grammar.
+  std::size_t i = 0;
+  const std::size_t n = text.size();
+  auto digits = [&] {
+    std::size_t start = i;
+    while (i < n && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - start;
+  };
+  if (text[i] == '+' || text[i] == '-') ++i;
+  std::size_t mantissa = digits();
+  if (i < n && text[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  bool ok = mantissa > 0;
+  if (ok && i < n && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < n && (text[i] == '+' || text[i] == '-')) ++i;
+    ok = digits() > 0;
+  }
+  if (!ok || i != n) {
+    std::string word;  // lower case, without a sign: "nan", "inf", "infinity", "nan(...)"
+    for (char c : text.substr(text[0] == '+' || text[0] == '-' ? 1 : 0))
+      word += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    if (word == "inf" || word == "infinity" || word == "nan" || (word.rfind("nan(", 0) == 0 && word.back() == ')'))
+      throw bad("is not a finite number");
+    throw bad("is not a number");
+  }
+  errno = 0;
+  const double v = std::strtod(text.c_str(), nullptr);
+  if (errno == ERANGE) throw bad("is out of range");
   if (!std::isfinite(v)) throw bad("is not a finite number");
   auto num = [](double x) {
     std::string s = std::to_string(x);

@@ -61,6 +61,7 @@ import_options& imports() {
 }
 
 cli::register_options simulate_torch_options{"simulate", [](CLI::App& sub) {
+  imports() = import_options{};  // a fresh command line (the CLI fuzz target parses many in one process)
   imports().sub = &sub;
   sub.add_option("--torch-csv", imports().path,
                  "read the schedule from a PyTorch pipelining CSV (stage -> rank inferred, placement detected)");

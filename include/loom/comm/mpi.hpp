@@ -489,8 +489,11 @@ class comm {
     std::vector<int> members;
     for (int j = 0; j < size(); ++j)
       if (all[static_cast<std::size_t>(3 * j)] == color) members.push_back(j);
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return all[static_cast<std::size_t>(3 * a + 1)] < all[static_cast<std::size_t>(3 * b + 1)];
+    // By key, ties in rank order (members is ascending and unique); std::sort rather than
+    // std::stable_sort, whose libstdc++ 12 body warns under clang (deprecated get_temporary_buffer).
+    std::sort(members.begin(), members.end(), [&](int a, int b) {
+      const auto ka = all[static_cast<std::size_t>(3 * a + 1)], kb = all[static_cast<std::size_t>(3 * b + 1)];
+      return ka != kb ? ka < kb : a < b;
     });
     std::vector<int> wr;
     int my_index = 0;

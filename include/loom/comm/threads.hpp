@@ -570,8 +570,11 @@ class comm {
     std::vector<int> members;
     for (int j = 0; j < size(); ++j)
       if (g_->slots[static_cast<std::size_t>(j)].color == color) members.push_back(j);
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return g_->slots[static_cast<std::size_t>(a)].key < g_->slots[static_cast<std::size_t>(b)].key;
+    // By key, ties in rank order (members is ascending and unique); std::sort rather than
+    // std::stable_sort, whose libstdc++ 12 body warns under clang (deprecated get_temporary_buffer).
+    std::sort(members.begin(), members.end(), [&](int a, int b) {
+      const int ka = g_->slots[static_cast<std::size_t>(a)].key, kb = g_->slots[static_cast<std::size_t>(b)].key;
+      return ka != kb ? ka < kb : a < b;
     });
     int my_index = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
     int leader = *std::min_element(members.begin(), members.end());

@@ -176,12 +176,12 @@ constexpr bool needs_split_stage(const schedule& s) {
 
 //! The sentence explaining why `Stage` cannot run schedule `s`, or "".
 template <class Stage>
-constexpr std::string split_rule(const schedule& s) {
+constexpr text split_rule(const schedule& s) {
   if constexpr (split_stage<Stage>) {
     return {};
   } else {
     if (!needs_split_stage(s)) return {};
-    std::string missing;
+    text missing;
     if constexpr (!requires(Stage& st, const stage_context& c, backward_buffers<typename Stage::value_type> b) {
                     st.backward_input(c, b);
                   })
@@ -197,9 +197,9 @@ constexpr std::string split_rule(const schedule& s) {
 //! Instantiated with a non-empty message, fails to compile with the message in the diagnostic.
 template <fixed_message Why>
 struct stage_cannot_run_schedule {
-  static_assert(Why.empty(),
+  static_assert(no_message(message_text<exact_of<Why>>{}),
                 "loom: this stage type cannot run this static schedule; the reason is the text in "
-                "'stage_cannot_run_schedule<fixed_message{\"...\"}>' above");
+                "'message_text<exact_message<N>{\"...\"}>' above");
 };
 
 //! True for `static_schedule` types.
@@ -482,8 +482,10 @@ class pipeline {
     copy_reqs_.resize(copy_req_count);
     copy_is_recv_.assign(copy_req_count, 0);
     for (std::size_t li = 0; li < L; ++li) copy_order_.push_back(li);
-    std::stable_sort(copy_order_.begin(), copy_order_.end(),
-                     [&](std::size_t a, std::size_t b) { return ids_[a].stage < ids_[b].stage; });
+    // By stage, ties in index order (std::sort: libstdc++ 12's std::stable_sort warns under clang).
+    std::sort(copy_order_.begin(), copy_order_.end(), [&](std::size_t a, std::size_t b) {
+      return ids_[a].stage != ids_[b].stage ? ids_[a].stage < ids_[b].stage : a < b;
+    });
     const auto P = static_cast<std::size_t>(sched_.ranks);
     status_.assign(P * status_words, 0);
     losses_.assign(static_cast<std::size_t>(M_) + 2 * P, 0.0);

@@ -112,9 +112,9 @@ inline std::string render_svg(const schedule& s, const simulation& sim, const sv
   const double total_h = legend_y + (o.legend ? 30 : 0);
   const double font = std::min(12.0, box_h * 0.6);
 
-  std::string title = o.title.empty() ? s.name + ": " + detail::to_text(s.ranks) + " ranks \xC3\x97 " +
+  std::string title = o.title.empty() ? std::string(s.name + ": " + detail::to_text(s.ranks) + " ranks \xC3\x97 " +
                                             detail::to_text(s.microbatches) + " microbatches" +
-                                            (s.chunks > 1 ? ", " + detail::to_text(s.chunks) + " chunks per rank" : "")
+                                            (s.chunks > 1 ? ", " + detail::to_text(s.chunks) + " chunks per rank" : ""))
                                       : o.title;
   std::string sub = "makespan " + detail::rounded(sim.makespan, 4) + " \xC2\xB7 bubble ratio " +
                     detail::rounded(100 * sim.bubble_ratio, 1) + "% \xC2\xB7 bubble rate " +

@@ -144,15 +144,38 @@ struct torch_atom {
 struct torch_cell {
   int line = 0;    //!< 1-based
   int column = 0;  //!< 1-based
-  std::string text;
+  loom::text text;
   torch_kind kind = torch_kind::F;
   torch_atom a;  //!< the action, or the overlap's forward half
   torch_atom b;  //!< the overlap's backward half
 };
 
-//! The message of a malformed cell: `torch csv line L, cell C "TEXT": why`.
-constexpr std::string torch_msg(int line, int column, std::string_view text, std::string_view why) {
-  std::string m = "torch csv line ";
+//! `s` with each control character written as `\n`, `\r`, `\t` or `\xHH`, so that a message
+//! quoting a cell (a quoted cell may span lines) stays one line.
+constexpr loom::text torch_escape(std::string_view s) {
+  loom::text out;
+  for (char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u >= 0x20 && u != 0x7f) {
+      out.push_back(ch);
+      continue;
+    }
+    out.push_back('\\');
+    if (ch == '\n') out.push_back('n');
+    else if (ch == '\r') out.push_back('r');
+    else if (ch == '\t') out.push_back('t');
+    else {
+      out.push_back('x');
+      out.push_back("0123456789abcdef"[u >> 4]);
+      out.push_back("0123456789abcdef"[u & 15]);
+    }
+  }
+  return out;
+}
+
+//! The message of a malformed cell: `torch csv line L, cell C "TEXT": why`, on one line.
+constexpr loom::text torch_msg(int line, int column, std::string_view text, std::string_view why) {
+  loom::text m = "torch csv line ";
   m += to_text(line);
   m += ", cell ";
   m += to_text(column);
@@ -160,10 +183,10 @@ constexpr std::string torch_msg(int line, int column, std::string_view text, std
   m += text;
   m += "\": ";
   m += why;
-  return m;
+  return torch_escape(m);
 }
 //! As above, for a parsed cell.
-constexpr std::string torch_msg(const torch_cell& c, std::string_view why) { return torch_msg(c.line, c.column, c.text, why); }
+constexpr loom::text torch_msg(const torch_cell& c, std::string_view why) { return torch_msg(c.line, c.column, c.text, why); }
 
 constexpr bool torch_digit(char ch) { return ch >= '0' && ch <= '9'; }
 constexpr bool torch_space(char ch) { return ch == ' ' || ch == '\t'; }
@@ -214,8 +237,8 @@ constexpr torch_kind torch_waited(torch_kind k) {
 //! a weight gradient, `W`, or a full backward, `B`).
 constexpr bool torch_grad(torch_kind k) { return k == torch_kind::W || k == torch_kind::B; }
 //! The text of an action PyTorch names by stage and microbatch, e.g. `2SEND_F0` (`mb` < 0: none).
-constexpr std::string torch_cell_text(torch_kind k, int stage, int mb) {
-  std::string out = to_text(stage);
+constexpr loom::text torch_cell_text(torch_kind k, int stage, int mb) {
+  loom::text out = to_text(stage);
   out += torch_token(k);
   if (mb >= 0) out += to_text(mb);
   return out;
@@ -228,7 +251,7 @@ constexpr long long torch_number(std::string_view& s, int line, int column, std:
   while (!s.empty() && torch_digit(s.front())) {
     v = v * 10 + (s.front() - '0');
     if (v > torch_max_index)
-      throw schedule_error(detail::torch_msg(line, column, cell, std::string(what) + " index exceeds loom's limit of " + to_text(torch_max_index)));
+      throw schedule_error(detail::torch_msg(line, column, cell, loom::text(what) + " index exceeds loom's limit of " + to_text(torch_max_index)));
     s.remove_prefix(1);
   }
   return v;
@@ -241,7 +264,7 @@ constexpr torch_atom torch_parse_atom(std::string_view s, int line, int column, 
   long long stage = torch_number(s, line, column, cell, "stage");
   if (stage < 0)
     throw schedule_error(detail::torch_msg(line, column, cell,
-               "\"" + std::string(all) + "\" does not start with a stage index (expected <stage><type><microbatch>, e.g. 2F0)"));
+               "\"" + loom::text(all) + "\" does not start with a stage index (expected <stage><type><microbatch>, e.g. 2F0)"));
   std::size_t n = 0;
   while (n < s.size() && ((s[n] >= 'A' && s[n] <= 'Z') || s[n] == '_')) ++n;
   const std::string_view token = s.substr(0, n);
@@ -258,17 +281,17 @@ constexpr torch_atom torch_parse_atom(std::string_view s, int line, int column, 
       found = true;
     }
   if (!found) {
-    std::string why = token.empty() ? "no action type after stage " + to_text(stage)
-                                    : "unknown action type \"" + std::string(token) + "\"";
+    loom::text why = token.empty() ? "no action type after stage " + to_text(stage)
+                                    : "unknown action type \"" + loom::text(token) + "\"";
     throw schedule_error(detail::torch_msg(line, column, cell,
                why + " (expected F, I, B, W, SEND_F, RECV_F, SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD or WAIT_REDUCE_GRAD)"));
   }
   long long mb = torch_number(s, line, column, cell, "microbatch");
   if (!s.empty())
-    throw schedule_error(detail::torch_msg(line, column, cell, "unexpected text \"" + std::string(s) + "\" after the action"));
+    throw schedule_error(detail::torch_msg(line, column, cell, "unexpected text \"" + loom::text(s) + "\" after the action"));
   bool needs_mb = torch_compute(out.kind) || torch_comm(out.kind) || out.kind == torch_kind::wait_send_f || out.kind == torch_kind::wait_send_b;
   if (needs_mb && mb < 0)
-    throw schedule_error(detail::torch_msg(line, column, cell, "action " + std::string(torch_token(out.kind)) + " of stage " + to_text(stage) + " has no microbatch index"));
+    throw schedule_error(detail::torch_msg(line, column, cell, "action " + loom::text(torch_token(out.kind)) + " of stage " + to_text(stage) + " has no microbatch index"));
   out.stage = static_cast<int>(stage);
   out.mb = needs_mb ? static_cast<int>(mb) : -1;
   return out;
@@ -279,7 +302,7 @@ constexpr torch_cell torch_parse_cell(std::string_view text, int line, int colum
   torch_cell c;
   c.line = line;
   c.column = column;
-  c.text = std::string(text);
+  c.text = loom::text(text);
   if (text.front() != '(') {
     c.a = torch_parse_atom(text, line, column, text);
     c.kind = c.a.kind;
@@ -290,7 +313,7 @@ constexpr torch_cell torch_parse_cell(std::string_view text, int line, int colum
   if (close == std::string_view::npos) throw schedule_error(detail::torch_msg(c, "\"(\" without a closing \")\" (expected (<forward>;<backward>)OVERLAP_F_B)"));
   std::string_view suffix = text.substr(close + 1);
   if (suffix != "OVERLAP_F_B")
-    throw schedule_error(detail::torch_msg(c, "a parenthesised cell must end in OVERLAP_F_B, not \"" + std::string(suffix) + "\""));
+    throw schedule_error(detail::torch_msg(c, "a parenthesised cell must end in OVERLAP_F_B, not \"" + loom::text(suffix) + "\""));
   std::string_view inner = text.substr(1, close - 1);
   std::vector<torch_atom> parts;
   while (true) {
@@ -310,7 +333,7 @@ constexpr torch_cell torch_parse_cell(std::string_view text, int line, int colum
       c.b = p;
       ++backwards;
     } else {
-      throw schedule_error(detail::torch_msg(c, "OVERLAP_F_B may only hold F, I or B actions, not " + std::string(torch_token(p.kind))));
+      throw schedule_error(detail::torch_msg(c, "OVERLAP_F_B may only hold F, I or B actions, not " + loom::text(torch_token(p.kind))));
     }
   }
   if (forwards != 1 || backwards != 1)
@@ -331,7 +354,7 @@ constexpr int torch_split(std::string_view text, Cell&& cell, Row&& row) {
     int column = 0;
     while (true) {
       ++column;
-      std::string value;
+      loom::text value;
       bool quoted = false;
       while (i < text.size() && torch_space(text[i])) ++i;
       if (i < text.size() && text[i] == '"') {
@@ -356,7 +379,7 @@ constexpr int torch_split(std::string_view text, Cell&& cell, Row&& row) {
       std::size_t start = i;
       while (i < text.size() && text[i] != ',' && text[i] != '\n' && text[i] != '\r') ++i;
       std::string_view rest = torch_trim(text.substr(start, i - start));
-      if (quoted && !rest.empty()) throw schedule_error(detail::torch_msg(line, column, value + std::string(rest), "text after a quoted cell's closing quote"));
+      if (quoted && !rest.empty()) throw schedule_error(detail::torch_msg(line, column, value + loom::text(rest), "text after a quoted cell's closing quote"));
       if (quoted) cell(line, column, std::string_view(value));
       else cell(line, column, rest);
       if (i < text.size() && text[i] == ',') {
@@ -418,14 +441,14 @@ constexpr void torch_check_completions(const std::vector<std::vector<torch_cell>
       } else if (torch_wait(c.kind)) {
         const torch_kind target = torch_waited(c.kind);
         const bool is_send = target != torch_kind::reduce_grad;
-        const std::string op = torch_cell_text(target, a.stage, is_send ? a.mb : -1);
+        const loom::text op = torch_cell_text(target, a.stage, is_send ? a.mb : -1);
         const torch_cell* done = is_send ? sent[key(c.kind, a.stage, a.mb)] : reduced[ust];
         const torch_cell*& wait = is_send ? waited[key(c.kind, a.stage, a.mb)] : reduce_waited[ust];
         if (done && wait)
           throw schedule_error(torch_msg(c, "waits a second time for " + op + ", already completed at " + where(*wait) + "; each " +
-                                                std::string(torch_token(target)) + " has one wait"));
+                                                loom::text(torch_token(target)) + " has one wait"));
         if (!done) {
-          std::string later;
+          loom::text later;
           for (std::size_t cj = ci + 1; cj < row.size() && later.empty(); ++cj) {
             const torch_cell& o = row[cj];
             if (o.kind == target && o.a.stage == a.stage && (!is_send || o.a.mb == a.mb)) later = where(o);
@@ -433,7 +456,7 @@ constexpr void torch_check_completions(const std::vector<std::vector<torch_cell>
           throw schedule_error(torch_msg(c, "waits for " + op + ", which " +
                                                 (later.empty() ? "line " + to_text(c.line) + " does not issue"
                                                                : "line " + to_text(c.line) + " issues only later, at " + later) +
-                                                "; a wait is the completion point of an earlier " + std::string(torch_token(target)) +
+                                                "; a wait is the completion point of an earlier " + loom::text(torch_token(target)) +
                                                 " of the same rank and must follow it"));
         }
         wait = &c;
@@ -565,7 +588,7 @@ constexpr torch_csv_import import_torch_csv(std::string_view text, const torch_c
 
   // The schedule.
   schedule& s = out.sched;
-  s.name = std::string(opt.name);
+  s.name = loom::text(opt.name);
   s.ranks = P;
   s.microbatches = M;
   s.stages = S;
@@ -579,11 +602,11 @@ constexpr torch_csv_import import_torch_csv(std::string_view text, const torch_c
       const detail::torch_atom& a = c.a;
       auto peer_of = [&](int stage, std::string_view role) {
         if (stage < 0 || stage >= S)
-          throw schedule_error(detail::torch_msg(c, std::string(torch_token(a.kind)) + " of stage " + to_text(a.stage) + " names " + std::string(role) +
+          throw schedule_error(detail::torch_msg(c, loom::text(torch_token(a.kind)) + " of stage " + to_text(a.stage) + " names " + loom::text(role) +
                             " stage " + to_text(stage) + ", outside the stages 0.." + to_text(S - 1)));
         int peer = stage_rank[static_cast<std::size_t>(stage)];
         if (peer == r)
-          throw schedule_error(detail::torch_msg(c, std::string(torch_token(a.kind)) + " of stage " + to_text(a.stage) + " pairs with stage " + to_text(stage) +
+          throw schedule_error(detail::torch_msg(c, loom::text(torch_token(a.kind)) + " of stage " + to_text(a.stage) + " pairs with stage " + to_text(stage) +
                             ", which is on the same rank " + to_text(r) + "; PyTorch transfers nothing between stages of one rank"));
         return peer;
       };
@@ -673,7 +696,7 @@ struct torch_csv_write_options {
 //!
 //! Throws `schedule_error` for a schedule PyTorch's format cannot hold (two directions, several
 //! parameter copies), and for a lowered schedule asked for in the compute-only form.
-constexpr std::string write_torch_csv(const schedule& s, const torch_csv_write_options& opt = {}) {
+constexpr loom::text write_torch_csv(const schedule& s, const torch_csv_write_options& opt = {}) {
   using detail::to_text;
   using detail::torch_kind;
   if (s.directions != 1)
@@ -697,14 +720,14 @@ constexpr std::string write_torch_csv(const schedule& s, const torch_csv_write_o
   const bool waits = comms && opt.waits;
   const int S = src.stages, M = src.microbatches;
   auto atom = [&](op k, int mb, int stage) {
-    std::string cell = to_text(stage);
+    loom::text cell = to_text(stage);
     cell += k == op::F ? "F" : k == op::W ? "W" : k == op::BW ? "B" : (legacy ? "B" : "I");
     cell += to_text(mb);
     return cell;
   };
   auto idx = [M](int mb, int stage) { return detail::cell(mb, stage, M); };
   // Appends only: GCC 12's -Wrestrict misfires on `"literal" + std::string` at -O3.
-  std::string out;
+  loom::text out;
   std::vector<int> last_grad(static_cast<std::size_t>(S), -1);
   std::vector<int> forward_send(static_cast<std::size_t>(S) * static_cast<std::size_t>(M), -1);
   for (auto const& prog : src.programs) {
@@ -727,7 +750,7 @@ constexpr std::string write_torch_csv(const schedule& s, const torch_csv_write_o
       const action& a = prog[i];
       switch (a.kind) {
         case op::FB: {
-          std::string cell = "(";
+          loom::text cell = "(";
           cell += atom(op::F, a.mb, a.stage);
           cell += ';';
           cell += atom(a.bkind, a.bmb, a.bstage);

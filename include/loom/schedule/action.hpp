@@ -82,14 +82,14 @@ constexpr std::string_view to_string(op k) {
 }
 
 //! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`.
-constexpr std::string to_string(const action& a) {
+constexpr text to_string(const action& a) {
   using detail::to_text;
-  auto one = [](op k, int mb, int s) { return std::string(to_string(k)) + to_text(mb) + "@s" + to_text(s); };
+  auto one = [](op k, int mb, int s) { return text(to_string(k)) + to_text(mb) + "@s" + to_text(s); };
   switch (a.kind) {
     case op::FB: return "FB(" + one(op::F, a.mb, a.stage) + "+" + one(a.bkind, a.bmb, a.bstage) + ")";
     case op::send:
     case op::recv:
-      return std::string(to_string(a.kind)) + "(" + (a.what == payload::activation ? "act " : "grad ") +
+      return text(to_string(a.kind)) + "(" + (a.what == payload::activation ? "act " : "grad ") +
              to_text(a.mb) + "@s" + to_text(a.stage) + (a.kind == op::send ? " ->r" : " <-r") + to_text(a.peer) + ")";
     default: return one(a.kind, a.mb, a.stage);
   }

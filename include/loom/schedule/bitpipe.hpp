@@ -56,7 +56,7 @@ struct bitpipe {
   static constexpr std::string_view summary =
       "BitPipe: two V-shaped interleaved pipelines in opposite directions (Wu et al. 2024)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s); }
   constexpr schedule generate(shape s) const {
     const int p = s.ranks, v = s.chunks;
     return detail::wavefront_schedule(name, s, v * p, v, 2, 2, placement_kind::bidirectional,

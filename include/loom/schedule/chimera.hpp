@@ -60,7 +60,7 @@ struct chimera {
   static constexpr std::string_view name = "chimera";
   static constexpr std::string_view summary =
       "Chimera: two model replicas as down and up pipelines over the same ranks (Li & Hoefler 2021)";
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 1); }
   constexpr schedule generate(shape s) const {
     const int p = s.ranks;
     return detail::wavefront_schedule(name, s, p, 1, 2, 2, placement_kind::bidirectional,

@@ -57,17 +57,17 @@ struct dualpipe {
   static constexpr std::string_view summary =
       "DeepSeek DualPipe: bidirectional, overlapped forward+backward pairs, 2 parameter copies (DeepSeek-V3 2024)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const {
-    if (std::string rule = detail::check_basic(name, s, 2); !rule.empty()) return rule;
+  constexpr text check(shape s) const {
+    if (text rule = detail::check_basic(name, s, 2); !rule.empty()) return rule;
     if (s.ranks < 2 || s.ranks % 2 != 0)
-      return std::string(name) + " needs an even number of ranks >= 2 (got " + detail::to_text(s.ranks) + ")";
+      return text(name) + " needs an even number of ranks >= 2 (got " + detail::to_text(s.ranks) + ")";
     return {};
   }
   constexpr schedule generate(shape s) const {
     const int P = s.ranks, m = s.microbatches, H = P / 2;
     const int n0 = (m + 1) / 2, n1 = m / 2;  // microbatches of direction 0 and 1
     schedule out;
-    out.name = std::string(name);
+    out.name = text(name);
     out.ranks = P;
     out.microbatches = m;
     out.chunks = 2;
@@ -75,7 +75,7 @@ struct dualpipe {
     out.directions = 2;
     out.param_copies = 2;
     out.placement = placement_kind::bidirectional;
-    out.stage_to_rank.resize(static_cast<std::size_t>(2 * P));
+    out.stage_to_rank.resize(static_cast<std::size_t>(2 * P), 0);
     for (int st = 0; st < P; ++st) {
       out.stage_to_rank[static_cast<std::size_t>(st)] = st;
       out.stage_to_rank[static_cast<std::size_t>(P + st)] = P - 1 - st;

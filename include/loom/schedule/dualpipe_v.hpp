@@ -52,7 +52,7 @@ struct dualpipe_v {
   static constexpr std::string_view summary =
       "DualPipeV: DualPipe cut in half onto a V placement, overlapped forward+backward pairs (DeepSeek-AI / Sea AI Lab 2025)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 2); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 2); }
   constexpr schedule generate(shape s) const {
     const int P = s.ranks, m = s.microbatches;
     schedule out = make_schedule(name, s, 2 * P, placement_kind::v);

@@ -26,7 +26,9 @@ struct generate_options {
 };
 
 //! A schedule family: a default-constructible type with a `name`, a constexpr `check(shape)`
-//! returning the violated rule as a sentence (empty when the shape can run), and a constexpr
+//! returning the violated rule as a sentence (empty when the shape can run) as a `loom::text`
+//! (a `std::string` works at run time, but not during constant evaluation under clang with
+//! libstdc++ 12; `static_schedule` requires `loom::text`), and a constexpr
 //! `generate(shape)` returning the schedule. It may declare `static constexpr int
 //! default_chunks` (else 1), `static constexpr std::string_view summary`, and a cost-aware
 //! `generate(shape, const generate_options&)` (see `cost_aware_family`).
@@ -35,7 +37,7 @@ struct generate_options {
 template <class F>
 concept schedule_family = std::semiregular<F> && requires(const F& f, const shape& s) {
   { F::name } -> std::convertible_to<std::string_view>;
-  { f.check(s) } -> std::convertible_to<std::string>;
+  { f.check(s) } -> std::convertible_to<text>;
   { f.generate(s) } -> std::same_as<schedule>;
 };
 
@@ -54,6 +56,26 @@ inline constexpr int default_chunks_v = [] {
     return 1;
 }();
 
+//! The family's limit on ranks x microbatches x chunks: its `max_cells` if it declares one (a
+//! generator that searches is superlinear), else `loom::max_shape_cells`.
+template <class F>
+inline constexpr long long max_cells_v = [] {
+  if constexpr (requires { F::max_cells; })
+    return static_cast<long long>(F::max_cells) < max_shape_cells ? static_cast<long long>(F::max_cells) : max_shape_cells;
+  else
+    return max_shape_cells;
+}();
+
+//! The family's limit on ranks: its `max_ranks` if it declares a smaller one, else
+//! `loom::max_ranks`.
+template <class F>
+inline constexpr int max_ranks_v = [] {
+  if constexpr (requires { F::max_ranks; })
+    return static_cast<int>(F::max_ranks) < max_ranks ? static_cast<int>(F::max_ranks) : max_ranks;
+  else
+    return max_ranks;
+}();
+
 //! `s` with `chunks == 0` replaced by the family's natural value.
 template <schedule_family F>
 constexpr shape resolve(shape s) {
@@ -64,8 +86,8 @@ constexpr shape resolve(shape s) {
 namespace detail {
 //! The rules every family shares: positive ranks, microbatches and chunks; a family that runs
 //! one chunk per rank (`fixed_chunks`) rejects any other count.
-constexpr std::string check_basic(std::string_view family, shape s, int fixed_chunks = 0) {
-  std::string f(family);
+constexpr text check_basic(std::string_view family, shape s, int fixed_chunks = 0) {
+  text f(family);
   if (s.ranks < 1) return f + " needs ranks >= 1 (got ranks=" + to_text(s.ranks) + ")";
   if (s.microbatches < 1) return f + " needs microbatches >= 1 (got microbatches=" + to_text(s.microbatches) + ")";
   if (s.chunks < 1) return f + " needs chunks >= 1 (got chunks=" + to_text(s.chunks) + ")";
@@ -73,12 +95,45 @@ constexpr std::string check_basic(std::string_view family, shape s, int fixed_ch
     return f + " runs exactly " + to_text(fixed_chunks) + " chunk(s) per rank (got chunks=" + to_text(s.chunks) + ")";
   return {};
 }
+
+//! loom's size limits (see `loom::max_ranks`) for a shape whose ranks, microbatches and chunks
+//! are already known to be >= 1: ranks <= `ranks_limit`, ranks x microbatches x chunks <=
+//! `max_cells`.
+constexpr text check_size(std::string_view family, shape s, long long max_cells, int ranks_limit = max_ranks) {
+  if (s.ranks > ranks_limit)
+    return text(family) + " needs ranks <= " + to_text(ranks_limit) + " (loom's limit for this family; got ranks=" +
+           to_text(s.ranks) + ")";
+  // ranks <= 2^12, microbatches < 2^31: the first product fits; the second is formed only when
+  // the first is <= max_cells.
+  const long long rm = static_cast<long long>(s.ranks) * s.microbatches;
+  if (rm > max_cells || rm * s.chunks > max_cells)
+    return text(family) + " needs ranks x microbatches x chunks <= " + to_text(max_cells) +
+           " (loom's limit for this family; got " + to_text(s.ranks) + " x " + to_text(s.microbatches) + " x " +
+           to_text(s.chunks) + ")";
+  return {};
+}
+
+//! The rule `o` breaks for any cost-aware family, or "": its costs (`check_costs`) and a finite
+//! `mem_limit` (<= 0: none; NaN or an infinity is an error, not "none").
+constexpr text check_options(const generate_options& o) {
+  if (text rule = check_costs(o.cost); !rule.empty()) return rule;
+  if (!finite(o.mem_limit)) return "mem_limit must be a finite number (<= 0: none) (got mem_limit=" + real_text(o.mem_limit) + ")";
+  return {};
+}
+
+//! `f.check(s)` followed by loom's size limits for `F`; `s` resolved.
+template <schedule_family F>
+constexpr text check_all(const F& f, shape s) {
+  if (text rule = f.check(s); !rule.empty()) return rule;
+  return check_size(F::name, s, max_cells_v<F>, max_ranks_v<F>);
+}
 }  // namespace detail
 
-//! The rule `shape` breaks for family `F` (after defaulting its chunks), or "" if it can run.
+//! The rule `shape` breaks for family `F` (after defaulting its chunks), including loom's size
+//! limits, or "" if it can run.
 template <schedule_family F>
-constexpr std::string check(const F& f, shape s) {
-  return f.check(resolve<F>(s));
+constexpr text check(const F& f, shape s) {
+  return detail::check_all(f, resolve<F>(s));
 }
 
 //! Generates `F`'s schedule for shape `s`. Throws `schedule_error` naming the rule if the
@@ -86,17 +141,22 @@ constexpr std::string check(const F& f, shape s) {
 template <schedule_family F>
 constexpr schedule generate(const F& f, shape s) {
   s = resolve<F>(s);
-  if (std::string rule = f.check(s); !rule.empty()) throw schedule_error(rule);
+  if (text rule = detail::check_all(f, s); !rule.empty()) throw schedule_error(rule);
   return f.generate(s);
 }
 
-//! As `generate(f, s)`, passing `o` to a cost-aware family (others ignore it).
+//! As `generate(f, s)`, passing `o` to a cost-aware family (others ignore it). For a cost-aware
+//! family, throws `config_error` naming the rule when `o` breaks `detail::check_options`.
 template <schedule_family F>
 constexpr schedule generate(const F& f, shape s, const generate_options& o) {
   s = resolve<F>(s);
-  if (std::string rule = f.check(s); !rule.empty()) throw schedule_error(rule);
-  if constexpr (cost_aware_family<F>) return f.generate(s, o);
-  else return f.generate(s);
+  if (text rule = detail::check_all(f, s); !rule.empty()) throw schedule_error(rule);
+  if constexpr (cost_aware_family<F>) {
+    if (text rule = detail::check_options(o); !rule.empty()) throw config_error(rule);
+    return f.generate(s, o);
+  } else {
+    return f.generate(s);
+  }
 }
 
 }  // namespace loom

@@ -19,9 +19,9 @@ namespace loom {
 //! `mark_rank >= 0` the action at (`mark_rank`, `mark_pos`) is bracketed and every row shows
 //! only positions within `window` of `mark_pos`; without a mark, rows show their first
 //! `2 * window + 1` actions (elided parts as `...`).
-constexpr std::string format_programs(const schedule& s, int mark_rank = -1, std::size_t mark_pos = 0,
+constexpr text format_programs(const schedule& s, int mark_rank = -1, std::size_t mark_pos = 0,
                                       std::size_t window = 8) {
-  std::string out;
+  text out;
   for (std::size_t r = 0; r < s.programs.size(); ++r) {
     auto const& p = s.programs[r];
     std::size_t lo = 0, hi = p.size() < 2 * window + 1 ? p.size() : 2 * window + 1;

@@ -32,7 +32,7 @@ namespace loom {
 struct gpipe {
   static constexpr std::string_view name = "gpipe";
   static constexpr std::string_view summary = "GPipe: all forwards, then all fused backwards (Huang et al. 2019)";
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 1); }
   constexpr schedule generate(shape s) const {
     schedule out = make_schedule(name, s, s.ranks, placement_kind::loop);
     for (int r = 0; r < s.ranks; ++r) {

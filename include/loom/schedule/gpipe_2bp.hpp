@@ -42,7 +42,7 @@ struct gpipe_2bp {
   static constexpr std::string_view name = "gpipe-2bp";
   static constexpr std::string_view summary =
       "GPipe with 2BP: backward split into B and W, all W's deferred to the end (Rae et al. 2024)";
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 1); }
   constexpr schedule generate(shape s) const { return detail::defer_weight_gradients(gpipe{}.generate(s), name); }
 };
 static_assert(schedule_family<gpipe_2bp>);

@@ -49,7 +49,10 @@ struct hanayo {
   static constexpr std::string_view summary =
       "Hanayo: wave-like pipeline, W waves of 2P stages, no model replica (Liu et al. 2023)";
   static constexpr int default_chunks = 1;
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s); }
+  //! Size limit (see `loom::max_ranks`): each of the W waves puts 2 stages on a rank, so a shape
+  //! of p x m x W holds p x m x 2W cells.
+  static constexpr long long max_cells = max_shape_cells / 2;
+  constexpr text check(shape s) const { return detail::check_basic(name, s); }
   constexpr schedule generate(shape s) const {
     const int p = s.ranks, v = 2 * s.chunks;
     return detail::wavefront_schedule(name, s, v * p, v, 1, 1, s.chunks == 1 ? placement_kind::v : placement_kind::custom,

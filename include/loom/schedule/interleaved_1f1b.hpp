@@ -46,7 +46,7 @@ struct interleaved_1f1b {
   static constexpr std::string_view name = "interleaved-1f1b";
   static constexpr std::string_view summary = "Megatron-LM interleaved 1F1B: v chunks per rank in loop placement (Narayanan et al. 2021)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s); }
   constexpr schedule generate(shape s) const {
     const int p = s.ranks, m = s.microbatches, v = s.chunks;
     schedule out = make_schedule(name, s, p * v, placement_kind::loop);

@@ -38,7 +38,7 @@ struct looped_bfs {
   static constexpr std::string_view summary =
       "Breadth-first looped pipeline: chunk by chunk over all microbatches (Lamy-Poirier 2023)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s); }
   constexpr schedule generate(shape s) const {
     const int p = s.ranks, m = s.microbatches, v = s.chunks;
     schedule out = make_schedule(name, s, p * v, placement_kind::loop);

@@ -32,7 +32,7 @@ namespace loom {
 struct one_f_one_b {
   static constexpr std::string_view name = "1f1b";
   static constexpr std::string_view summary = "1F1B / PipeDream-Flush: warm-up, one forward one backward, cool-down (Narayanan et al. 2021)";
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 1); }
   constexpr schedule generate(shape s) const {
     schedule out = make_schedule(name, s, s.ranks, placement_kind::loop);
     const int m = s.microbatches;

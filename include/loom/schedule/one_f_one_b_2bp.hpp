@@ -43,7 +43,7 @@ struct one_f_one_b_2bp {
   static constexpr std::string_view name = "1f1b-2bp";
   static constexpr std::string_view summary =
       "1F1B with 2BP: backward split into B and W, all W's deferred to the end (Rae et al. 2024)";
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 1); }
   constexpr schedule generate(shape s) const { return detail::defer_weight_gradients(one_f_one_b{}.generate(s), name); }
 };
 static_assert(schedule_family<one_f_one_b_2bp>);

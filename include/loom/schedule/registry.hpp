@@ -43,10 +43,10 @@ using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1,
 
 //! A type-erased family: what the registry stores.
 struct family_entry {
-  std::string name;                                //!< CLI name
-  std::string summary;                             //!< one line: what it is, paper
+  text name;                                       //!< CLI name
+  text summary;                                    //!< one line: what it is, paper
   int default_chunks = 1;                          //!< natural chunks per rank
-  std::function<std::string(shape)> check;         //!< rule broken by a resolved shape, or ""
+  std::function<text(shape)> check;                //!< rule (size limits included) broken by a resolved shape, or ""
   bool cost_aware = false;                         //!< uses `generate_options` (auto-schedulers)
   std::function<schedule(shape, const generate_options&)> generate;  //!< schedule for a resolved shape
 
@@ -58,7 +58,7 @@ struct family_entry {
   //! Checks then generates; throws `schedule_error` naming the rule.
   schedule make(shape s, const generate_options& o = {}) const {
     s = resolve(s);
-    if (std::string rule = check(s); !rule.empty()) throw schedule_error(rule);
+    if (text rule = check(s); !rule.empty()) throw schedule_error(rule);
     return generate(s, o);
   }
 };
@@ -67,10 +67,10 @@ struct family_entry {
 template <schedule_family F>
 family_entry make_entry() {
   family_entry e;
-  e.name = std::string(F::name);
-  if constexpr (requires { F::summary; }) e.summary = std::string(F::summary);
+  e.name = text(F::name);
+  if constexpr (requires { F::summary; }) e.summary = text(F::summary);
   e.default_chunks = default_chunks_v<F>;
-  e.check = [](shape s) { return F{}.check(s); };
+  e.check = [](shape s) { return detail::check_all(F{}, s); };
   e.cost_aware = cost_aware_family<F>;
   e.generate = [](shape s, const generate_options& o) { return loom::generate(F{}, s, o); };
   return e;
@@ -100,9 +100,9 @@ class registry {
   //! The entry called `name`; throws `schedule_error` listing the known names otherwise.
   const family_entry& at(std::string_view name) const& {
     if (auto const* e = find(name)) return *e;
-    std::string known;
+    text known;
     for (auto const& e : entries_) known += (known.empty() ? "" : ", ") + e.name;
-    throw schedule_error("unknown schedule '" + std::string(name) + "' (known: " + known + ")");
+    throw schedule_error("unknown schedule '" + text(name) + "' (known: " + known + ")");
   }
   //! All entries in insertion order.
   const std::vector<family_entry>& entries() const& { return entries_; }

@@ -41,7 +41,7 @@ constexpr int v_rank(int s, int ranks) { return s < ranks ? s : 2 * ranks - 1 - 
 //! only (as generated) or compute plus send/recv (after `lower`). Owning and constexpr: it may
 //! be built, checked and simulated during constant evaluation.
 struct schedule {
-  std::string name;          //!< family name (`1f1b`, ...) or the source of an import
+  text name;          //!< family name (`1f1b`, ...) or the source of an import
   int ranks = 0;             //!< P
   int microbatches = 0;      //!< m
   int chunks = 1;            //!< model chunks per rank
@@ -83,13 +83,13 @@ constexpr std::size_t cell(int mb, int st, int m) {
 //! Generators start from this.
 constexpr schedule make_schedule(std::string_view name, shape s, int stages, placement_kind kind) {
   schedule out;
-  out.name = std::string(name);
+  out.name = text(name);
   out.ranks = s.ranks;
   out.microbatches = s.microbatches;
   out.chunks = s.chunks < 1 ? 1 : s.chunks;
   out.stages = stages;
   out.placement = kind;
-  out.stage_to_rank.resize(static_cast<std::size_t>(stages));
+  out.stage_to_rank.resize(static_cast<std::size_t>(stages), 0);
   for (int st = 0; st < stages; ++st)
     out.stage_to_rank[static_cast<std::size_t>(st)] =
         kind == placement_kind::v ? v_rank(st, s.ranks) : loop_rank(st, s.ranks);

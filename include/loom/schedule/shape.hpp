@@ -5,6 +5,8 @@
 //! \file
 //! The knobs of a schedule: its shape (ranks, microbatches, chunks) and its cost model.
 
+#include "loom/schedule/error.hpp"
+
 namespace loom {
 
 //! The shape of a pipeline schedule: `ranks` devices, `microbatches` per step and `chunks`
@@ -16,6 +18,22 @@ struct shape {
   int chunks = 0;
   friend constexpr bool operator==(const shape&, const shape&) = default;
 };
+
+//! loom's size limits, checked up front by `generate`, `check` and the registry for every family
+//! (a rule with a message, never a clamp). `max_ranks` bounds P; `max_shape_cells` bounds
+//! ranks x microbatches x chunks, the number of forward passes of a loop-placed schedule: a
+//! generated schedule then holds at most 3 compute actions per cell (F, B, W) and its lowering
+//! at most 4 more (a send and a receive of an activation and of a gradient), so at most
+//! `max_actions` actions in all, and per rank. A family whose generator searches (`zb-auto`,
+//! `zb-v`, ...) states a smaller `max_cells` (or `max_ranks`) of its own. P is capped well below
+//! the cells: lowering and validation keep per-channel tables of P x P entries. Below these limits the engine's index
+//! arithmetic cannot overflow (`int` holds 7 * 2^20 * 2 with room to spare). The `loom` CLI
+//! enforces the same limits.
+inline constexpr int max_ranks = 1024;
+//! See `max_ranks`.
+inline constexpr long long max_shape_cells = 1LL << 20;
+//! See `max_ranks`: 7 actions per cell (3 compute, 4 send/receive) over `max_shape_cells` cells.
+inline constexpr long long max_actions = 7 * max_shape_cells;
 
 //! The normative cost and memory model (ARCHITECTURE.md): `f`, `b`, `w` are the times of one
 //! microbatch through one rank's share (1/P) of the model; `c` the p2p latency added between
@@ -31,5 +49,25 @@ struct costs {
   double mem_w_ratio = 1;
   friend constexpr bool operator==(const costs&, const costs&) = default;
 };
+
+namespace detail {
+//! The rule `k` breaks, or "": `f`, `b`, `w` and `c` finite and >= 0, `fb` finite (negative: the
+//! sum of its parts), `mem_w_ratio` (`mem-w-ratio` in messages, as on the CLI) in [0, 1]. `simulate` and the cost-aware generators throw
+//! `config_error` with it.
+constexpr text check_costs(const costs& k) {
+  auto rule = [](const char* name, double v) -> text {
+    if (finite(v) && v >= 0) return {};
+    return text("cost ") + name + " must be a finite number >= 0 (got " + name + "=" + real_text(v) + ")";
+  };
+  if (text r = rule("f", k.f); !r.empty()) return r;
+  if (text r = rule("b", k.b); !r.empty()) return r;
+  if (text r = rule("w", k.w); !r.empty()) return r;
+  if (text r = rule("c", k.c); !r.empty()) return r;
+  if (!finite(k.fb)) return "cost fb must be finite (negative: the sum of its parts) (got fb=" + real_text(k.fb) + ")";
+  if (!(k.mem_w_ratio >= 0 && k.mem_w_ratio <= 1))
+    return "mem-w-ratio must be in [0, 1] (got mem-w-ratio=" + real_text(k.mem_w_ratio) + ")";
+  return {};
+}
+}  // namespace detail
 
 }  // namespace loom

@@ -40,7 +40,7 @@ struct action_time {
 //! action; `error` says where, and the metrics are those of the part that could run.
 struct simulation {
   bool ok = false;
-  std::string error;
+  text error;
   int stuck_rank = -1;         //!< on deadlock: the first rank that cannot proceed
   std::size_t stuck_pos = 0;   //!< on deadlock: its position
   double makespan = 0;       //!< global end - global start
@@ -87,11 +87,11 @@ constexpr void prefetch(const void* p) {
 }
 
 //! Text of the dependency that half `backward_half` of `a` waits for, for deadlock reports.
-constexpr std::string waited_for(const schedule& s, const action& a, bool backward_half) {
+constexpr text waited_for(const schedule& s, const action& a, bool backward_half) {
   const int mb = backward_half ? a.bmb : a.mb;
   const int st = backward_half ? a.bstage : a.stage;
   const op k = backward_half ? a.bkind : a.kind;
-  auto at = [&](std::string what, int stage) {
+  auto at = [&](text what, int stage) {
     return what + " (rank " + to_text(s.rank_of(mb, stage)) + ")";
   };
   if (k == op::F) return at(to_string(forward(mb, st - 1)), st - 1);
@@ -103,8 +103,11 @@ constexpr std::string waited_for(const schedule& s, const action& a, bool backwa
 }  // namespace detail
 
 //! Simulates `s` under costs `k`. Works on generated and lowered programs alike (send/recv are
-//! instantaneous). Never throws for a malformed schedule: it reports `ok = false`.
+//! instantaneous). Never throws for a malformed schedule: it reports `ok = false`. Throws
+//! `config_error` for costs outside their domain (`detail::check_costs`) and for costs so large
+//! that the makespan is not a finite number.
 constexpr simulation simulate(const schedule& s, const costs& k = {}) {
+  if (text rule = detail::check_costs(k); !rule.empty()) throw config_error(rule);
   simulation out;
   const int P = s.ranks, S = s.stages, M = s.microbatches;
   const auto uP = static_cast<std::size_t>(P);
@@ -266,6 +269,10 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
   }
   if (g_start < 0) g_start = 0;
   out.makespan = g_end - g_start;
+  if (!detail::finite(out.makespan) || !detail::finite(total))
+    throw config_error("costs too large: the makespan of schedule " + s.name + " is not a finite number (f=" +
+                       detail::real_text(k.f) + ", b=" + detail::real_text(k.b) + ", w=" + detail::real_text(k.w) +
+                       ", c=" + detail::real_text(k.c) + ", fb=" + detail::real_text(k.fb) + ")");
   out.bubble_ratio = out.makespan > 0 ? 1 - total / (P * out.makespan) : 0;
   out.bubble_rate = max_span > 0 ? 1 - total / (P * max_span) : 0;
   out.ok = true;

@@ -9,6 +9,7 @@
 //! rank's program as a `std::array` constant for a loop specialised at compile time.
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <string>
 
@@ -68,10 +69,14 @@ constexpr summary summarize(const F& f, shape s, const costs& k = {}) {
 //! `metrics<costs{...}>` (a `summary`).
 template <schedule_family F, shape Shape>
 struct static_schedule {
+  static_assert(!std::same_as<decltype(F{}.check(Shape)), std::string>,
+                "loom: a static_schedule's family must return loom::text from check(), not std::string: "
+                "std::string cannot be built during constant evaluation by every compiler (clang with "
+                "libstdc++ 12 rejects it)");
   using family = F;  //!< the family type
   static constexpr shape shape_v = resolve<F>(Shape);  //!< the resolved shape
   //! The rule the shape breaks, or empty.
-  static constexpr detail::fixed_message rule{F{}.check(shape_v)};
+  static constexpr detail::fixed_message rule{detail::check_all(F{}, shape_v)};
   //! True when the family can run the shape.
   static constexpr bool ok = rule.empty();
 

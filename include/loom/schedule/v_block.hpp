@@ -92,7 +92,7 @@ constexpr schedule v_schedule_from_timetable(std::string_view name, shape s, con
     for (int pass = 0; pass < 6; ++pass)
       for (int j = 0; j < m; ++j) {
         int sl = tt.at(r, pass, j);
-        if (sl < 0) throw schedule_error(std::string(name) + ": internal error, a pass of rank " + to_text(r) + " was left unplaced");
+        if (sl < 0) throw schedule_error(text(name) + ": internal error, a pass of rank " + to_text(r) + " was left unplaced");
         items.push_back({sl, pass, j});
       }
     std::sort(items.begin(), items.end(), [](const item& a, const item& b) { return a.slot < b.slot; });
@@ -100,7 +100,7 @@ constexpr schedule v_schedule_from_timetable(std::string_view name, shape s, con
     prog.reserve(items.size());
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (i > 0 && items[i].slot == items[i - 1].slot)
-        throw schedule_error(std::string(name) + ": internal error, two passes of rank " + to_text(r) + " share slot " + to_text(items[i].slot));
+        throw schedule_error(text(name) + ": internal error, two passes of rank " + to_text(r) + " share slot " + to_text(items[i].slot));
       const int st = v_chunk(items[i].pass) == 0 ? r : 2 * p - 1 - r;
       const int j = items[i].mb;
       switch (items[i].pass) {
@@ -379,7 +379,7 @@ constexpr v_timetable v_block_timetable(v_block_kind kind, int p, int m) {
 }
 
 //! The rule every V family checks: the common ones plus exactly two chunks per rank.
-constexpr std::string check_v_shape(std::string_view family, shape s) {
+constexpr text check_v_shape(std::string_view family, shape s) {
   return check_basic(family, s, 2);
 }
 

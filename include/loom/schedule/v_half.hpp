@@ -39,7 +39,10 @@ struct v_half {
   static constexpr std::string_view name = "v-half";
   static constexpr std::string_view summary = "V-Half: V-shape building block, ~1/2 of 1F1B's activation memory (Qi et al. 2024)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_v_shape(name, s); }
+  //! Size limit (see `loom::max_ranks`): the block placement's time grows faster than linearly
+  //! with microbatches; about 2 s at the limit on one core.
+  static constexpr long long max_cells = 1LL << 15;
+  constexpr text check(shape s) const { return detail::check_v_shape(name, s); }
   constexpr schedule generate(shape s) const {
     return detail::v_schedule_from_timetable(name, s, detail::v_block_timetable(detail::v_block_kind::half, s.ranks, s.microbatches));
   }

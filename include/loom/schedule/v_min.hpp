@@ -39,7 +39,7 @@ struct v_min {
   static constexpr std::string_view name = "v-min";
   static constexpr std::string_view summary = "V-Min: V-shape building block, ~1/3 of 1F1B's activation memory (Qi et al. 2024)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_v_shape(name, s); }
+  constexpr text check(shape s) const { return detail::check_v_shape(name, s); }
   constexpr schedule generate(shape s) const {
     return detail::v_schedule_from_timetable(name, s, detail::v_block_timetable(detail::v_block_kind::min, s.ranks, s.microbatches));
   }

@@ -34,14 +34,14 @@ namespace loom {
 //! Outcome of `validate`: `ok`, or the first broken rule as a message.
 struct validation {
   bool ok = true;
-  std::string message;
+  text message;
   constexpr explicit operator bool() const { return ok; }
 };
 
 namespace detail {
 
-constexpr validation fail_at(const schedule& s, int rank, std::size_t pos, std::string why) {
-  std::string m = "rank " + to_text(rank) + ", position " + to_text(static_cast<long long>(pos));
+constexpr validation fail_at(const schedule& s, int rank, std::size_t pos, text why) {
+  text m = "rank " + to_text(rank) + ", position " + to_text(static_cast<long long>(pos));
   if (rank >= 0 && static_cast<std::size_t>(rank) < s.programs.size() && pos < s.programs[static_cast<std::size_t>(rank)].size())
     m += ", action " + to_string(s.programs[static_cast<std::size_t>(rank)][pos]);
   m += ": " + why + "\n" + format_programs(s, rank, pos);
@@ -78,7 +78,7 @@ constexpr validation replay_lowered(const schedule& s) {
     return to < 0 || to >= S ? -1 : s.rank_of(mb, to);
   };
   auto describe = [](payload w, std::size_t mb, std::size_t st) {
-    return std::string(w == payload::activation ? "the activation" : "the gradient") + " of mb " +
+    return text(w == payload::activation ? "the activation" : "the gradient") + " of mb " +
            to_text(static_cast<long long>(mb)) + " stage " + to_text(static_cast<long long>(st));
   };
   // The item sent `index`-th on channel from -> to (error path only).
@@ -90,7 +90,7 @@ constexpr validation replay_lowered(const schedule& s) {
       const payload w = code % 2 ? payload::gradient : payload::activation;
       if (producer(mb, st) == from && consumer(w, mb, st) == to) return describe(w, static_cast<std::size_t>(mb), static_cast<std::size_t>(st));
     }
-    return std::string("an unknown item");
+    return text("an unknown item");
   };
   // Runs one compute half: false if rules 1-2 are broken (flagged) or an input is missing.
   auto run_half = [&](int rank, op kind, int mb, int st) -> bool {
@@ -127,7 +127,7 @@ constexpr validation replay_lowered(const schedule& s) {
   auto explain_half = [&](int rank, std::size_t at, op kind, int mb, int st) -> validation {
     auto missing = [&](payload w, int st_in) {
       int from = producer(mb, st_in);
-      std::string item = describe(w, static_cast<std::size_t>(mb), static_cast<std::size_t>(st_in));
+      text item = describe(w, static_cast<std::size_t>(mb), static_cast<std::size_t>(st_in));
       if (from == rank) return fail_at(s, rank, at, "needs " + item + " before this rank has produced it");
       return fail_at(s, rank, at, "needs " + item + " from rank " + to_text(from) + " before receiving it");
     };
@@ -160,7 +160,7 @@ constexpr validation replay_lowered(const schedule& s) {
           if (!(state[i] & (a.what == payload::activation ? sF : (sB | sBW))))
             return fail_at(s, rank, at, "sends an item before this rank has produced it");
           if (to != a.peer)
-            return fail_at(s, rank, at, "sends to rank " + to_text(a.peer) + ", but the item is consumed on " + (to < 0 ? std::string("no rank") : "rank " + to_text(to)));
+            return fail_at(s, rank, at, "sends to rank " + to_text(a.peer) + ", but the item is consumed on " + (to < 0 ? text("no rank") : "rank " + to_text(to)));
           if (item_index[code] != none) return fail_at(s, rank, at, "sends an item that was already sent");
           const auto c = ur * uP + static_cast<std::size_t>(a.peer);
           item_index[code] = sent[c]++;
@@ -171,7 +171,7 @@ constexpr validation replay_lowered(const schedule& s) {
           }
         } else {
           if (from != a.peer || to != rank)
-            return fail_at(s, rank, at, "receives an item that goes from rank " + to_text(from) + " to " + (to < 0 ? std::string("no rank") : "rank " + to_text(to)));
+            return fail_at(s, rank, at, "receives an item that goes from rank " + to_text(from) + " to " + (to < 0 ? text("no rank") : "rank " + to_text(to)));
           const auto c = static_cast<std::size_t>(a.peer) * uP + ur;
           if (head[c] == sent[c]) {
             waiter[c] = rank;  // blocks until the peer sends on this channel
@@ -252,7 +252,7 @@ constexpr validation check_structure(const schedule& s) {
     if (s.rank_of(mb, st) != rank)
       return fail_at(s, rank, pos, "stage " + to_text(st) + " of microbatch " + to_text(mb) + " is placed on rank " + to_text(s.rank_of(mb, st)) + ", not here");
     detail::place first = detail::find_first(s, kind, mb, st);
-    return fail_at(s, rank, pos, "duplicates " + std::string(to_string(kind)) + " of microbatch " + to_text(mb) + " stage " + to_text(st) + ", already at rank " + to_text(first.rank) + " position " + to_text(static_cast<long long>(first.pos)));
+    return fail_at(s, rank, pos, "duplicates " + text(to_string(kind)) + " of microbatch " + to_text(mb) + " stage " + to_text(st) + ", already at rank " + to_text(first.rank) + " position " + to_text(static_cast<long long>(first.pos)));
   };
   for (int r = 0; r < P; ++r) {
     auto const& prog = s.programs[static_cast<std::size_t>(r)];
@@ -272,7 +272,7 @@ constexpr validation check_structure(const schedule& s) {
     for (int mb = 0; mb < M; ++mb) {
       const unsigned char c = seen[detail::cell(mb, st, M)];
       if (c == (kF | kB | kW) || c == (kF | kBW)) continue;
-      std::string what = "microbatch " + to_text(mb) + " stage " + to_text(st) + " (rank " + to_text(s.rank_of(mb, st)) + ")";
+      text what = "microbatch " + to_text(mb) + " stage " + to_text(st) + " (rank " + to_text(s.rank_of(mb, st)) + ")";
       auto at = [&](op kind) { return detail::find_first(s, kind, mb, st); };
       if (!(c & kF)) return {false, what + " has no F\n" + format_programs(s)};
       if ((c & kBW) && (c & (kB | kW))) {

@@ -100,7 +100,7 @@ constexpr schedule wavefront_schedule(std::string_view name, shape sh, int stage
                                       int param_copies, placement_kind kind, const std::vector<int>& per_unit,
                                       long unit_len, Place place) {
   schedule out;
-  out.name = std::string(name);
+  out.name = text(name);
   out.ranks = sh.ranks;
   out.microbatches = sh.microbatches;
   out.chunks = chunks;
@@ -108,7 +108,7 @@ constexpr schedule wavefront_schedule(std::string_view name, shape sh, int stage
   out.directions = directions;
   out.param_copies = param_copies;
   out.placement = kind;
-  out.stage_to_rank.resize(static_cast<std::size_t>(directions * stages));
+  out.stage_to_rank.resize(static_cast<std::size_t>(directions * stages), 0);
   for (int d = 0; d < directions; ++d)
     for (int st = 0; st < stages; ++st) out.stage_to_rank[static_cast<std::size_t>(d * stages + st)] = place(d, st);
   out.programs.resize(static_cast<std::size_t>(sh.ranks));

@@ -313,7 +313,11 @@ constexpr std::vector<int> zb_auto_warmup_caps(shape s, placement_kind pk, const
   for (int r = 0; r < P; ++r) {
     const int lo = r, hi = C == 2 ? 2 * P - 1 - r : r;
     double window = b_start[static_cast<std::size_t>(hi)] - f_start[static_cast<std::size_t>(lo)];
-    int n = static_cast<int>(window / (q * k.f) + 1e-9) + delta;
+    // More forwards than the rank runs in all (M*C) never bind; bounding the quotient first keeps
+    // the conversion defined for any finite costs (b/f may be 1e300).
+    const double fits = window / (q * k.f) + 1e-9;
+    const int all = s.microbatches * C;
+    int n = (fits < all ? static_cast<int>(fits) : all) + delta;
     cap[static_cast<std::size_t>(r)] = n < 1 ? 1 : n;
   }
   return cap;
@@ -345,10 +349,10 @@ constexpr bool zb_auto_score_of(const schedule& s, const costs& k, double limit,
 }
 
 //! The rule a cost model or limit breaks for zb-auto, or "".
-constexpr std::string zb_auto_check_options(const generate_options& o, int ranks) {
+constexpr text zb_auto_check_options(const generate_options& o, int ranks) {
   const costs& k = o.cost;
-  if (!(k.f > 0)) return "zb-auto needs f > 0 (got f=" + to_text(static_cast<long long>(k.f)) + ")";
-  if (!(k.b > 0)) return "zb-auto needs b > 0 (got b=" + to_text(static_cast<long long>(k.b)) + ")";
+  if (!(k.f > 0)) return "zb-auto needs f > 0 (got f=" + real_text(k.f) + ")";
+  if (!(k.b > 0)) return "zb-auto needs b > 0 (got b=" + real_text(k.b) + ")";
   if (!(k.w >= 0)) return "zb-auto needs w >= 0";
   if (!(k.c >= 0)) return "zb-auto needs c >= 0";
   if (!(k.mem_w_ratio >= 0 && k.mem_w_ratio <= 1)) return "zb-auto needs 0 <= mem-w-ratio <= 1";
@@ -369,9 +373,13 @@ struct zb_auto {
   //! Evaluations the local search may spend beyond the grid (bounds run time: p = 32, m = 256
   //! stays well under one second on one core).
   int search_budget = 40;
+  //! Size limits of the search (see `loom::max_ranks`): its run time grows with cells x (p + m),
+  //! about 3 s at p = 256, m = 64 on one core.
+  static constexpr int max_ranks = 256;
+  static constexpr long long max_cells = 1LL << 14;  //!< see `max_ranks`
 
   //! Rules every shape must meet: p, m >= 1 and 1 (loop) or 2 (V) chunks per rank.
-  constexpr std::string check(shape s) const {
+  constexpr text check(shape s) const {
     if (auto r = detail::check_basic(name, s); !r.empty()) return r;
     if (s.chunks != 1 && s.chunks != 2)
       return "zb-auto runs 1 chunk per rank (loop placement) or 2 (V placement) (got chunks=" +
@@ -394,7 +402,7 @@ struct zb_auto {
     if (s.chunks == 0) s.chunks = o.placement == placement_kind::v ? 2 : 1;
     if (auto r = check(s); !r.empty()) throw schedule_error(r);
     if (o.placement != placement_kind::loop && o.placement != placement_kind::v)
-      throw schedule_error("zb-auto runs the loop or the v placement (got " + std::string(to_string(o.placement)) + ")");
+      throw schedule_error("zb-auto runs the loop or the v placement (got " + text(to_string(o.placement)) + ")");
     if (o.placement == placement_kind::v && s.chunks != 2)
       throw schedule_error("zb-auto with placement v runs 2 chunk(s) per rank (got chunks=" + detail::to_text(s.chunks) + ")");
     // The chunk count names the placement: 1 = loop, 2 = V.
@@ -487,7 +495,7 @@ struct zb_auto {
       }
     }
     if (!have) throw schedule_error("zb-auto found no schedule within mem-limit (internal error)");
-    best.name = std::string(name);
+    best.name = text(name);
     return best;
   }
 };

@@ -31,7 +31,7 @@ namespace loom {
 struct zb_h1 {
   static constexpr std::string_view name = "zb-h1";
   static constexpr std::string_view summary = "Zero Bubble ZB-H1: 1F1B memory, W's fill the cool-down (Qi et al. 2024)";
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 1); }
   constexpr schedule generate(shape s) const { return detail::zero_bubble_handcrafted(name, s, 1); }
 };
 static_assert(schedule_family<zb_h1>);

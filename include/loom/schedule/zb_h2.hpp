@@ -33,7 +33,7 @@ namespace loom {
 struct zb_h2 {
   static constexpr std::string_view name = "zb-h2";
   static constexpr std::string_view summary = "Zero Bubble ZB-H2: doubled warm-up, zero bubble at 2p-1 activations (Qi et al. 2024)";
-  constexpr std::string check(shape s) const { return detail::check_basic(name, s, 1); }
+  constexpr text check(shape s) const { return detail::check_basic(name, s, 1); }
   constexpr schedule generate(shape s) const { return detail::zero_bubble_handcrafted(name, s, 2); }
 };
 static_assert(schedule_family<zb_h2>);

@@ -58,10 +58,10 @@ namespace loom {
 namespace detail {
 
 //! `v` with two decimals (for messages).
-constexpr std::string zb_v_text(double v) {
+constexpr text zb_v_text(double v) {
   const long long h = static_cast<long long>(v * 100 + (v < 0 ? -0.5 : 0.5));
   const long long a = h < 0 ? -h : h;
-  std::string frac = to_text(a % 100);
+  text frac = to_text(a % 100);
   return (h < 0 ? "-" : "") + to_text(a / 100) + "." + (frac.size() < 2 ? "0" + frac : frac);
 }
 
@@ -225,9 +225,11 @@ struct zb_v {
   static constexpr std::string_view name = "zb-v";
   static constexpr std::string_view summary = "Zero Bubble ZB-V: V placement, 2 chunks/rank, zero bubble at 1F1B memory (Qi et al. 2024)";
   static constexpr int default_chunks = 2;
-  constexpr std::string check(shape s) const { return detail::check_v_shape(name, s); }
+  constexpr text check(shape s) const { return detail::check_v_shape(name, s); }
   //! Simulations the cost-aware local search may spend (bounds its run time).
   int search_budget = 150;
+  //! Size limit of the search (see `loom::max_ranks`): about 3 s at the limit on one core.
+  static constexpr long long max_cells = 1LL << 16;
 
   constexpr schedule generate(shape s) const {
     return detail::v_schedule_from_timetable(name, s, detail::v_zero_bubble_timetable(s.ranks, s.microbatches, 2 * s.ranks));
@@ -258,7 +260,7 @@ struct zb_v {
     detail::zb_v_score best_score;
     bool have = false;
     const int p = s.ranks;
-    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= static_cast<int>(2 * limit + 1e-9); cap += 2) {
+    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= 2 * limit + 1e-9; cap += 2) {
       schedule cand = detail::v_schedule_from_timetable(name, s, detail::v_zero_bubble_timetable(p, s.microbatches, cap));
       detail::zb_v_score sc;
       if (!detail::zb_v_score_of(cand, k, limit, sc, nullptr)) continue;

@@ -167,7 +167,7 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
   // sequence is the microbatches of its direction (one direction) or all of them (two); a
   // contribution computed on another rank never arrives during the step, so it stops the fold.
   const bool paired = D == 2;
-  std::vector<std::size_t> leader(L);
+  std::vector<std::size_t> leader(L, 0);
   for (std::size_t li = 0; li < L; ++li) {
     leader[li] = li;
     if (paired) {
