@@ -71,6 +71,7 @@
 #include <vector>
 
 #include <loom/schedule.hpp>
+#include <loom/schedule/bound.hpp>
 
 namespace loom::cli {
 
@@ -362,6 +363,28 @@ inline evaluated evaluate(loom::schedule s, const loom::costs& k) {
   e.sim = loom::simulate(s, k);
   e.sched = std::move(s);
   return e;
+}
+
+//! A schedule's certified lower bound (loom::lower_bound: no order of the passes on its placement
+//! does better) and its gap to it.
+struct bound_report {
+  loom::schedule_bound lb;
+  double limit = 0;          //!< the per-rank limit the bound assumed
+  bool own_peak = false;     //!< no --mem-limit: the schedule's own peak was used
+  double gap_makespan = 0;   //!< (makespan - bound) / makespan
+  double gap_rate = 0;       //!< bubble rate - bound
+};
+
+//! The bound for `e`'s placement under `k` and `mem_limit` (> 0), or the schedule's own peak
+//! activation when no limit is given (the bound then covers every order holding no more memory).
+inline bound_report bound_of(const evaluated& e, const loom::costs& k, double mem_limit) {
+  bound_report b;
+  b.own_peak = mem_limit <= 0;
+  b.limit = b.own_peak ? e.sim.max_peak_activation() : mem_limit;
+  b.lb = loom::lower_bound(e.sched, k, b.limit);
+  b.gap_makespan = e.sim.makespan > 0 ? (e.sim.makespan - b.lb.makespan) / e.sim.makespan : 0;
+  b.gap_rate = e.sim.bubble_rate - b.lb.bubble_rate;
+  return b;
 }
 
 //! `msg` on one line: newlines become "; " (validator messages render a grid over many lines).
