@@ -135,8 +135,13 @@ def main():
     rng = random.Random(args.seed)
     print(f"# Zero Bubble authors' heuristics (sail-sg/zero-bubble-pipeline-parallelism {args.commit}) on "
           f"{args.configs} seeded random configurations x limits p, 1.5p, 2p")
+    print("# DIR: graph.py, zb.py and zbv.py of megatron/core/pipeline_parallel/zerobubble/scheduler/ at that commit, e.g.")
+    print(f"#   for f in graph zb zbv; do git -C <clone> show {args.commit}:megatron/core/pipeline_parallel/zerobubble/"
+          f"scheduler/$f.py > DIR/$f.py; done")
     print(f"# produced by: python3 tools/zb-reference/authors_reference.py --authors DIR --seed {args.seed} "
-          f"--configs {args.configs} --commit {args.commit}")
+          f"--configs {args.configs} --commit {args.commit} > tests/schedule/data/zb_authors_reference.csv")
+    print("# costs f, b, w, c: one microbatch through one rank's share; limit: per-rank activation units "
+          "(ARCHITECTURE.md); on the V placement every pass is half a rank's share")
     print("# span: longest stage span (time units); rate: 1 - m(f+b+w)/span; none: every setting raised")
     print("id,p,m,f,b,w,c,mem_w_ratio,limit,loop_span,loop_rate,v_span,v_rate")
     for i in range(args.configs):
