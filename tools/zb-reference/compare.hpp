@@ -80,30 +80,40 @@ struct comparison {
   std::string two_copy_name;
 };
 
-//! The best bubble rate among the registry's fixed (not cost-aware) families whose schedule for
-//! `s` lies on placement `pk` with `chunks` chunks (two-copy: bidirectional, param_copies 2) and
-//! fits `limit`; -1 if none.
-inline double best_fixed(const loom::shape& s, loom::placement_kind pk, int chunks, bool two_copy, const loom::costs& k,
-                         double limit, std::string& name) {
-  double best = -1;
+//! The best bubble rate among the registry's fixed (not cost-aware) families within `limit`, by
+//! where their schedule for `s` lies: the loop placement with one chunk, the V placement (single
+//! copy, one direction each), and any two-copy (bidirectional) placement; -1 where none fits.
+struct fixed_best {
+  double loop = -1, vee = -1, two_copy = -1;
+  std::string loop_name, vee_name, two_copy_name;
+};
+inline fixed_best best_fixed(const loom::shape& s, const loom::costs& k, double limit) {
+  fixed_best out;
+  auto keep = [](double rate, const std::string& name, double& best, std::string& best_name) {
+    if (best < 0 || rate < best - 1e-12) {
+      best = rate;
+      best_name = name;
+    }
+  };
   for (auto const& e : loom::default_registry().entries()) {
     if (e.cost_aware) continue;
     for (int ch : {0, 1, 2}) {
       loom::shape sh = e.resolve({s.ranks, s.microbatches, ch});
+      if (ch != 0 && sh.chunks == e.resolve({s.ranks, s.microbatches, 0}).chunks) continue;  // the default again
       if (!e.check(sh).empty()) continue;
-      loom::schedule sc = e.make(sh);
-      const bool match = two_copy ? sc.param_copies == 2
-                                  : sc.param_copies == 1 && sc.directions == 1 && sc.placement == pk && sc.chunks == chunks;
-      if (!match) continue;
+      const loom::schedule sc = e.make(sh);
+      const bool two = sc.param_copies == 2;
+      const bool loop = !two && sc.directions == 1 && sc.placement == loom::placement_kind::loop && sc.chunks == 1;
+      const bool vee = !two && sc.directions == 1 && sc.placement == loom::placement_kind::v && sc.chunks == 2;
+      if (!two && !loop && !vee) continue;
       auto sim = loom::simulate(sc, k);
       if (!sim.ok || sim.max_peak_activation() > limit + 1e-9) continue;
-      if (best < 0 || sim.bubble_rate < best - 1e-12) {
-        best = sim.bubble_rate;
-        name = e.name;
-      }
+      if (two) keep(sim.bubble_rate, e.name, out.two_copy, out.two_copy_name);
+      if (loop) keep(sim.bubble_rate, e.name, out.loop, out.loop_name);
+      if (vee) keep(sim.bubble_rate, e.name, out.vee, out.vee_name);
     }
   }
-  return best;
+  return out;
 }
 
 //! Runs zb-auto (loop, V), cost-aware zb-v and the fixed families on one reference row.
@@ -122,9 +132,13 @@ inline comparison compare(const reference_row& x) {
   run(loom::zb_auto{}, s1, loom::placement_kind::loop, out.auto_loop, out.auto_loop_peak, out.auto_loop_bound);
   run(loom::zb_auto{}, s2, loom::placement_kind::v, out.auto_v, out.auto_v_peak, out.auto_v_bound);
   run(loom::zb_v{}, s2, loom::placement_kind::v, out.zb_v, out.zb_v_peak, out.zb_v_bound);
-  out.fixed_loop = best_fixed(s1, loom::placement_kind::loop, 1, false, k, x.limit, out.fixed_loop_name);
-  out.fixed_v = best_fixed(s1, loom::placement_kind::v, 2, false, k, x.limit, out.fixed_v_name);
-  out.two_copy = best_fixed(s1, loom::placement_kind::bidirectional, 0, true, k, x.limit, out.two_copy_name);
+  const fixed_best fx = best_fixed(s1, k, x.limit);
+  out.fixed_loop = fx.loop;
+  out.fixed_loop_name = fx.loop_name;
+  out.fixed_v = fx.vee;
+  out.fixed_v_name = fx.vee_name;
+  out.two_copy = fx.two_copy;
+  out.two_copy_name = fx.two_copy_name;
   return out;
 }
 
