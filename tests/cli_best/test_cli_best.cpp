@@ -1,11 +1,12 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
 // `loom best` ranks every runnable family: the table is sorted (within the memory limit first,
-// then by bubble rate), every row agrees with the library's own generate/simulate/lower, and bad
-// input exits 2 with one line on stderr.
+// then by bubble rate), every row agrees with the library's own generate/simulate/lower/bound,
+// and bad input exits 2 with one line on stderr.
 #include <doctest/doctest.h>
 
 #include <loom/schedule.hpp>
+#include <loom/schedule/bound.hpp>
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -79,8 +80,17 @@ void check_ranking(int p, int m, const loom::costs& k, double limit) {
     for (auto const& prog : loom::lower(sched).programs)
       for (auto const& a : prog) sends += a.kind == loom::op::send ? 1 : 0;
     CHECK(x.at("p2p_transfers").get<long long>() == sends);
+    // The certified bound on its placement (at the limit, or its own peak when over it) and the gap.
+    auto lb = loom::lower_bound(sched, k, fits ? limit : sim.max_peak_activation());
+    CHECK(x.at("lower_bound").at("bubble_rate").get<double>() == doctest::Approx(lb.bubble_rate).epsilon(1e-9));
+    CHECK(x.at("lower_bound").at("makespan").get<double>() == doctest::Approx(lb.makespan).epsilon(1e-9));
+    CHECK(x.at("gap").at("bubble_rate").get<double>() == doctest::Approx(rate - lb.bubble_rate).epsilon(1e-9));
+    CHECK(x.at("gap").at("bubble_rate").get<double>() >= -1e-12);
+    CHECK(x.at("gap").at("makespan").get<double>() >= -1e-12);
   }
   CHECK(saw_auto);
+  CHECK(j.at("chosen").at("schedule") == rows.at(0).at("schedule"));
+  CHECK(j.at("chosen").at("gap") == rows.at(0).at("gap"));
 }
 
 }  // namespace
@@ -102,6 +112,10 @@ TEST_CASE("loom best prints a table whose first row is the JSON ranking's first,
   REQUIRE(line != std::string::npos);
   CHECK(t.out.find(name, line) == line + 7);
   CHECK(first.at("p2p_bytes").get<double>() == doctest::Approx(1000.0 * first.at("p2p_transfers").get<double>()));
+  // The text names the chosen schedule's bound and gap.
+  auto chosen = t.out.find("# chosen: " + name + ";");
+  REQUIRE(chosen != std::string::npos);
+  CHECK(t.out.find("its gap:", chosen) != std::string::npos);
 }
 
 TEST_CASE("loom best rejects a missing shape, a --schedule and a bad limit with one line and exit 2") {

@@ -173,6 +173,44 @@ TEST_CASE("dualpipe places direction 0 forward and direction 1 backward over the
     }
 }
 
+TEST_CASE("dualpipe at an odd microbatch count runs it for real: strictly faster than at the next even count") {
+  // Direction 0 carries one more microbatch, run as an unpaired steady-state step (no phantom):
+  // every odd m from 2P-1 (the next even count is a shape the reference runs) is faster than
+  // m+1 and slower than m-1, for every even P up to 16 and several cost models.
+  const std::vector<costs> grid = {
+      {},                                              // f = b = w = 1, fb = the sum of the halves
+      {.f = 1, .b = 1, .w = 0.5, .fb = 2.5},           // the closed-form domain, fb between b+w and f+b+w
+      {.f = 1, .b = 2, .w = 1},                        // b != f
+      {.f = 2, .b = 1, .w = 0.5, .c = 0.2},            // with p2p latency
+      {.f = 1, .b = 1, .w = 0.3, .fb = 1.5},           // a pair faster than f+b+w
+      {.f = 1, .b = 1, .w = 0.5, .c = 0.3, .fb = 2.2},
+  };
+  int compared = 0;
+  for (int p = 2; p <= 16; p += 2)
+    for (int m = 2 * p - 1; m <= 2 * p + 21; m += 2) {
+      auto s = loom::generate(dualpipe{}, shape{p, m});
+      CAPTURE(p);
+      CAPTURE(m);
+      REQUIRE(loom::validate(loom::lower(s)).ok);
+      int dir0 = 0;
+      for (int mb = 0; mb < m; ++mb) dir0 += s.direction_of(mb) == 0;
+      CHECK(dir0 == m / 2 + 1);
+      for (auto const& k : grid) {
+        CAPTURE(k.f);
+        CAPTURE(k.fb);
+        const double odd = loom::simulate(s, k).makespan;
+        const double next = loom::simulate(loom::generate(dualpipe{}, shape{p, m + 1}), k).makespan;
+        const double prev = loom::simulate(loom::generate(dualpipe{}, shape{p, m - 1}), k).makespan;
+        CHECK(odd < next - 1e-9);
+        CHECK(odd > prev + 1e-9);
+        ++compared;
+      }
+    }
+  CHECK(compared == 8 * 12 * 6);
+  // P = 4, unit costs: 26 at m = 8, 30 at m = 9 (was 32, as long as m = 10), 32 at m = 10.
+  CHECK(loom::simulate(loom::generate(dualpipe{}, shape{4, 9})).makespan == 30);
+}
+
 TEST_CASE("dualpipe-v uses the V placement with one parameter copy and overlaps its two legs") {
   for (int p = 1; p <= 16; ++p)
     for (int m : {1, p, 2 * p, 2 * p + 5}) {

@@ -1,9 +1,10 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
-// zb-auto: over a grid of shapes, limits, placements and costs the result is valid after
-// lowering, never exceeds the memory limit on any rank, and is never worse than the
-// handcrafted ZB-H1 / ZB-H2 orders whose memory fits; bad limits, costs and placements are
-// rejected with the rule named; the search also runs in a constant expression.
+// zb-auto: over a grid of shapes, limits, placements (loop with 1-3 chunks, V) and costs the
+// result is valid after lowering, never exceeds the memory limit on any rank, and is never worse
+// than the handcrafted ZB-H1 / ZB-H2 orders, or loom's fixed families on its placement, whose
+// memory fits; bad limits, costs and placements are rejected with the rule named; the search also
+// runs in a constant expression.
 #include <doctest/doctest.h>
 
 #include <loom/schedule.hpp>
@@ -32,16 +33,19 @@ double peak_over(const loom::simulation& sim) { return sim.max_peak_activation()
 
 TEST_CASE("zb-auto schedules are valid, lowerable and within the memory limit on every rank") {
   int runs = 0;
+  // Placements: loop with 1, 2 and 3 chunks per rank (chunks = -1 stands for V, 2 chunks).
   for (int p : {1, 2, 3, 4, 6})
     for (int m : {1, 2, 3, 5, 8, 13})
-      for (auto pk : {placement_kind::loop, placement_kind::v})
+      for (int chunks : {1, 2, 3, -1})
         for (double lim_factor : {0.0, 0.5, 1.0, 2.0})
           for (auto const& k : cost_grid) {
+            const auto pk = chunks < 0 ? placement_kind::v : placement_kind::loop;
             double limit = lim_factor == 0.0 ? 1.0 : lim_factor * p;
             if (limit < 1) limit = 1;
             generate_options o{.cost = k, .mem_limit = limit, .placement = pk};
-            shape s{p, m, pk == placement_kind::v ? 2 : 1};
-            INFO("p=", p, " m=", m, " placement=", loom::to_string(pk), " limit=", limit, " f=", k.f, " b=", k.b);
+            shape s{p, m, chunks < 0 ? 2 : chunks};
+            INFO("p=", p, " m=", m, " placement=", loom::to_string(pk), " chunks=", s.chunks, " limit=", limit, " f=", k.f,
+                 " b=", k.b);
             loom::schedule sched = loom::generate(loom::zb_auto{}, s, o);
             auto v = loom::validate(loom::lower(sched));
             REQUIRE_MESSAGE(v.ok, v.message);
@@ -52,7 +56,7 @@ TEST_CASE("zb-auto schedules are valid, lowerable and within the memory limit on
             for (double pk_r : sim.peak_activation) CHECK(pk_r <= limit + 1e-9);
             ++runs;
           }
-  CHECK(runs == 5 * 6 * 2 * 4 * 4);
+  CHECK(runs == 5 * 6 * 4 * 4 * 4);
 }
 
 TEST_CASE("zb-auto on the loop placement is never worse than ZB-H1 and ZB-H2 when their memory fits") {
@@ -70,6 +74,42 @@ TEST_CASE("zb-auto on the loop placement is never worse than ZB-H1 and ZB-H2 whe
           CHECK(a.bubble_rate >= -1e-12);
         }
       }
+}
+
+TEST_CASE("zb-auto with any chunk count is never worse than loom's fixed families on its placement that fit") {
+  // Loop placement with v chunks: interleaved 1F1B and looped BFS (PyTorch's
+  // ScheduleInterleavedZeroBubble is interleaved 1F1B with the backward split); V: v-half, v-min,
+  // Hanayo with one wave and DualPipeV. Limits p and 2p; a family whose peak exceeds the limit
+  // is not a competitor.
+  int compared = 0;
+  for (int p : {2, 3, 4})
+    for (int m : {2, 5, 8, 12})
+      for (auto const& k : cost_grid)
+        for (double mult : {1.0, 2.0}) {
+          const double limit = mult * p;
+          auto check_against = [&](const loom::schedule& fixed, const loom::schedule& mine) {
+            auto fs = loom::simulate(fixed, k);
+            REQUIRE(fs.ok);
+            if (fs.max_peak_activation() > limit + 1e-9) return;
+            auto ms = loom::simulate(mine, k);
+            INFO(fixed.name, " p=", p, " m=", m, " chunks=", fixed.chunks, " limit=", limit, " f=", k.f, " b=", k.b);
+            CHECK(ms.bubble_rate <= fs.bubble_rate + 1e-12);
+            ++compared;
+          };
+          for (int v : {2, 3}) {
+            auto mine = loom::generate(loom::zb_auto{}, shape{p, m, v}, {.cost = k, .mem_limit = limit});
+            CHECK(mine.chunks == v);
+            check_against(loom::generate(loom::interleaved_1f1b{}, shape{p, m, v}), mine);
+            check_against(loom::generate(loom::looped_bfs{}, shape{p, m, v}), mine);
+          }
+          auto vee = loom::generate(loom::zb_auto{}, shape{p, m, 2}, {.cost = k, .mem_limit = limit, .placement = placement_kind::v});
+          for (auto const& name : {"v-half", "v-min", "dualpipe-v"}) {
+            auto const& e = loom::default_registry().at(name);
+            if (e.check({p, m, 2}).empty()) check_against(e.make({p, m, 2}), vee);
+          }
+          check_against(loom::generate(loom::hanayo{}, shape{p, m, 1}), vee);
+        }
+  CHECK(compared > 200);
 }
 
 TEST_CASE("zb-auto reaches zero bubble rate at unit costs with 2p-1 units of memory and m >= 2p-1") {
@@ -115,8 +155,10 @@ TEST_CASE("zb-auto rejects a limit below one microbatch, bad costs and mismatche
   CHECK(r.find("mem-w-ratio") != std::string::npos);
   r = rule_of([&] { (void)loom::generate(loom::zb_auto{}, s, {.placement = placement_kind::v}); });
   CHECK(r.find("placement v runs 2 chunk(s)") != std::string::npos);
-  r = rule_of([&] { (void)loom::generate(loom::zb_auto{}, shape{4, 8, 3}); });
-  CHECK(r.find("zb-auto runs 1 chunk per rank") != std::string::npos);
+  r = rule_of([&] { (void)loom::generate(loom::zb_auto{}, shape{4, 8, 3}, {.placement = placement_kind::v}); });
+  CHECK(r.find("placement v runs 2 chunk(s) per rank (got chunks=3)") != std::string::npos);
+  r = rule_of([&] { (void)loom::generate(loom::zb_auto{}, shape{4, 8, -1}); });
+  CHECK(r.find("zb-auto needs chunks >= 1") != std::string::npos);
   // The minimum limit itself is accepted, on both placements.
   CHECK(loom::validate(loom::generate(loom::zb_auto{}, s, {.mem_limit = 1})).ok);
   CHECK(loom::validate(loom::generate(loom::zb_auto{}, shape{4, 8, 2}, {.mem_limit = 1, .placement = placement_kind::v})).ok);

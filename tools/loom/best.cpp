@@ -3,7 +3,8 @@
 // `loom best`: given costs, a shape and a memory limit, generates every registered family that
 // can run the shape (cost-aware ones such as zb-auto on both the loop and the V placement),
 // validates and simulates each, and prints them ranked: schedules within the memory limit first,
-// then by bubble rate, peak activation and communication volume. With --json, one JSON object.
+// then by bubble rate, peak activation and communication volume, each with the certified lower
+// bound on its placement (loom::lower_bound) and its gap to it. With --json, one JSON object.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@ struct row {
   int param_copies = 1;
   long long transfers = 0;  // p2p sends after lowering
   bool fits = true;         // peak <= mem limit on every rank (always true without a limit)
+  loom::cli::bound_report bound;  // certified lower bound on its placement, and its gap to it
 };
 
 //! Number of point-to-point transfers in the lowered programs (sends; each has one receive).
@@ -104,6 +106,8 @@ void run_best(const best_text& t) {
       x.param_copies = ev.sched.param_copies;
       x.transfers = transfers_of(loom::lower(ev.sched));
       x.fits = limit <= 0 || x.peak <= limit + 1e-9;
+      // A schedule over the limit is measured against the bound at its own peak (it is no order within the limit).
+      x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0);
       rows.push_back(x);
     }
   }
@@ -129,9 +133,16 @@ void run_best(const best_text& t) {
              {"makespan", x.makespan},  {"peak_activation", x.peak},  {"param_copies", x.param_copies},
              {"p2p_transfers", x.transfers}, {"within_mem_limit", x.fits}};
       if (bytes >= 0) o["p2p_bytes"] = bytes * static_cast<double>(x.transfers);
+      o["lower_bound"] = {{"makespan", x.bound.lb.makespan}, {"max_span", x.bound.lb.max_span},
+                          {"bubble_rate", x.bound.lb.bubble_rate}, {"mem_limit", x.bound.limit},
+                          {"mem_limit_source", x.bound.own_peak ? "own peak" : "--mem-limit"}};
+      o["gap"] = {{"makespan", x.bound.gap_makespan}, {"bubble_rate", x.bound.gap_rate}};
       arr.push_back(o);
     }
     j["ranking"] = arr;
+    // The chosen schedule (rank 1) with its bound and gap, as in the text output.
+    j["chosen"] = arr.empty() ? json(nullptr)
+                              : json{{"schedule", arr[0]["schedule"]}, {"lower_bound", arr[0]["lower_bound"]}, {"gap", arr[0]["gap"]}};
     j["skipped"] = skipped;
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -140,16 +151,23 @@ void run_best(const best_text& t) {
                                  r.shape.microbatches, r.cost.f, r.cost.b, r.cost.w, r.cost.c, r.cost.mem_w_ratio,
                                  limit > 0 ? fmt::format("{}", limit) : std::string("none"));
   std::string out = head;
-  out += fmt::format("{:>4}  {:<24} {:>11} {:>10} {:>6} {:>9} {:>6}", "rank", "schedule", "bubble_rate", "peak_act",
-                     "params", "p2p", "fits");
+  out += fmt::format("{:>4}  {:<24} {:>11} {:>10} {:>6} {:>9} {:>6} {:>9} {:>8}", "rank", "schedule", "bubble_rate", "peak_act",
+                     "params", "p2p", "fits", "bound", "gap");
   if (bytes >= 0) out += fmt::format(" {:>12}", "p2p_bytes");
   out += "\n";
   int rank = 1;
   for (auto const& x : rows) {
-    out += fmt::format("{:>4}  {:<24} {:>11.6f} {:>10.3f} {:>6} {:>9} {:>6}", rank++, x.name, x.bubble_rate, x.peak,
-                       x.param_copies, x.transfers, x.fits ? "yes" : "no");
+    out += fmt::format("{:>4}  {:<24} {:>11.6f} {:>10.3f} {:>6} {:>9} {:>6} {:>9.6f} {:>8.6f}", rank++, x.name, x.bubble_rate,
+                       x.peak, x.param_copies, x.transfers, x.fits ? "yes" : "no", x.bound.lb.bubble_rate, x.bound.gap_rate);
     if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
     out += "\n";
+  }
+  if (!rows.empty()) {
+    auto const& top = rows.front();
+    out += fmt::format("# chosen: {}; no order on its placement within {} units{} has a bubble rate below {:.6f} or a "
+                       "makespan below {:g}; its gap: +{:.6f} bubble rate, {:.2f}% makespan\n",
+                       top.name, top.bound.limit, top.bound.own_peak ? " (its own peak)" : "", top.bound.lb.bubble_rate,
+                       top.bound.lb.makespan, top.bound.gap_rate, 100 * top.bound.gap_makespan);
   }
   for (auto const& s : skipped)
     out += fmt::format("# skipped {}: {}\n", s["schedule"].get<std::string>(), s["reason"].get<std::string>());

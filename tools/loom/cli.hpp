@@ -73,6 +73,7 @@
 #include <vector>
 
 #include <loom/schedule.hpp>
+#include <loom/schedule/bound.hpp>
 
 namespace loom::cli {
 
@@ -273,7 +274,7 @@ inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
       ->capture_default_str()->type_name("NUMBER");
   t->mem_limit_opt = sub.add_option("--mem-limit", t->mem_limit, "per-rank activation limit for cost-aware families")->type_name("NUMBER");
   t->placement_opt = sub.add_option("--placement", t->placement,
-                                     "cost-aware families: loop (1 chunk per rank) or v (2 chunks, V placement)")
+                                     "cost-aware families: loop (any --chunks, default 1) or v (2 chunks, V placement)")
                           ->capture_default_str()->type_name("loop|v");
   return t;
 }
@@ -340,19 +341,18 @@ inline schedule make_schedule(const request& r) {
     }
     throw usage_error("unknown schedule '" + r.schedule + "' (known: " + known + ")");
   }
-  // A cost-aware family's placement and chunk count name the same choice (loop: 1 chunk per
-  // rank, v: 2): one follows from the other, and a contradiction is an error, never adjusted.
+  // A cost-aware family's placement and chunk count go together (loop: any number of chunks per
+  // rank, 1 by default; v: 2): without --placement, 2 chunks mean the V placement; a
+  // contradiction is an error, never adjusted.
   loom::shape shape = r.shape;
   loom::generate_options options = r.options;
   if (!e->cost_aware) {
     if (r.placement_given)
       throw usage_error("--placement applies to cost-aware families (e.g. zb-auto); '" + e->name + "' has a fixed placement");
   } else if (r.placement_given) {
-    const int want = options.placement == placement_kind::v ? 2 : 1;
-    if (shape.chunks == 0) shape.chunks = want;
-    else if (shape.chunks != want)
-      throw usage_error("--placement " + std::string(to_string(options.placement)) + " runs " + std::to_string(want) +
-                        " chunk(s) per rank, but --chunks is " + std::to_string(shape.chunks));
+    if (options.placement == placement_kind::v && shape.chunks != 0 && shape.chunks != 2)
+      throw usage_error("--placement v runs 2 chunk(s) per rank, but --chunks is " + std::to_string(shape.chunks));
+    if (shape.chunks == 0) shape.chunks = options.placement == placement_kind::v ? 2 : 1;
   } else if (shape.chunks == 2) {
     options.placement = placement_kind::v;
   }
@@ -392,6 +392,28 @@ inline evaluated evaluate(loom::schedule s, const loom::costs& k) {
   e.sim = loom::simulate(s, k);
   e.sched = std::move(s);
   return e;
+}
+
+//! A schedule's certified lower bound (loom::lower_bound: no order of the passes on its placement
+//! does better) and its gap to it.
+struct bound_report {
+  loom::schedule_bound lb;
+  double limit = 0;          //!< the per-rank limit the bound assumed
+  bool own_peak = false;     //!< no --mem-limit: the schedule's own peak was used
+  double gap_makespan = 0;   //!< (makespan - bound) / makespan
+  double gap_rate = 0;       //!< bubble rate - bound
+};
+
+//! The bound for `e`'s placement under `k` and `mem_limit` (> 0), or the schedule's own peak
+//! activation when no limit is given (the bound then covers every order holding no more memory).
+inline bound_report bound_of(const evaluated& e, const loom::costs& k, double mem_limit) {
+  bound_report b;
+  b.own_peak = mem_limit <= 0;
+  b.limit = b.own_peak ? e.sim.max_peak_activation() : mem_limit;
+  b.lb = loom::lower_bound(e.sched, k, b.limit);
+  b.gap_makespan = e.sim.makespan > 0 ? (e.sim.makespan - b.lb.makespan) / e.sim.makespan : 0;
+  b.gap_rate = e.sim.bubble_rate - b.lb.bubble_rate;
+  return b;
 }
 
 //! `msg` on one line: newlines become "; " (validator messages render a grid over many lines).

@@ -29,7 +29,7 @@ json action_json(const loom::action& a, const loom::action_time& t) {
   return j;
 }
 
-json to_json(const loom::cli::evaluated& e, const loom::costs& k) {
+json to_json(const loom::cli::evaluated& e, const loom::costs& k, double mem_limit) {
   auto const& s = e.sched;
   auto const& sim = e.sim;
   json j;
@@ -76,6 +76,12 @@ json to_json(const loom::cli::evaluated& e, const loom::costs& k) {
     actions.push_back(row);
   }
   j["actions"] = actions;
+  if (sim.ok) {
+    const auto bd = loom::cli::bound_of(e, k, mem_limit);
+    j["lower_bound"] = {{"makespan", bd.lb.makespan}, {"max_span", bd.lb.max_span}, {"bubble_rate", bd.lb.bubble_rate},
+                        {"mem_limit", bd.limit}, {"mem_limit_source", bd.own_peak ? "own peak" : "--mem-limit"}};
+    j["gap"] = {{"makespan", bd.gap_makespan}, {"bubble_rate", bd.gap_rate}};
+  }
   return j;
 }
 
@@ -88,7 +94,7 @@ std::string list(const std::vector<double>& v) {
   return out;
 }
 
-void print_summary(const loom::cli::evaluated& e, const loom::costs& k) {
+void print_summary(const loom::cli::evaluated& e, const loom::costs& k, double mem_limit) {
   auto const& s = e.sched;
   auto const& sim = e.sim;
   bool ok = e.valid.ok && sim.ok;
@@ -114,6 +120,10 @@ void print_summary(const loom::cli::evaluated& e, const loom::costs& k) {
   fmt::print("peak activation  {}   (per rank; max {:g})\n", list(sim.peak_activation), sim.max_peak_activation());
   fmt::print("param copies     {}\n", s.param_copies);
   fmt::print("actions          {}\n", s.size());
+  const auto bd = loom::cli::bound_of(e, k, mem_limit);
+  fmt::print("lower bound      makespan {:g}, bubble rate {:.4f}   (no order on this placement within {} units of activation{} does better)\n",
+             bd.lb.makespan, bd.lb.bubble_rate, bd.limit, bd.own_peak ? ", its own peak" : "");
+  fmt::print("gap              makespan {:.2f}%, bubble rate +{:.4f}\n", 100 * bd.gap_makespan, bd.gap_rate);
 }
 
 loom::cli::register_command simulate_command{{.name = "simulate", .order = 20, .install = [](CLI::App& app) {
@@ -125,9 +135,9 @@ loom::cli::register_command simulate_command{{.name = "simulate", .order = 20, .
     loom::cli::request r = loom::cli::parse_request(*req);
     auto e = loom::cli::evaluate(loom::cli::make_schedule(r), r.cost);
     if (*as_json)
-      fmt::print("{}\n", to_json(e, r.cost).dump());
+      fmt::print("{}\n", to_json(e, r.cost, r.options.mem_limit).dump());
     else
-      print_summary(e, r.cost);
+      print_summary(e, r.cost, r.options.mem_limit);
     if (!e.valid.ok || !e.sim.ok)
       throw loom::cli::run_failure("schedule '" + e.sched.name + "' is not valid: " +
                                    (e.valid.ok ? e.sim.error : e.valid.message));

@@ -29,8 +29,10 @@
 //! plans the order for `2H-1` per phase and drops the actions of microbatches that do not exist:
 //! dependencies only link actions of one microbatch, so removing whole microbatches from a
 //! deadlock-free order leaves a deadlock-free order (an FB that loses one half becomes the
-//! other half alone). The same rule lets the two DualPipe directions carry different counts
-//! (odd `m`).
+//! other half alone). With an odd `m` the two DualPipe directions carry different counts: the
+//! order is planned for the shorter one and the longer direction's extra microbatch runs as an
+//! unpaired steady-state step (`dual_phase_rank::extra`), so it costs its own work, not a
+//! phantom's.
 
 #include <cstddef>
 #include <vector>
@@ -47,6 +49,11 @@ struct dual_phase_rank {
   int count[2] = {0, 0};    //!< microbatches that exist per phase (<= planned)
   int stage[2] = {0, 0};    //!< virtual stage of phase 0 and phase 1 on this rank
   int mb_base[2] = {0, 0};  //!< id of the first microbatch of each phase
+  //! Microbatches phase `p` runs beyond `planned` (DualPipe with an odd count: one direction
+  //! carries one more). Each is one more steady-state step with nothing to pair it with, at the
+  //! end of step 4: phase 0 runs its next forward, then its next full backward; phase 1 the
+  //! backward, then the forward (each half where a step-4 iteration has it).
+  int extra[2] = {0, 0};
 };
 
 //! The smallest per-phase microbatch count for which the eight steps are well formed.
@@ -120,6 +127,14 @@ constexpr std::vector<action> dual_phase_program(const dual_phase_rank& x) {
       fb(0, 1);
     }
     fb(1, 0);
+  }
+  for (int e = 0; e < x.extra[0]; ++e) {                         // unpaired steps
+    f(0);
+    b(0, false);
+  }
+  for (int e = 0; e < x.extra[1]; ++e) {
+    b(1, false);
+    f(1);
   }
   for (int i = 0; i < H - h - 1; ++i) { b(1, false); fb(1, 0); }  // step 5
   bool split = false;                                              // step 6

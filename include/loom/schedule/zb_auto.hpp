@@ -67,9 +67,23 @@
 #include <vector>
 
 #include "loom/schedule/error.hpp"
+#include "loom/schedule/dualpipe_v.hpp"
 #include "loom/schedule/family.hpp"
+#include "loom/schedule/gpipe.hpp"
+#include "loom/schedule/gpipe_2bp.hpp"
+#include "loom/schedule/hanayo.hpp"
+#include "loom/schedule/interleaved_1f1b.hpp"
+#include "loom/schedule/looped_bfs.hpp"
+#include "loom/schedule/one_f_one_b.hpp"
+#include "loom/schedule/one_f_one_b_2bp.hpp"
+#include "loom/schedule/order_search.hpp"
 #include "loom/schedule/schedule.hpp"
 #include "loom/schedule/simulate.hpp"
+#include "loom/schedule/v_half.hpp"
+#include "loom/schedule/v_min.hpp"
+#include "loom/schedule/zb_h1.hpp"
+#include "loom/schedule/zb_h2.hpp"
+#include "loom/schedule/zb_heuristics.hpp"
 #include "loom/schedule/zb_order.hpp"
 #include "loom/schedule/zb_v.hpp"
 
@@ -99,8 +113,9 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
                                  std::vector<int>* max_inflight) {
   const int P = s.ranks, M = s.microbatches;
   const bool vee = pk == placement_kind::v;
-  const int C = vee ? 2 : 1;  // local chunks per rank
+  const int C = vee ? 2 : (s.chunks < 1 ? 1 : s.chunks);  // local chunks per rank
   const int S = P * C;
+  const auto uC = static_cast<std::size_t>(C);
   schedule out = make_schedule(name, shape{P, M, C}, S, pk);
   const double q = static_cast<double>(P) / S;
   const double df = q * k.f, db = q * k.b, dw = q * k.w, c = k.c;
@@ -113,7 +128,7 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
   // Per rank: decision time `t` (>= `idle`, the end of its last action), counters per local
   // chunk, live memory, pending W's, in-flight count.
   std::vector<double> t(uP, 0.0), idle(uP, 0.0), live(uP, 0.0);
-  std::vector<int> nf(uP * 2, 0), nb(uP * 2, 0), inflight(uP, 0), wq_head(uP, 0);
+  std::vector<int> nf(uP * uC, 0), nb(uP * uC, 0), inflight(uP, 0), wq_head(uP, 0);
   std::vector<std::vector<int>> wq(uP);  // pending W stages and microbatches, encoded mb*S+st
   std::vector<int> peak_in(uP, 0);
   // A rank waiting for a dependency no rank has scheduled yet sleeps until a rank emits an action
@@ -126,12 +141,16 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
       t[uy] = idle[uy];
     }
   };
-  auto stage_of = [&](int r, int ch) { return ch == 0 ? r : 2 * P - 1 - r; };
+  auto stage_of = [&](int r, int ch) { return vee ? (ch == 0 ? r : 2 * P - 1 - r) : ch * P + r; };
   for (std::size_t r = 0; r < uP; ++r) {
     out.programs[r].reserve(static_cast<std::size_t>(3 * M * C));
     wq[r].reserve(static_cast<std::size_t>(M * C));
   }
   std::size_t remaining = static_cast<std::size_t>(3) * cells;
+  // Per local chunk of the deciding rank: when its next B / F is ready (-1: unknown), whether it
+  // has one, and whether the F fits the memory.
+  std::vector<double> ready_b(uC), ready_f(uC);
+  std::vector<char> has_b(uC), has_f(uC), fits_f(uC);
 
   while (remaining > 0) {
     // The idle rank with the earliest decision time (ties: lowest rank).
@@ -169,12 +188,16 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
       return (tp > now ? tp : now) + dur + (pr == r ? 0.0 : c);
     };
 
-    double ready_b[2] = {-1, -1}, ready_f[2] = {-1, -1}, lb = zb_auto_never;
-    bool has_b[2] = {false, false}, has_f[2] = {false, false}, fits_f[2] = {false, false};
+    for (int ch = 0; ch < C; ++ch) {
+      const auto uh = static_cast<std::size_t>(ch);
+      ready_b[uh] = ready_f[uh] = -1;
+      has_b[uh] = has_f[uh] = fits_f[uh] = 0;
+    }
+    double lb = zb_auto_never;
     const bool capped = !cap.empty() && cap[ur] > 0 && inflight[ur] >= cap[ur];
     for (int ch = 0; ch < C; ++ch) {
       const int st = stage_of(r, ch);
-      const auto uc = ur * 2 + static_cast<std::size_t>(ch);
+      const auto uc = ur * uC + static_cast<std::size_t>(ch);
       if (nb[uc] < nf[uc]) {
         has_b[ch] = true;
         const int mb = nb[uc];
@@ -186,10 +209,11 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
         has_f[ch] = true;
         const int mb = nf[uc];
         ready_f[ch] = st == 0 ? 0.0 : arrive(f_end[idx(mb, st - 1)], st - 1);
-        // Memory: the activation must fit; a first-chunk F on the V placement also reserves
-        // room for the second-chunk F of every microbatch it holds without one.
+        // Memory: the activation must fit; a first-chunk F also reserves room for the later-chunk
+        // F's on this rank of every microbatch it admitted (no deadlock on a full rank).
         double need = live[ur] + q;
-        if (vee && ch == 0) need += q * (nf[ur * 2] - nf[ur * 2 + 1] + 1);
+        if (ch == 0)
+          for (std::size_t h = 1; h < uC; ++h) need += q * (nf[ur * uC] - nf[ur * uC + h] + 1);
         fits_f[ch] = need <= limit + eps && !(capped && ch == 0);
         if (ready_f[ch] < 0 && st > 0) lb = lb < bound(st - 1, df) ? lb : bound(st - 1, df);
       }
@@ -254,7 +278,7 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
 
     // Emit the chosen action.
     if (what == pick::b) {
-      const auto uc = ur * 2 + static_cast<std::size_t>(ch_pick);
+      const auto uc = ur * uC + static_cast<std::size_t>(ch_pick);
       const int st = stage_of(r, ch_pick), mb = nb[uc]++;
       start = ready_b[ch_pick] > now ? ready_b[ch_pick] : now;
       prog.push_back(backward_input(mb, st));
@@ -265,7 +289,7 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
       --inflight[ur];
       wq[ur].push_back(mb * S + st);
     } else if (what == pick::f) {
-      const auto uc = ur * 2 + static_cast<std::size_t>(ch_pick);
+      const auto uc = ur * uC + static_cast<std::size_t>(ch_pick);
       const int st = stage_of(r, ch_pick), mb = nf[uc]++;
       start = ready_f[ch_pick] > now ? ready_f[ch_pick] : now;
       prog.push_back(forward(mb, st));
@@ -281,6 +305,8 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
       live[ur] -= k.mem_w_ratio * q;
     }
     idle[ur] = t[ur];
+    // A rank that ran a forced W decides again (its memory changed; nothing else would wake it).
+    blocked[ur] = 0;
     --remaining;
     // A rank whose program is complete leaves the loop.
     if (static_cast<int>(prog.size()) == 3 * M * C) t[ur] = zb_auto_never;
@@ -293,7 +319,7 @@ constexpr schedule zb_auto_build(std::string_view name, shape s, placement_kind 
 //! rank runs only forwards until then (Appendix B's `k`, generalised to any placement): the
 //! in-flight count beyond which an extra F would delay the first B. Plus `delta`, at least 1.
 constexpr std::vector<int> zb_auto_warmup_caps(shape s, placement_kind pk, const costs& k, int delta) {
-  const int P = s.ranks, C = pk == placement_kind::v ? 2 : 1, S = P * C;
+  const int P = s.ranks, C = pk == placement_kind::v ? 2 : (s.chunks < 1 ? 1 : s.chunks), S = P * C;
   const double q = 1.0 / C;
   auto rank_of = [&](int st) { return pk == placement_kind::v ? v_rank(st, P) : loop_rank(st, P); };
   auto hop = [&](int st) { return rank_of(st) != rank_of(st + 1) ? k.c : 0.0; };
@@ -311,7 +337,8 @@ constexpr std::vector<int> zb_auto_warmup_caps(shape s, placement_kind pk, const
   }
   std::vector<int> cap(static_cast<std::size_t>(P), 1);
   for (int r = 0; r < P; ++r) {
-    const int lo = r, hi = C == 2 ? 2 * P - 1 - r : r;
+    // The rank's first forward is of its shallowest stage, its first backward of its deepest.
+    const int lo = r, hi = pk == placement_kind::v ? 2 * P - 1 - r : (C - 1) * P + r;
     double window = b_start[static_cast<std::size_t>(hi)] - f_start[static_cast<std::size_t>(lo)];
     // More forwards than the rank runs in all (M*C) never bind; bounding the quotient first keeps
     // the conversion defined for any finite costs (b/f may be 1e300).
@@ -362,42 +389,80 @@ constexpr text zb_auto_check_options(const generate_options& o, int ranks) {
   return {};
 }
 
+//! `in` with every fused action split into its parts in place: a `BW` into its `B` and, after the
+//! rank's `lag`-th next backward (at the end if there is none), its `W`; an overlapped `FB` into
+//! its forward, then its backward split the same way. With lag 0 the split schedule takes no
+//! longer than `in` (a part starts no later than the fused action would) and holds the same
+//! memory. `lag_per_rank`: the lag is the rank index (ZB-H1's rule, Qi et al. 2024 §3, applied to
+//! any order, e.g. interleaved 1F1B's: the peer is PyTorch's `ScheduleInterleavedZeroBubble`,
+//! interleaved stages with split backward), else 0.
+constexpr schedule zb_auto_split_seed(const schedule& in, std::string_view name, bool lag_per_rank) {
+  schedule out = make_schedule(name, {.ranks = in.ranks, .microbatches = in.microbatches, .chunks = in.chunks}, in.stages,
+                               in.placement);
+  out.stage_to_rank = in.stage_to_rank;
+  for (std::size_t r = 0; r < in.programs.size(); ++r) {
+    auto& prog = out.programs[r];
+    prog.reserve(in.programs[r].size() * 2);
+    const std::size_t lag = lag_per_rank ? r : 0;
+    std::vector<action> pending;
+    std::size_t head = 0;
+    auto backward_part = [&](op kind, int mb, int st) {
+      prog.push_back(backward_input(mb, st));
+      if (kind != op::BW) return;
+      pending.push_back(backward_weight(mb, st));
+      if (pending.size() - head > lag) prog.push_back(pending[head++]);
+    };
+    for (action a : in.programs[r]) {
+      if (a.kind == op::FB) {
+        prog.push_back(forward(a.mb, a.stage));
+        backward_part(a.bkind, a.bmb, a.bstage);
+      } else if (a.kind == op::BW) {
+        backward_part(op::BW, a.mb, a.stage);
+      } else {
+        prog.push_back(a);
+      }
+    }
+    while (head < pending.size()) prog.push_back(pending[head++]);
+  }
+  return out;
+}
+
 }  // namespace detail
 
 //! The `zb-auto` family: the Zero Bubble auto-scheduler (§3.1 heuristic + grid + local search),
-//! for the loop (1 chunk) and V (2 chunks) placements, under a per-rank activation-memory limit.
+//! for the loop placement with any number of chunks per rank and the V placement (2 chunks),
+//! under a per-rank activation-memory limit.
 struct zb_auto {
   static constexpr std::string_view name = "zb-auto";
   static constexpr std::string_view summary =
-      "Zero Bubble auto-scheduler: memory-capped search over the paper's heuristic, loop or V placement (Qi et al. 2024)";
-  //! Evaluations the local search may spend beyond the grid (bounds run time: p = 32, m = 256
-  //! stays well under one second on one core).
+      "Zero Bubble auto-scheduler: memory-capped search over the paper's heuristic, loop (any chunks) or V placement (Qi et al. 2024)";
+  //! Evaluations the in-flight-cap local search may spend beyond the grid.
   int search_budget = 40;
   //! Size limits of the search (see `loom::max_ranks`): its run time grows with cells x (p + m),
   //! about 3 s at p = 256, m = 64 on one core.
   static constexpr int max_ranks = 256;
   static constexpr long long max_cells = 1LL << 14;  //!< see `max_ranks`
 
-  //! Rules every shape must meet: p, m >= 1 and 1 (loop) or 2 (V) chunks per rank.
-  constexpr text check(shape s) const {
-    if (auto r = detail::check_basic(name, s); !r.empty()) return r;
-    if (s.chunks != 1 && s.chunks != 2)
-      return "zb-auto runs 1 chunk per rank (loop placement) or 2 (V placement) (got chunks=" +
-             detail::to_text(s.chunks) + ")";
-    return {};
-  }
+  //! Evaluations the final critical-path search (`detail::order_local_search`) may spend on the
+  //! best candidate. Both bound the run time: p = 32, m = 256 stays under one second on one core.
+  int order_budget = 60;
 
-  //! Unit costs, limit `p`, placement from the chunk count.
+  //! Rules every shape must meet: p, m, chunks >= 1 (the V placement needs exactly 2; see
+  //! `generate`).
+  constexpr text check(shape s) const { return detail::check_basic(name, s); }
+
+  //! Unit costs, limit `p`; 2 chunks mean the V placement, any other count the loop placement
+  //! (`generate(s, o)` takes the placement from `o` instead).
   constexpr schedule generate(shape s) const {
     generate_options o;
     o.placement = s.chunks == 2 ? placement_kind::v : placement_kind::loop;
     return generate(s, o);
   }
 
-  //! The best schedule found for costs `o.cost` under `o.mem_limit` (default `p`). The chunk
-  //! count names the placement (1: loop, 2: V); `o.placement = v` requires 2 chunks (a shape
-  //! with chunks = 0 takes 2). Throws `config_error` naming the rule for a bad cost or limit,
-  //! `schedule_error` for a placement/chunk mismatch.
+  //! The best schedule found for costs `o.cost` under `o.mem_limit` (default `p`), on placement
+  //! `o.placement`: loop with `s.chunks` chunks per rank (virtual stage `k*p + r` on rank `r`;
+  //! chunks = 0 takes 1), or V with 2 (chunks = 0 takes 2). Throws `config_error` naming the
+  //! rule for a bad cost or limit, `schedule_error` for a placement/chunk mismatch.
   constexpr schedule generate(shape s, const generate_options& o) const {
     if (s.chunks == 0) s.chunks = o.placement == placement_kind::v ? 2 : 1;
     if (auto r = check(s); !r.empty()) throw schedule_error(r);
@@ -405,8 +470,7 @@ struct zb_auto {
       throw schedule_error("zb-auto runs the loop or the v placement (got " + text(to_string(o.placement)) + ")");
     if (o.placement == placement_kind::v && s.chunks != 2)
       throw schedule_error("zb-auto with placement v runs 2 chunk(s) per rank (got chunks=" + detail::to_text(s.chunks) + ")");
-    // The chunk count names the placement: 1 = loop, 2 = V.
-    const placement_kind pk = s.chunks == 2 ? placement_kind::v : placement_kind::loop;
+    const placement_kind pk = o.placement;
     if (auto r = detail::zb_auto_check_options(o, s.ranks); !r.empty()) throw config_error(r);
     const double limit = o.mem_limit > 0 ? o.mem_limit : s.ranks;
     const costs& k = o.cost;
@@ -426,17 +490,60 @@ struct zb_auto {
       return false;
     };
 
-    // Seeds: the handcrafted orders, when they fit.
-    if (pk == placement_kind::loop) {
-      consider(detail::zero_bubble_handcrafted(name, s, 1));
-      consider(detail::zero_bubble_handcrafted(name, s, 2));
+    // Seeds: loom's fixed families on this placement and chunk count (fused backwards split, W
+    // right after its B, and with ZB-H1's lag), whenever they fit the limit, so zb-auto is never
+    // worse than any of them.
+    const schedule frame = make_schedule(name, s, pk == placement_kind::v ? 2 * s.ranks : s.chunks * s.ranks, pk);
+    auto seed = [&](auto family, int chunks) {
+      const shape fs{s.ranks, s.microbatches, chunks};
+      if (!loom::check(family, fs).empty()) return;
+      const schedule fixed = family.generate(fs);
+      // Only a family on exactly this placement (same stages on the same ranks) is a seed.
+      if (fixed.placement != pk || fixed.stages != frame.stages || fixed.stage_to_rank != frame.stage_to_rank ||
+          fixed.directions != 1)
+        return;
+      bool fused = false;
+      for (auto const& prog : fixed.programs)
+        for (auto const& a : prog) fused = fused || a.kind == op::BW || a.kind == op::FB;
+      consider(detail::zb_auto_split_seed(fixed, name, false));
+      if (fused) consider(detail::zb_auto_split_seed(fixed, name, true));
+    };
+    if (pk == placement_kind::loop && s.chunks == 1) {
+      // And the Zero Bubble authors' heuristic in all 8 of its settings (zb_heuristics.hpp).
+      seed(gpipe{}, 1);
+      seed(one_f_one_b{}, 1);
+      seed(gpipe_2bp{}, 1);
+      seed(one_f_one_b_2bp{}, 1);
+      seed(zb_h1{}, 1);
+      seed(zb_h2{}, 1);
+      for (int g = 0; g < 8; ++g) {
+        schedule cand;
+        const detail::zb_round_knobs kn{.warmup_until_arrival = (g & 4) == 0, .defer_forward = (g & 2) == 0,
+                                        .fill_small_gaps = (g & 1) == 0};
+        if (detail::zb_round_heuristic(name, s, k, limit, kn, cand)) consider(static_cast<schedule&&>(cand));
+      }
+    } else if (pk == placement_kind::loop) {
+      seed(interleaved_1f1b{}, s.chunks);
+      seed(looped_bfs{}, s.chunks);
+    } else {
+      seed(v_half{}, 2);
+      seed(v_min{}, 2);
+      seed(hanayo{}, 1);  // one wave: the V
+      seed(dualpipe_v{}, 2);
     }
-    // On the V placement, zb-v's cost-aware schedule (greedy + local search under these costs)
-    // whenever the limit admits it (>= p units), so zb-auto (v) is never worse than zb-v there.
     if (pk == placement_kind::v && limit >= s.ranks - 1e-9) {
+      // On the V placement, zb-v's cost-aware schedule (its greedy and the authors' V heuristic,
+      // improved by local search under these costs) whenever the limit admits it (>= p units), so
+      // zb-auto (v) is never worse than zb-v or the authors' ZB-V there.
       generate_options vo = o;
       vo.mem_limit = limit;
       consider(zb_v{}.generate(s, vo));
+    } else if (pk == placement_kind::v) {
+      for (int fb = 0; fb < 4; ++fb) {
+        schedule cand;
+        if (detail::zbv_heuristic(name, s, k, limit, {.fill_b = fb < 2, .fill_f = fb % 2 == 0}, cand))
+          consider(static_cast<schedule&&>(cand));
+      }
     }
     // Grid over the heuristic's choices; remember the best greedy point for the local search.
     // Caps: none (memory only), or the warm-up count of Appendix B plus 0 or 1 (the paper's
@@ -495,6 +602,8 @@ struct zb_auto {
       }
     }
     if (!have) throw schedule_error("zb-auto found no schedule within mem-limit (internal error)");
+    // Critical-path moves on the best candidate (zb-v's local search, order_search.hpp).
+    detail::order_local_search(best, k, limit, order_budget);
     best.name = text(name);
     return best;
   }

@@ -24,7 +24,9 @@
 //! greedy with larger memory caps): along the simulated critical path an action swaps with the
 //! previous action of its rank, and a W on the path moves later into its rank's next idle gap
 //! or to the end. Candidates that deadlock or exceed the limit are rejected; the evaluation
-//! budget (`search_budget`) bounds the run time. Never worse than the greedy. On the Zero Bubble
+//! budget (`search_budget`) bounds the run time. Never worse than the greedy. The Zero Bubble
+//! authors' own cost-aware V heuristic (`zb_heuristics.hpp`) is a seed too, so it is never worse
+//! than that either. On the Zero Bubble
 //! paper's Table 8 shapes (docs/zero-bubble-paper.md) it is below the paper's ZB-V on all 9 rows
 //! at the paper's profiled costs (Table 9); at costs derived from Table 8's own baselines it is
 //! no higher on 8 of 9 at printed precision and equals the authors' own heuristic on the ninth.
@@ -50,8 +52,10 @@
 
 #include "loom/schedule/error.hpp"
 #include "loom/schedule/family.hpp"
+#include "loom/schedule/order_search.hpp"
 #include "loom/schedule/simulate.hpp"
 #include "loom/schedule/v_block.hpp"
+#include "loom/schedule/zb_heuristics.hpp"
 
 namespace loom {
 
@@ -63,158 +67,6 @@ constexpr text zb_v_text(double v) {
   const long long a = h < 0 ? -h : h;
   text frac = to_text(a % 100);
   return (h < 0 ? "-" : "") + to_text(a / 100) + "." + (frac.size() < 2 ? "0" + frac : frac);
-}
-
-//! Score of a `zb-v` candidate under real costs: bubble rate first (the Zero Bubble paper's
-//! metric), then the sum of per-rank spans (lets the search move along plateaus of the max span
-//! towards shorter secondary spans).
-struct zb_v_score {
-  double bubble_rate = 2;
-  double span_sum = 0;
-  constexpr bool better_than(const zb_v_score& o) const {
-    if (bubble_rate < o.bubble_rate - 1e-12) return true;
-    if (bubble_rate > o.bubble_rate + 1e-12) return false;
-    return span_sum < o.span_sum - 1e-9;
-  }
-};
-
-//! Simulates `s` under `k`; false if it deadlocks (the simulator reports ok = false) or exceeds
-//! `limit` units of activation on some rank. On success fills `out` and, if given, `sim`.
-constexpr bool zb_v_score_of(const schedule& s, const costs& k, double limit, zb_v_score& out, simulation* sim) {
-  simulation r = simulate(s, k);
-  if (!r.ok) return false;
-  for (double v : r.peak_activation)
-    if (v > limit + 1e-9) return false;
-  out.bubble_rate = r.bubble_rate;
-  out.span_sum = 0;
-  for (double v : r.span) out.span_sum += v;
-  if (sim) *sim = static_cast<simulation&&>(r);
-  return true;
-}
-
-//! Whether `later` may run before `earlier` on one rank of a V schedule (F/B/W actions only):
-//! false if `later` depends on `earlier` on that rank (same microbatch: F -> B -> W of one stage,
-//! F(P-1) -> F(P) and B(P) -> B(P-1) at the V's tip, F(2P-1) -> B(2P-1) on rank 0), or if both
-//! belong to one stream (same kind and stage), whose microbatch order the search keeps.
-constexpr bool zb_v_may_swap(const action& earlier, const action& later) {
-  if (earlier.kind == later.kind && earlier.stage == later.stage) return false;
-  if (earlier.mb != later.mb) return true;
-  if (earlier.stage == later.stage) return false;
-  if (earlier.kind == op::F && later.kind == op::F && later.stage == earlier.stage + 1) return false;
-  if (earlier.kind == op::B && later.kind == op::B && later.stage == earlier.stage - 1) return false;
-  if (earlier.kind == op::F && later.kind == op::B) return false;
-  return true;
-}
-
-//! The critical path of a simulated F/B/W schedule, latest action first: from the last action
-//! of the rank with the longest span, each step goes to what bound the action's start (the
-//! previous action of its rank when it started right at that one's end, else its dependency),
-//! until an action bound by nothing. Positions are (rank, index in its program).
-constexpr std::vector<std::pair<int, int>> zb_v_critical_path(const schedule& s, const simulation& sim) {
-  const int P = s.ranks, S = s.stages, M = s.microbatches;
-  auto key = [&](op kind, int mb, int st) {
-    return (static_cast<std::size_t>(kind) * static_cast<std::size_t>(S) + static_cast<std::size_t>(st)) *
-               static_cast<std::size_t>(M) + static_cast<std::size_t>(mb);
-  };
-  std::vector<std::pair<int, int>> where(static_cast<std::size_t>(3 * S) * static_cast<std::size_t>(M), {-1, -1});
-  for (int r = 0; r < P; ++r) {
-    auto const& prog = s.programs[static_cast<std::size_t>(r)];
-    for (std::size_t i = 0; i < prog.size(); ++i) where[key(prog[i].kind, prog[i].mb, prog[i].stage)] = {r, static_cast<int>(i)};
-  }
-  int r = 0;
-  for (int i = 1; i < P; ++i)
-    if (sim.span[static_cast<std::size_t>(i)] > sim.span[static_cast<std::size_t>(r)]) r = i;
-  std::vector<std::pair<int, int>> path;
-  int i = static_cast<int>(s.programs[static_cast<std::size_t>(r)].size()) - 1;
-  const double eps = 1e-9;
-  while (i >= 0 && path.size() < s.size()) {
-    path.push_back({r, i});
-    auto const& times = sim.times[static_cast<std::size_t>(r)];
-    const action& a = s.programs[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
-    const double start = times[static_cast<std::size_t>(i)].start;
-    if (i > 0 && times[static_cast<std::size_t>(i - 1)].end >= start - eps) {
-      --i;
-      continue;
-    }
-    std::pair<int, int> d{-1, -1};
-    if (a.kind == op::F) {
-      if (a.stage > 0) d = where[key(op::F, a.mb, a.stage - 1)];
-    } else if (a.kind == op::W) {
-      d = where[key(op::B, a.mb, a.stage)];
-    } else {
-      d = a.stage == S - 1 ? where[key(op::F, a.mb, a.stage)] : where[key(op::B, a.mb, a.stage + 1)];
-      const auto own = where[key(op::F, a.mb, a.stage)];
-      if (a.stage < S - 1 && own.first >= 0 &&
-          sim.times[static_cast<std::size_t>(own.first)][static_cast<std::size_t>(own.second)].end >= start - eps)
-        d = own;
-    }
-    if (d.first < 0) break;
-    r = d.first;
-    i = d.second;
-  }
-  return path;
-}
-
-//! First-improvement hill climbing over the rank programs of `s` (F/B/W only), every candidate
-//! scored by `loom::simulate` under `k` and rejected if it deadlocks or exceeds `limit`. Moves,
-//! tried along the current critical path (latest action first): an action on it swaps with the
-//! previous action of its rank (runs one step earlier); a W on it moves later, to just before
-//! the next idle gap of its rank or to the end of its program (W's fill gaps instead of
-//! delaying the path). The first move that improves the score is kept and the path recomputed;
-//! stops when no move on the path improves or after `budget` simulations. Returns the score.
-constexpr zb_v_score zb_v_local_search(schedule& s, const costs& k, double limit, int budget) {
-  simulation sim;
-  zb_v_score cur;
-  if (!zb_v_score_of(s, k, limit, cur, &sim)) return cur;
-  const double eps = 1e-9;
-  while (budget > 0) {
-    const auto path = zb_v_critical_path(s, sim);
-    bool improved = false;
-    for (auto [r, i] : path) {
-      if (budget <= 0) break;
-      auto& prog = s.programs[static_cast<std::size_t>(r)];
-      const auto ui = static_cast<std::size_t>(i);
-      // Scores the schedule as it stands after a move; keeps it (true) if it beats `cur`.
-      auto keep_if_better = [&] {
-        --budget;
-        zb_v_score sc;
-        simulation ns;
-        if (!zb_v_score_of(s, k, limit, sc, &ns) || !sc.better_than(cur)) return false;
-        cur = sc;
-        sim = static_cast<simulation&&>(ns);
-        improved = true;
-        return true;
-      };
-      // Move 1: one step earlier.
-      if (i > 0 && zb_v_may_swap(prog[ui - 1], prog[ui])) {
-        std::swap(prog[ui - 1], prog[ui]);
-        if (keep_if_better()) break;
-        std::swap(prog[ui - 1], prog[ui]);
-      }
-      // Move 2: a W on the path goes later, into the next gap of its rank or to the end.
-      if (prog[ui].kind != op::W) continue;
-      auto const& times = sim.times[static_cast<std::size_t>(r)];
-      std::size_t targets[2] = {prog.size(), prog.size()};
-      for (std::size_t j = ui + 2; j < prog.size(); ++j)
-        if (times[j].start > times[j - 1].end + eps) {
-          targets[0] = j;
-          break;
-        }
-      for (int t = 0; t < 2 && budget > 0; ++t) {
-        if (t == 1 && targets[0] == prog.size()) break;
-        const std::size_t to = targets[t];  // the W lands just before position `to`
-        const action w = prog[ui];
-        for (std::size_t j = ui; j + 1 < to; ++j) prog[j] = prog[j + 1];
-        prog[to - 1] = w;
-        if (keep_if_better()) break;
-        for (std::size_t j = to - 1; j > ui; --j) prog[j] = prog[j - 1];
-        prog[ui] = w;
-      }
-      if (improved) break;
-    }
-    if (!improved) break;
-  }
-  return cur;
 }
 
 }  // namespace detail
@@ -239,7 +91,9 @@ struct zb_v {
   //! per-rank activation limit `o.mem_limit` (units of ARCHITECTURE.md; `<= 0`: `p`, 1F1B's
   //! peak and the paper's ZB-V budget). Seeds: the greedy with its memory cap at `2p` chunk
   //! activations and, when the limit is larger, at every even cap up to `2*limit` (at most 8
-  //! more); the best seed under `loom::simulate` is improved by `detail::zb_v_local_search`.
+  //! more); and the Zero Bubble authors' cost-aware V heuristic under the limit, all four of its
+  //! settings (`detail::zbv_heuristic`), so the result is never worse than theirs. The best seed
+  //! under `loom::simulate` is improved by `detail::order_local_search`.
   //! Never worse than `generate(s)` at the same costs (that is the first seed, and it always fits
   //! a limit >= p: its chunk count bounds its memory for any M_W/M_B). Throws `config_error` for a
   //! bad cost model and `schedule_error` for a limit below `p` units (the greedy's warm-up holds
@@ -257,21 +111,27 @@ struct zb_v {
                            " (its warm-up holds that many units before any is released; got mem-limit " +
                            detail::zb_v_text(limit) + ")");
     schedule best;
-    detail::zb_v_score best_score;
+    detail::order_score best_score;
     bool have = false;
     const int p = s.ranks;
-    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= 2 * limit + 1e-9; cap += 2) {
-      schedule cand = detail::v_schedule_from_timetable(name, s, detail::v_zero_bubble_timetable(p, s.microbatches, cap));
-      detail::zb_v_score sc;
-      if (!detail::zb_v_score_of(cand, k, limit, sc, nullptr)) continue;
+    auto consider = [&](schedule&& cand) {
+      detail::order_score sc;
+      if (!detail::order_score_of(cand, k, limit, sc, nullptr)) return;
       if (!have || sc.better_than(best_score)) {
         best = static_cast<schedule&&>(cand);
         best_score = sc;
         have = true;
       }
+    };
+    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= static_cast<int>(2 * limit + 1e-9); cap += 2)
+      consider(detail::v_schedule_from_timetable(name, s, detail::v_zero_bubble_timetable(p, s.microbatches, cap)));
+    for (int fb = 0; fb < 4; ++fb) {
+      schedule cand;
+      if (detail::zbv_heuristic(name, s, k, limit, {.fill_b = fb < 2, .fill_f = fb % 2 == 0}, cand))
+        consider(static_cast<schedule&&>(cand));
     }
     if (!have) throw schedule_error("zb-v: internal error, no seed within mem-limit " + detail::zb_v_text(limit));
-    detail::zb_v_local_search(best, k, limit, search_budget);
+    detail::order_local_search(best, k, limit, search_budget);
     return best;
   }
 };
