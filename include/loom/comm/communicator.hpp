@@ -141,6 +141,37 @@ concept communicator =
     detail::communicator_collectives_for<C, std::int32_t> &&
     detail::communicator_collectives_for<C, std::int64_t>;
 
+//! A communicator that also posts collectives without waiting for them: `iall_reduce(data, op)`,
+//! `iall_gather(in, out)`, `ireduce_scatter(in, out, op)` and `iall_to_all(in, out)` take the
+//! arguments of their blocking forms, return a `C::request` at once, and complete through the
+//! same `wait`/`test` as point-to-point requests. The buffers must stay valid (inputs unchanged)
+//! until then; `ireduce_scatter`'s input and output must not overlap. Every rank of the group
+//! posts its collectives, blocking and non-blocking together, in the same order (MPI's rule);
+//! the threads backend matches the k-th non-blocking collective of every rank with the others'
+//! k-th. Reductions combine the ranks in the order their blocking forms document. Used by the
+//! data-parallel gradient reducer (`loom/exec/data_parallel.hpp`) to overlap its all-reduces with
+//! the pipeline's tail.
+template <class C>
+concept nonblocking_communicator =
+    communicator<C> &&
+    requires(C& c, std::span<double> out, std::span<const double> in, std::span<std::int64_t> iout, reduce_op op) {
+      { c.iall_reduce(out, op) } -> std::same_as<typename C::request>;
+      { c.iall_reduce(iout, op) } -> std::same_as<typename C::request>;
+      { c.iall_gather(in, out) } -> std::same_as<typename C::request>;
+      { c.ireduce_scatter(in, out, op) } -> std::same_as<typename C::request>;
+      { c.iall_to_all(in, out) } -> std::same_as<typename C::request>;
+    };
+
+//! True when `C`'s reductions (`all_reduce`, `reduce_scatter` and their non-blocking forms)
+//! combine the contributions in rank order, `((x_0 op x_1) op x_2) ...`, on every rank, so that
+//! their floating-point results are reproducible bit for bit. A backend says so with
+//! `static constexpr bool rank_ordered_reductions = true;` (the threads backend does; MPI leaves
+//! the order to the library). `loom/comm/ordered.hpp` gives rank-ordered reductions on any backend.
+template <class C>
+inline constexpr bool reduces_in_rank_order = requires {
+  requires C::rank_ordered_reductions;
+};
+
 //! Waits for every request of `reqs` in order (each wait is bounded by the communicator's
 //! timeout; the first failure is thrown and the remaining requests are left pending).
 template <communicator C>

@@ -236,6 +236,7 @@ struct request_state {
   int peer = -1;  // world rank, for messages
   bool is_send = false;
   bool done = false;
+  const char* coll = nullptr;  // the non-blocking collective's name, or nullptr for a send/receive
 };
 
 //! Owns an MPI communicator handle.
@@ -398,6 +399,9 @@ class comm {
     if (req->done) return;
     MPI_Status st;
     int rc = progress(req->req, &st, [&] {
+      if (req->coll != nullptr)
+        return std::string("waiting for a non-blocking ") + req->coll + " of " + std::to_string(req->size) +
+               " bytes (waiting for the other ranks of the group)";
       return std::string("waiting for a ") + (req->is_send ? "send of " : "receive of ") + std::to_string(req->size) +
              " bytes " + (req->is_send ? "to" : "from") + " rank " + std::to_string(req->peer);
     });
@@ -469,6 +473,72 @@ class comm {
     collective(r, "all_to_all");
   }
 
+  // ---- non-blocking collectives (loom::nonblocking_communicator) ----------------------------
+  // `MPI_Iallreduce`, `MPI_Iallgather`, `MPI_Ireduce_scatter_block`, `MPI_Ialltoall`, completed by
+  // `wait`/`test` like a send or receive. MPI progresses them when this rank calls into MPI (any
+  // `test` or `wait`, on any request); the data-parallel reducer tests its requests between the
+  // pipeline's actions for that reason.
+
+  //! Non-blocking `all_reduce`: `data` holds the result once the request completed.
+  template <comm_element T>
+  request iall_reduce(std::span<T> data, reduce_op op) {
+    check_live();
+    auto r = make_collective("iall_reduce", data.size() * sizeof(T));
+    try_mpi(MPI_Iallreduce(MPI_IN_PLACE, data.data(), count_of(data.size(), "iall_reduce"), detail::mpi::datatype<T>(),
+                           detail::mpi::mpi_op(op), h_->c, &r->req),
+            "MPI_Iallreduce");
+    return r;
+  }
+  //! Non-blocking `all_gather` (`in` may be this rank's segment of `out`).
+  template <comm_element T>
+  request iall_gather(std::span<const T> in, std::span<T> out) {
+    check_live();
+    if (out.size() != in.size() * static_cast<std::size_t>(size()))
+      throw comm_error(world_rank(), "iall_gather: output has " + std::to_string(out.size()) + " elements, expected " +
+                                         std::to_string(size()) + " x " + std::to_string(in.size()));
+    const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank_) * in.size();
+    auto r = make_collective("iall_gather", in.size() * sizeof(T));
+    const int k = count_of(in.size(), "iall_gather");
+    try_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data(), k, detail::mpi::datatype<T>(), out.data(), k,
+                           detail::mpi::datatype<T>(), h_->c, &r->req),
+            "MPI_Iallgather");
+    return r;
+  }
+  //! Non-blocking `reduce_scatter` (`in` and `out` must not overlap).
+  template <comm_element T>
+  request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    check_live();
+    if (in.size() != out.size() * static_cast<std::size_t>(size()))
+      throw comm_error(world_rank(), "ireduce_scatter: input has " + std::to_string(in.size()) +
+                                         " elements, expected " + std::to_string(size()) + " x " +
+                                         std::to_string(out.size()));
+    if (!out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
+      throw comm_error(world_rank(), "ireduce_scatter: input and output buffers overlap");
+    auto r = make_collective("ireduce_scatter", out.size() * sizeof(T));
+    try_mpi(MPI_Ireduce_scatter_block(in.data(), out.data(), count_of(out.size(), "ireduce_scatter"),
+                                      detail::mpi::datatype<T>(), detail::mpi::mpi_op(op), h_->c, &r->req),
+            "MPI_Ireduce_scatter_block");
+    return r;
+  }
+  //! Non-blocking `all_to_all` (`in` and `out` must not overlap).
+  template <comm_element T>
+  request iall_to_all(std::span<const T> in, std::span<T> out) {
+    check_live();
+    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
+      throw comm_error(world_rank(), "iall_to_all: input has " + std::to_string(in.size()) + " and output " +
+                                         std::to_string(out.size()) +
+                                         " elements; both must be the same multiple of the group size " +
+                                         std::to_string(size()));
+    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
+      throw comm_error(world_rank(), "iall_to_all: input and output buffers overlap");
+    const int k = count_of(in.size() / static_cast<std::size_t>(size()), "iall_to_all");
+    auto r = make_collective("iall_to_all", in.size() * sizeof(T));
+    try_mpi(MPI_Ialltoall(in.data(), k, detail::mpi::datatype<T>(), out.data(), k, detail::mpi::datatype<T>(), h_->c,
+                          &r->req),
+            "MPI_Ialltoall");
+    return r;
+  }
+
   //! Returns when every rank of the group called `barrier`.
   void barrier() {
     check_live();
@@ -538,8 +608,21 @@ class comm {
     return r;
   }
 
+  request make_collective(const char* name, std::size_t bytes) const {
+    auto r = std::make_shared<detail::mpi::request_state>();
+    r->size = bytes;
+    r->peer = world_rank();
+    r->coll = name;
+    return r;
+  }
+
   void finish(detail::mpi::request_state& r, int rc, MPI_Status& st) {
     r.done = true;
+    if (r.coll != nullptr) {
+      if (rc != MPI_SUCCESS)
+        throw comm_error(world_rank(), std::string(r.coll) + " failed: " + detail::mpi::error_text(rc));
+      return;
+    }
     if (rc != MPI_SUCCESS)
       throw comm_error(world_rank(), std::string(r.is_send ? "send of " : "receive of ") + std::to_string(r.size) +
                                          " bytes " + (r.is_send ? "to" : "from") + " rank " + std::to_string(r.peer) +
