@@ -10,7 +10,9 @@
 //! not promise an order).
 //!
 //! On a backend whose reductions are already rank-ordered (`loom::reduces_in_rank_order<C>`, the
-//! threads backend) these are its own `all_reduce`/`reduce_scatter`. Elsewhere a reduce-scatter
+//! threads backend), and on groups of one or two ranks (one addition per element, and IEEE
+//! addition is commutative, so every order gives the same bits), these are the backend's own
+//! `all_reduce`/`reduce_scatter`. Elsewhere a reduce-scatter
 //! is an all-to-all (rank r receives segment r of every rank) followed by the sum of the received
 //! segments in rank order, and an all-reduce is that reduce-scatter followed by an all-gather of
 //! the reduced segments (the vector padded with zeros to a multiple of the group size). The data
@@ -104,7 +106,7 @@ class reduction {
     c_ = &c;
     ordered_ = ordered;
   }
-  bool direct() const { return !ordered_ || reduces_in_rank_order<C> || c_->size() == 1; }
+  bool direct() const { return !ordered_ || reduces_in_rank_order<C> || c_->size() <= 2; }
 
   void advance() {
     req_ = typename C::request{};
@@ -143,7 +145,7 @@ class reduction {
 template <nonblocking_communicator C, comm_element T>
 void ordered_all_reduce(C& c, std::span<T> data) {
   if (c.size() == 1) return;
-  if constexpr (reduces_in_rank_order<C>) {
+  if (reduces_in_rank_order<C> || c.size() == 2) {
     c.all_reduce(data, reduce_op::sum);
   } else {
     reduction<C, T> r;
@@ -160,7 +162,7 @@ void ordered_reduce_scatter(C& c, std::span<const T> in, std::span<T> out) {
     std::copy(in.begin(), in.end(), out.begin());
     return;
   }
-  if constexpr (reduces_in_rank_order<C>) {
+  if (reduces_in_rank_order<C> || c.size() == 2) {
     c.reduce_scatter(in, out, reduce_op::sum);
   } else {
     reduction<C, T> r;
