@@ -4,6 +4,7 @@
 // Shared by the mesh tests: run the mesh example's training loop (examples/03_mesh/train.hpp) on
 // a threads world and collect every rank's report.
 
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -48,6 +49,36 @@ inline sharding layout(int dp, int tp, int pp, int sp, seq_kind k = seq_kind::no
   if (k == seq_kind::megatron) s.sp = tp;
   s.ulysses = ulysses != 0 ? ulysses : loom::default_ulysses_degree(s.sp);
   return s;
+}
+
+//! pp2 x tp2 on `c` (4 ranks): world rank 1 (pipeline rank 0, tp rank 1) throws in the forward
+//! of microbatch 1 while its tp peer, rank 0, waits in the forward's all-reduce. Returns what the
+//! step threw on this rank (empty if nothing) and the seconds it took.
+template <class Comm>
+std::pair<std::string, double> tp_stage_failure(Comm& c) {
+  using C = loom::counted<Comm>;
+  const sharding s = layout(1, 2, 2, 1);
+  const loom::schedule sched = loom::default_registry().at("1f1b").make({2, 4, 0});
+  model_spec m;
+  loom::mesh_comm g(mesh_example::make_mesh(s), c);
+  mesh_example::stage_comms<C> sc{&g.tp(), nullptr, nullptr};
+  loom::data_parallel<decltype(g), mesh_example::transformer_stage<C>> sync(g, {}, loom::sgd{.lr = m.lr});
+  std::vector<double> targets(4 * 16, 1.0), inputs(4 * 16, 2.0);
+  loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
+    auto [b0, b1] = mesh_example::stage_blocks(m.blocks, id.stage, 2);
+    return mesh_example::transformer_stage<C>(m, s, g.coord(loom::dim::tp), 0, b0, b1, id.stage == 0, id.stage == 1, sc,
+                                              false, 0.01, &targets);
+  }, {.scaling = loom::loss_scaling::sum, .observer = &sync});
+  sync.attach(p);
+  if (c.rank() == 1) p.stages()[0].fail_on = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    p.step(inputs);
+  } catch (const loom::pipeline_error& e) {
+    what = e.what();
+  }
+  return {what, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
 }  // namespace mesh_test

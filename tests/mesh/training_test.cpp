@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -112,4 +113,26 @@ TEST_CASE("mesh training: the sequence-parallel kinds compose with tp, pp and dp
     configs.push_back({layouts[i++ % layouts.size()], e.name.c_str()});
   }
   check_all(configs);
+}
+
+TEST_CASE("mesh training: a stage failure while a tensor-parallel peer waits in a collective stops every rank at once, naming it") {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  double worst = 0;
+  try {
+    loom::run_threads(4, [&](loom::threads::comm& c) {
+      auto [what, sec] = tp_stage_failure(c);
+      std::lock_guard lk(mu);
+      errors.push_back(what);
+      worst = std::max(worst, sec);
+    }, std::chrono::seconds(30));
+  } catch (const std::exception& e) {
+    FAIL(std::string(e.what()));
+  }
+  REQUIRE(errors.size() == 4);
+  for (auto& e : errors) {
+    CHECK(e.find("loom pipeline: rank 1: ") == 0);
+    CHECK(e.find("a stage function threw: injected failure") != std::string::npos);
+  }
+  CHECK(worst < 10);  // not the 30 s timeout
 }
