@@ -234,3 +234,19 @@ TEST_CASE("tensor parallel: column- then row-parallel blocks equal the dense lay
         CHECK(worst < 1e-14);
       }
 }
+
+TEST_CASE("sequence parallel: sharding_rule names the value and the rule for every kind, at run time and at compile time") {
+  constexpr loom::layer_shape l{.sequence = 16, .heads = 4, .ffn = 16};
+  static_assert(loom::static_sharding<l, loom::mesh<loom::pp<2>, loom::sp<4>, loom::tp<1>>, loom::sp_kind::usp>::ok);
+  static_assert(loom::static_sharding<l, loom::mesh<loom::dp<2>, loom::tp<4>>, loom::sp_kind::megatron>::ok);
+  static_assert(loom::sharding_rule(l, 2, 2, loom::sp_kind::ulysses).empty());
+  CHECK(loom::sharding_rule(l, 2, 4, loom::sp_kind::ulysses) == "ulysses: 2 attention heads are not divisible by the Ulysses degree 4");
+  CHECK(loom::sharding_rule(l, 1, 16, loom::sp_kind::ring) ==
+        "ring attention: the sequence of 16 tokens is not divisible into 32 zig-zag chunks x 1 Ulysses ranks");
+  CHECK(loom::sharding_rule(l, 1, 8, loom::sp_kind::usp).empty());  // ulysses 2 x ring 4
+  CHECK(loom::sharding_rule(l, 1, 8, loom::sp_kind::usp, 3) == "usp: the Ulysses degree 3 does not divide sp 8");
+  CHECK(loom::sharding_rule({.sequence = 10, .heads = 4, .ffn = 16}, 4, 1, loom::sp_kind::megatron) ==
+        "megatron sequence parallel: the sequence of 10 tokens is not divisible by tp 4");
+  CHECK(loom::sharding_rule(l, 0, 1, loom::sp_kind::ring) == "tensor parallel: tp 0 is not a positive number of ranks");
+  CHECK(loom::sharding_rule(l, 1, 0, loom::sp_kind::ring) == "sequence parallel: sp 0 is not a positive number of ranks");
+}

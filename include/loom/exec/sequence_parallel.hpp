@@ -44,6 +44,8 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/exec/tensor_parallel.hpp"
+#include "loom/mesh/mesh.hpp"
 #include "loom/schedule/error.hpp"
 
 namespace loom {
@@ -494,6 +496,52 @@ class usp_attention {
   ring_attention<C, T> ring_;
   std::size_t n_ = 0;
   std::vector<T> packed_, grads_;
+};
+
+//! The sizes of a transformer layer that tensor and sequence parallelism split.
+struct layer_shape {
+  int sequence = 1;  //!< tokens per sequence
+  int heads = 1;     //!< attention heads
+  int ffn = 1;       //!< MLP hidden features
+};
+
+//! The rule a layer of shape `l` breaks on `tp` tensor-parallel ranks with its sequence split by
+//! `kind` over `sp` ranks (Megatron-SP over the tp ranks; USP as `ulysses` x `sp / ulysses`,
+//! `ulysses = 0` for `default_ulysses_degree`), or "". One sentence naming the values.
+constexpr std::string sharding_rule(layer_shape l, int tp, int sp, sp_kind kind, int ulysses = 0) {
+  if (std::string r = tp_rule(tp, l.heads, l.ffn); !r.empty()) return r;
+  if (sp < 1) return "sequence parallel: sp " + detail::to_text(sp) + " is not a positive number of ranks";
+  const int heads = l.heads / tp;
+  switch (kind) {
+    case sp_kind::megatron:
+      if (l.sequence % tp != 0)
+        return "megatron sequence parallel: the sequence of " + detail::to_text(l.sequence) + " tokens is not divisible by tp " +
+               detail::to_text(tp);
+      return {};
+    case sp_kind::ulysses: return seq_split{l.sequence, sp, 1}.rule(heads);
+    case sp_kind::ring: return seq_split{l.sequence, 1, sp}.rule(heads);
+    case sp_kind::usp: {
+      const int u = ulysses == 0 ? default_ulysses_degree(sp) : ulysses;
+      if (u < 1 || sp % u != 0)
+        return "usp: the Ulysses degree " + detail::to_text(u) + " does not divide sp " + detail::to_text(sp);
+      return seq_split{l.sequence, u, sp / u}.rule(heads);
+    }
+  }
+  return {};
+}
+
+//! Compile-time check of a layer of shape `L` on the static mesh `Mesh` (its `tp` and `sp` sizes)
+//! with the sequence split by `Kind`: a shape the split cannot divide does not compile, and the
+//! diagnostic carries `sharding_rule`'s sentence ("ulysses: 6 attention heads are not divisible by
+//! the Ulysses degree 4").
+template <layer_shape L, class Mesh, sp_kind Kind, int Ulysses = 0>
+struct static_sharding {
+  static_assert(Mesh::is_static, "loom::static_sharding needs a mesh of static dimensions");
+  //! The rule broken, or empty.
+  static constexpr detail::fixed_message rule{sharding_rule(L, Mesh{}.size(dim::tp), Mesh{}.size(dim::sp), Kind, Ulysses)};
+  [[no_unique_address]] detail::mesh_rule_violated<rule> check_{};
+  //! True (the type exists only when the check passed).
+  static constexpr bool ok = true;
 };
 
 }  // namespace loom
