@@ -104,6 +104,7 @@ struct world_state {
   int rank = 0;  // this process's rank in the world
   int size = 0;
   std::mutex m;
+  std::mutex poll_m;  // one poll of the control channel at a time
   std::atomic<bool> aborted{false};
   int abort_rank = -1;
   std::string abort_cause;
@@ -142,6 +143,10 @@ struct world_state {
   //! Picks up an abort notice from another rank, if one arrived.
   void poll() {
     if (aborted.load(std::memory_order_acquire)) return;
+    // Communicators of one world driven by different threads poll the same control channel: one
+    // probe-and-receive at a time, or two threads could probe one notice and one block receiving.
+    std::unique_lock lk(poll_m, std::try_to_lock);
+    if (!lk.owns_lock()) return;
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, abort_tag, ctrl, &flag, &st) != MPI_SUCCESS || flag == 0) return;

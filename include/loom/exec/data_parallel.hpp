@@ -60,10 +60,14 @@
 //! optimizers here are stateless; a stateful optimizer would keep its state for the shard only.
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -116,6 +120,11 @@ struct data_parallel_options {
   bool deterministic = false;  //!< rank-ordered sums (bitwise reproducible)
   bool eager = true;           //!< launch buckets when ready (false: all after the step)
   double grad_scale = 1.0;     //!< factor applied to the reduced gradients (1/dp: average)
+  //! When positive, a helper thread tests the reductions in flight at this interval, so that
+  //! they progress while the stages compute (MPI progresses non-blocking collectives only inside
+  //! MPI calls; PyTorch's ProcessGroupMPI runs its collectives on a worker thread for the same
+  //! reason). Needs a backend that allows calls from two threads (MPI_THREAD_MULTIPLE).
+  std::chrono::microseconds progress_interval{0};
 };
 
 //! What `data_parallel` recorded about one bucket (for tests and reports).
@@ -146,6 +155,17 @@ class data_parallel final : public step_observer {
 
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
+  //! Stops the progress thread, if any (reductions in flight are left to the communicator).
+  ~data_parallel() {
+    if (helper_.joinable()) {
+      {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      helper_.join();
+    }
+  }
 
   //! Binds the stages of pipeline `p` (built with `observer = this`) and lays out the buckets.
   //! Collective over the mesh: checks that the ranks of each group hold the same layout.
@@ -218,11 +238,13 @@ class data_parallel final : public step_observer {
     }
     check_layout();
     attached_ = true;
+    if (opt_.progress_interval.count() > 0 && !helper_.joinable()) helper_ = std::thread([this] { progress_loop(); });
   }
 
   //! Completes the parameter all-gathers still in flight (sharded mode). Call before reading
   //! parameters outside a step; harmless otherwise.
   void finish() {
+    std::lock_guard lk(mu_);
     for (bucket& b : buckets_) finish_gather(b);
   }
 
@@ -239,26 +261,31 @@ class data_parallel final : public step_observer {
   //! Waits for the prefetched parameters of local stage `local` (sharded mode).
   void before_first_use(std::size_t local) override {
     if (!opt_.sharded) return;
+    std::lock_guard lk(mu_);
     for (bucket& b : buckets_)
       if (b.gathering && std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) finish_gather(b);
   }
   //! Counts the stage ready and launches the buckets of its groups that became ready, in order.
   void gradients_ready(std::size_t local) override {
     if (!attached_) return;
+    std::unique_lock lk(mu_);
     for (bucket& b : buckets_)
       if (std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) --b.waiting;
     if (opt_.eager)
       for (unsigned x = 0; x < 4; ++x) launch_ready(x, false);
+    lk.unlock();
+    cv_.notify_all();
   }
   //! Tests the reductions in flight.
   void progress() override {
     ++actions_;
-    for (bucket& b : buckets_)
-      if (b.reducing && b.red.test()) b.reducing = false;
+    std::unique_lock lk(mu_, std::try_to_lock);  // the helper thread is at it: no need to wait
+    if (lk.owns_lock()) test_all();
   }
   //! Completes the reductions, agrees over the world, then writes back and updates.
   void step_end(int failed_rank, const std::string& cause) override {
     if (!attached_) throw config_error("data_parallel: attach(pipeline) was not called before the step");
+    std::lock_guard lk(mu_);
     for (unsigned x = 0; x < 4; ++x) launch_ready(x, true);
     for (bucket& b : buckets_)
       if (b.reducing) {
@@ -292,6 +319,7 @@ class data_parallel final : public step_observer {
       }
       b.gather = c.iall_gather(std::span<const value_type>(mine), std::span<value_type>(b.param));
       b.gathering = true;
+      b.gather_in_flight = true;
     }
     if (!opt_.sharded)
       for (auto& st : stages_) optimizer_(std::span<value_type>(st.params()), std::span<const value_type>(st.weight_grad()));
@@ -310,9 +338,33 @@ class data_parallel final : public step_observer {
     reduction<comm_type, value_type> red;
     typename comm_type::request gather{};
     int waiting = 0;
-    bool launched = false, reducing = false, gathering = false;
+    bool launched = false, reducing = false, gathering = false, gather_in_flight = false;
     long launched_at = -1;
   };
+
+  //! Tests every reduction in flight (with `mu_` held).
+  void test_all() {
+    for (bucket& b : buckets_) {
+      if (b.reducing && b.red.test()) b.reducing = false;
+      if (b.gather_in_flight && groups_[b.group]->test(b.gather)) b.gather_in_flight = false;
+    }
+  }
+  //! The helper thread: while reductions are in flight, tests them every `progress_interval`.
+  void progress_loop() {
+    std::unique_lock lk(mu_);
+    while (!stop_) {
+      bool busy = false;
+      for (const bucket& b : buckets_) busy = busy || b.reducing || b.gather_in_flight;
+      if (!busy) {
+        cv_.wait(lk);
+        continue;
+      }
+      test_all();
+      lk.unlock();
+      std::this_thread::sleep_for(opt_.progress_interval);
+      lk.lock();
+    }
+  }
 
   static dim_set group_dims(unsigned x) {
     dim_set s{dim::dp};
@@ -393,10 +445,9 @@ class data_parallel final : public step_observer {
 
   void finish_gather(bucket& b) {
     if (!b.gathering) return;
-    if (groups_[b.group]->size() > 1) {
-      groups_[b.group]->wait(b.gather);
-      b.gather = typename comm_type::request{};
-    }
+    if (b.gather_in_flight) groups_[b.group]->wait(b.gather);
+    b.gather = typename comm_type::request{};
+    b.gather_in_flight = false;
     b.gathering = false;
     for (const piece& pc : b.pieces) {
       std::span<value_type> w = std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
@@ -444,6 +495,10 @@ class data_parallel final : public step_observer {
   std::vector<std::int64_t> status_;
   long actions_ = 0;
   bool attached_ = false;
+  std::mutex mu_;  // the buckets and the group communicators, shared with the helper thread
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread helper_;
 };
 
 }  // namespace loom
