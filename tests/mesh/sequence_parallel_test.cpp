@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -249,4 +250,40 @@ TEST_CASE("sequence parallel: sharding_rule names the value and the rule for eve
         "megatron sequence parallel: the sequence of 10 tokens is not divisible by tp 4");
   CHECK(loom::sharding_rule(l, 0, 1, loom::sp_kind::ring) == "tensor parallel: tp 0 is not a positive number of ranks");
   CHECK(loom::sharding_rule(l, 1, 0, loom::sp_kind::ring) == "sequence parallel: sp 0 is not a positive number of ranks");
+}
+
+namespace {
+//! A user's kernel: the default arithmetic, scaled by 2, counting its calls (stands in for a
+//! BLAS or CUDA kernel the blocks do not know).
+struct doubling_kernel {
+  static inline std::atomic<int> calls{0};
+  template <class T>
+  static void forward(std::span<const T> x, std::span<const T> w, std::span<const T> b, std::span<T> y, std::size_t n,
+                      std::size_t in, std::size_t out) {
+    ++calls;
+    loom::linear_kernel::forward(x, w, b, y, n, in, out);
+    for (auto& v : y) v *= 2;
+  }
+  template <class T>
+  static void backward_input(std::span<const T> dy, std::span<const T> w, std::span<T> dx, std::size_t n, std::size_t in,
+                             std::size_t out) {
+    ++calls;
+    loom::linear_kernel::backward_input(dy, w, dx, n, in, out);
+  }
+};
+}  // namespace
+
+TEST_CASE("tensor parallel: a user's kernel takes the place of the default one inside the blocks") {
+  loom::run_threads(2, [](loom::threads::comm& c) {
+    loom::tp_group<loom::threads::comm> g{&c, loom::tp_mode::replicated, true};
+    // Row-parallel: each rank holds one input feature of 2; y = 2 * (x0 w0 + x1 w1) summed over ranks.
+    loom::row_parallel_linear<doubling_kernel> row{1, 1};
+    std::vector<double> x{c.rank() == 0 ? 3.0 : 5.0}, w{c.rank() == 0 ? 7.0 : 11.0}, b{1.0}, part(1), y(1);
+    row.forward<loom::threads::comm, double>(g, x, w, b, part, y);
+    CHECK(y[0] == 2 * 3.0 * 7.0 + 2 * 5.0 * 11.0 + 1.0);
+    std::vector<double> dy{1.0}, dyf(1), dx(1);
+    row.backward_input<loom::threads::comm, double>(g, dy, dyf, w, dx);
+    CHECK(dx[0] == w[0]);
+  });
+  CHECK(doubling_kernel::calls == 4);
 }
