@@ -4,7 +4,7 @@
 // registered family trains to the single-rank reference (bitwise in deterministic mode, where the
 // reference sums the replicas' gradients in replica order; 1e-12 otherwise), sharded or not,
 // with buckets small enough to split stages; buckets launch right after their stages' last
-// weight-gradient action; a failure anywhere stops every rank with one error and changes nothing.
+// weight-gradient action (and the sends it produced); a failure anywhere stops every rank with one error and changes nothing.
 
 #include <doctest/doctest.h>
 
@@ -173,7 +173,7 @@ TEST_CASE("data_parallel: every family over dp x pp trains to the single-rank re
   CHECK(runs > 200);
 }
 
-TEST_CASE("data_parallel: a bucket is launched right after the last weight-gradient action of its stages") {
+TEST_CASE("data_parallel: a bucket is launched right after the last weight-gradient action of its stages and the sends it produced") {
   // interleaved 1F1B with 2 chunks: rank 0's chunk-1 stage finishes its backward well before the
   // end of the program, so its buckets go out while chunk 0 still computes.
   for (const char* fam : {"interleaved-1f1b", "zb-h1", "1f1b", "zb-v"}) {
@@ -187,10 +187,15 @@ TEST_CASE("data_parallel: a bucket is launched right after the last weight-gradi
       for (const auto& b : got.reports[static_cast<std::size_t>(r)]) {
         // The position of the last W/BW of the bucket's stages in this rank's lowered program.
         long last = -1;
-        for (std::size_t i = 0; i < prog.size(); ++i)
-          if (prog[i].kind == loom::op::W || prog[i].kind == loom::op::BW)
-            for (std::size_t li : b.stages)
-              if (plan.local[li].id.stage == prog[i].stage) last = std::max(last, static_cast<long>(i));
+        for (std::size_t li : b.stages) {
+          long at = -1;
+          for (std::size_t i = 0; i < prog.size(); ++i)
+            if ((prog[i].kind == loom::op::W || prog[i].kind == loom::op::BW) && plan.local[li].id.stage == prog[i].stage)
+              at = static_cast<long>(i);
+          // ... and after the sends that directly follow it (the gradient it produced).
+          while (at + 1 < static_cast<long>(prog.size()) && prog[static_cast<std::size_t>(at + 1)].kind == loom::op::send) ++at;
+          last = std::max(last, at);
+        }
         INFO(fam << " rank " << r << " bucket of " << b.elements << " elements");
         CHECK(b.launched_at == last);
         CHECK(b.launched_at >= 0);

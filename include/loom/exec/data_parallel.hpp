@@ -14,7 +14,9 @@
 //! order in which the stages' gradients become final in the rank's program (the position of each
 //! stage's last `W` or `BW` action). A bucket's reduction is launched, non-blocking, as soon as
 //! every stage with parameters in it has run its last weight-gradient action of the step
-//! (`step_observer::gradients_ready`), so it overlaps the rest of the pipeline's tail: the eager
+//! (`step_observer::gradients_ready`) and the sends that directly follow that action in the
+//! program were posted (the input gradient it produced is on the pipeline's critical path; a
+//! bucket posted before it would delay it), so it overlaps the rest of the pipeline's tail: the eager
 //! gradient synchronisation of BitPipe (Wu et al., 2024, §3.3) and of the Zero Bubble paper's
 //! pipelines (Qi et al., ICLR 2024), where stages whose last `W` comes early (later virtual
 //! stages on interleaved and V placements, later pipeline ranks) synchronise while the others
@@ -132,7 +134,7 @@ struct bucket_report {
   dim_set group;                //!< the dimensions it is reduced over
   std::size_t elements = 0;     //!< gradient elements (before padding)
   std::vector<std::size_t> stages;  //!< local stages with parameters in it
-  long launched_at = -1;        //!< actions of the program completed when it was launched, -1 after the step
+  long launched_at = -1;        //!< program position of the action after which it was launched, -1 after the step
 };
 
 //! Gradient synchronisation and optimizer step over a mesh (see the file comment). `MeshComm` is
@@ -187,6 +189,14 @@ class data_parallel final : public step_observer {
       for (std::size_t li = 0; li < L; ++li)
         if (ids[li].stage == st && ids[li].direction == s.direction_of(mb)) last[li] = static_cast<long>(i);
     }
+    // A stage's buckets go out after its last weight-gradient action and after the sends that
+    // directly follow it (the input gradient it produced, on the pipeline's critical path).
+    launch_after_.assign(L, -1);
+    for (std::size_t li = 0; li < L; ++li) {
+      long at = last[li];
+      while (at >= 0 && static_cast<std::size_t>(at) + 1 < prog.size() && prog[static_cast<std::size_t>(at) + 1].kind == op::send) ++at;
+      launch_after_[li] = at;
+    }
     std::vector<std::size_t> order(L);
     for (std::size_t i = 0; i < L; ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] < last[b]; });
@@ -218,6 +228,7 @@ class data_parallel final : public step_observer {
         }
     }
     for (bucket& b : buckets_) {
+      for (std::size_t li : b.stages) b.launch_after = std::max(b.launch_after, launch_after_[li]);
       const auto n = static_cast<std::size_t>(groups_[b.group]->size());
       const std::size_t padded = opt_.sharded ? (b.elements + n - 1) / n * n : b.elements;
       b.grad.assign(padded, value_type{});
@@ -265,22 +276,25 @@ class data_parallel final : public step_observer {
     for (bucket& b : buckets_)
       if (b.gathering && std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) finish_gather(b);
   }
-  //! Counts the stage ready and launches the buckets of its groups that became ready, in order.
+  //! Counts the stage ready (its buckets go out after the sends that follow, see `progress`).
   void gradients_ready(std::size_t local) override {
     if (!attached_) return;
-    std::unique_lock lk(mu_);
+    std::lock_guard lk(mu_);
     for (bucket& b : buckets_)
       if (std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) --b.waiting;
-    if (opt_.eager)
-      for (unsigned x = 0; x < 4; ++x) launch_ready(x, false);
-    lk.unlock();
-    cv_.notify_all();
   }
-  //! Tests the reductions in flight.
+  //! After each action: launches the buckets whose stages are ready and whose launch point has
+  //! passed (in order, per group), and tests the reductions in flight.
   void progress() override {
     ++actions_;
-    std::unique_lock lk(mu_, std::try_to_lock);  // the helper thread is at it: no need to wait
-    if (lk.owns_lock()) test_all();
+    bool launched = false;
+    {
+      std::lock_guard lk(mu_);
+      if (opt_.eager)
+        for (unsigned x = 0; x < 4; ++x) launched = launch_ready(x, false) || launched;
+      test_all();
+    }
+    if (launched) cv_.notify_all();
   }
   //! Completes the reductions, agrees over the world, then writes back and updates.
   void step_end(int failed_rank, const std::string& cause) override {
@@ -340,6 +354,7 @@ class data_parallel final : public step_observer {
     int waiting = 0;
     bool launched = false, reducing = false, gathering = false, gather_in_flight = false;
     long launched_at = -1;
+    long launch_after = -1;  // the latest launch point of its stages (a program position)
   };
 
   //! Tests every reduction in flight (with `mu_` held).
@@ -416,18 +431,21 @@ class data_parallel final : public step_observer {
     }
   }
 
-  //! Launches the ready buckets of group `x` in order (all of them when `all`).
-  void launch_ready(unsigned x, bool all) {
+  //! Launches the ready buckets of group `x` in order (all of them when `all`); whether any was.
+  bool launch_ready(unsigned x, bool all) {
+    bool any = false;
     for (bucket& b : buckets_) {
       if (b.group != x || b.launched) continue;
-      if (!all && b.waiting > 0) return;  // keep the group's order
+      if (!all && (b.waiting > 0 || actions_ <= b.launch_after)) return any;  // keep the group's order
       launch(b, all);
+      any = true;
     }
+    return any;
   }
 
   void launch(bucket& b, bool after_step) {
     b.launched = true;
-    b.launched_at = after_step ? -1 : actions_;
+    b.launched_at = after_step ? -1 : actions_ - 1;
     std::fill(b.grad.begin(), b.grad.end(), value_type{});
     for (const piece& pc : b.pieces) {
       std::span<value_type> g = std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
@@ -493,6 +511,7 @@ class data_parallel final : public step_observer {
   std::span<Stage> stages_;
   std::vector<bucket> buckets_;
   std::vector<std::int64_t> status_;
+  std::vector<long> launch_after_;  // per local stage: launch point (see attach)
   long actions_ = 0;
   bool attached_ = false;
   std::mutex mu_;  // the buckets and the group communicators, shared with the helper thread
