@@ -110,22 +110,20 @@ struct sharding {
       if (v < 1) return std::string("--") + name + " " + std::to_string(v) + ": every dimension needs at least 1 rank";
     if (m.hidden % m.heads != 0)
       return "--hidden " + std::to_string(m.hidden) + " is not divisible by --heads " + std::to_string(m.heads);
-    if (auto r = loom::tp_rule(tp, m.heads, m.ffn); !r.empty()) return r;
-    if (kind == seq_kind::none && sp != 1)
-      return "--sp " + std::to_string(sp) + " needs a --sp-kind (megatron, ulysses, ring or usp)";
-    if (kind == seq_kind::megatron) {
-      if (sp != 1 && sp != tp)
-        return "--sp-kind megatron splits the sequence over the tp group: --sp " + std::to_string(sp) +
-               " must equal --tp " + std::to_string(tp);
-      if (m.seq % tp != 0)
-        return "megatron sequence parallel: the sequence of " + std::to_string(m.seq) + " tokens is not divisible by tp " +
-               std::to_string(tp);
-      return {};
+    if (kind == seq_kind::none) {
+      if (sp != 1) return "--sp " + std::to_string(sp) + " needs a --sp-kind (megatron, ulysses, ring or usp)";
+      return loom::tp_rule(tp, m.heads, m.ffn);
     }
+    if (kind == seq_kind::megatron && sp != 1 && sp != tp)
+      return "--sp-kind megatron splits the sequence over the tp group: --sp " + std::to_string(sp) + " must equal --tp " +
+             std::to_string(tp);
     if (kind == seq_kind::usp && (ulysses < 1 || sp % ulysses != 0))
       return "--ulysses " + std::to_string(ulysses) + " does not divide --sp " + std::to_string(sp);
-    if (kind != seq_kind::none) return split(m).rule(m.heads / tp);
-    return {};
+    const loom::sp_kind k = kind == seq_kind::megatron ? loom::sp_kind::megatron
+                            : kind == seq_kind::ulysses ? loom::sp_kind::ulysses
+                            : kind == seq_kind::ring    ? loom::sp_kind::ring
+                                                        : loom::sp_kind::usp;
+    return loom::sharding_rule({m.seq, m.heads, m.ffn}, tp, kind == seq_kind::megatron ? tp : sp, k, u());
   }
 };
 

@@ -115,6 +115,33 @@ concept communicator_collectives_for =
       c.all_to_all(in, out);
     };
 
+//! Whether the element ranges `[a, a + an)` and `[b, b + bn)` overlap (both non-empty).
+template <class T>
+bool overlapping(const T* a, std::size_t an, const T* b, std::size_t bn) noexcept {
+  return an != 0 && bn != 0 && a < b + bn && b < a + an;
+}
+
+//! The sentence an all-gather's sizes break (`out` must be `n` times `in`), or "".
+inline std::string gather_rule(const char* name, std::size_t in, std::size_t out, int n) {
+  if (out == in * static_cast<std::size_t>(n)) return {};
+  return std::string(name) + ": output has " + std::to_string(out) + " elements, expected " + std::to_string(n) + " x " +
+         std::to_string(in);
+}
+//! The sentence a reduce-scatter's sizes break (`in` must be `n` times `out`), or "".
+inline std::string scatter_rule(const char* name, std::size_t in, std::size_t out, int n) {
+  if (in == out * static_cast<std::size_t>(n)) return {};
+  return std::string(name) + ": input has " + std::to_string(in) + " elements, expected " + std::to_string(n) + " x " +
+         std::to_string(out);
+}
+//! The sentence an all-to-all's arguments break (equal sizes, a multiple of `n`, no overlap), or "".
+inline std::string all_to_all_rule(const char* name, std::size_t in, std::size_t out, int n, bool overlap) {
+  if (in != out || in % static_cast<std::size_t>(n) != 0)
+    return std::string(name) + ": input has " + std::to_string(in) + " and output " + std::to_string(out) +
+           " elements; both must be the same multiple of the group size " + std::to_string(n);
+  if (overlap) return std::string(name) + ": input and output buffers overlap";
+  return {};
+}
+
 }  // namespace detail
 
 //! A group of `size()` ranks that exchange bytes point-to-point and typed data collectively.

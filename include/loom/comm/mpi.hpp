@@ -428,9 +428,8 @@ class comm {
   template <comm_element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     check_live();
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "all_gather: output has " + std::to_string(out.size()) + " elements, expected " +
-                                         std::to_string(size()) + " x " + std::to_string(in.size()));
+    if (auto rule = detail::gather_rule("all_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank_) * in.size();
     MPI_Request r = MPI_REQUEST_NULL;
     const int k = count_of(in.size(), "all_gather");
@@ -444,10 +443,8 @@ class comm {
   template <comm_element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     check_live();
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "reduce_scatter: input has " + std::to_string(in.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(out.size()));
+    if (auto rule = detail::scatter_rule("reduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     const bool overlap = !out.empty() && out.data() < in.data() + in.size() && in.data() < out.data() + out.size();
     std::vector<T> tmp(overlap ? out.size() : 0);
     T* dst = overlap ? tmp.data() : out.data();
@@ -463,13 +460,10 @@ class comm {
   template <comm_element T>
   void all_to_all(std::span<const T> in, std::span<T> out) {
     check_live();
-    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
-      throw comm_error(world_rank(), "all_to_all: input has " + std::to_string(in.size()) + " and output " +
-                                         std::to_string(out.size()) +
-                                         " elements; both must be the same multiple of the group size " +
-                                         std::to_string(size()));
-    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
-      throw comm_error(world_rank(), "all_to_all: input and output buffers overlap");
+    if (auto rule = detail::all_to_all_rule("all_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
     const int k = count_of(in.size() / static_cast<std::size_t>(size()), "all_to_all");
     MPI_Request r = MPI_REQUEST_NULL;
     try_mpi(MPI_Ialltoall(in.data(), k, detail::mpi::datatype<T>(), out.data(), k, detail::mpi::datatype<T>(), h_->c,
@@ -498,9 +492,8 @@ class comm {
   template <comm_element T>
   request iall_gather(std::span<const T> in, std::span<T> out) {
     check_live();
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "iall_gather: output has " + std::to_string(out.size()) + " elements, expected " +
-                                         std::to_string(size()) + " x " + std::to_string(in.size()));
+    if (auto rule = detail::gather_rule("iall_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank_) * in.size();
     auto r = make_collective("iall_gather", in.size() * sizeof(T));
     const int k = count_of(in.size(), "iall_gather");
@@ -513,11 +506,9 @@ class comm {
   template <comm_element T>
   request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     check_live();
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "ireduce_scatter: input has " + std::to_string(in.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(out.size()));
-    if (!out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
+    if (auto rule = detail::scatter_rule("ireduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
+    if (detail::overlapping(in.data(), in.size(), out.data(), out.size()))
       throw comm_error(world_rank(), "ireduce_scatter: input and output buffers overlap");
     auto r = make_collective("ireduce_scatter", out.size() * sizeof(T));
     try_mpi(MPI_Ireduce_scatter_block(in.data(), out.data(), count_of(out.size(), "ireduce_scatter"),
@@ -529,13 +520,10 @@ class comm {
   template <comm_element T>
   request iall_to_all(std::span<const T> in, std::span<T> out) {
     check_live();
-    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
-      throw comm_error(world_rank(), "iall_to_all: input has " + std::to_string(in.size()) + " and output " +
-                                         std::to_string(out.size()) +
-                                         " elements; both must be the same multiple of the group size " +
-                                         std::to_string(size()));
-    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
-      throw comm_error(world_rank(), "iall_to_all: input and output buffers overlap");
+    if (auto rule = detail::all_to_all_rule("iall_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
     const int k = count_of(in.size() / static_cast<std::size_t>(size()), "iall_to_all");
     auto r = make_collective("iall_to_all", in.size() * sizeof(T));
     try_mpi(MPI_Ialltoall(in.data(), k, detail::mpi::datatype<T>(), out.data(), k, detail::mpi::datatype<T>(), h_->c,

@@ -600,10 +600,8 @@ class comm {
   void all_gather(std::span<const T> in, std::span<T> out) {
     check_live();
     publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), reduce_op::sum, 2);
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "all_gather: output has " + std::to_string(out.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(in.size()));
+    if (auto rule = detail::gather_rule("all_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     meet("all_gather");
     check_same("all_gather", false);
     for (int j = 0; j < size(); ++j) {
@@ -620,10 +618,8 @@ class comm {
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     check_live();
     publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), op, 3);
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "reduce_scatter: input has " + std::to_string(in.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(out.size()));
+    if (auto rule = detail::scatter_rule("reduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     meet("reduce_scatter");
     check_same("reduce_scatter", true);
     // Into scratch first: `out` may be this rank's own segment of `in`, still needed as input.
@@ -639,13 +635,10 @@ class comm {
   void all_to_all(std::span<const T> in, std::span<T> out) {
     check_live();
     publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), reduce_op::sum, 4);
-    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
-      throw comm_error(world_rank(), "all_to_all: input has " + std::to_string(in.size()) +
-                                         " and output " + std::to_string(out.size()) +
-                                         " elements; both must be the same multiple of the group size " +
-                                         std::to_string(size()));
-    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
-      throw comm_error(world_rank(), "all_to_all: input and output buffers overlap");
+    if (auto rule = detail::all_to_all_rule("all_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
     meet("all_to_all");
     check_same("all_to_all", false);
     const std::size_t k = in.size() / static_cast<std::size_t>(size());
@@ -671,32 +664,26 @@ class comm {
   //! Non-blocking `all_gather` (`in` may be this rank's segment of `out`).
   template <comm_element T>
   request iall_gather(std::span<const T> in, std::span<T> out) {
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "iall_gather: output has " + std::to_string(out.size()) + " elements, expected " +
-                                         std::to_string(size()) + " x " + std::to_string(in.size()));
+    if (auto rule = detail::gather_rule("iall_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     return post_collective<T>(2, in.data(), out.data(), in.size(), out.size(), reduce_op::sum);
   }
   //! Non-blocking `reduce_scatter` (`in` and `out` must not overlap).
   template <comm_element T>
   request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "ireduce_scatter: input has " + std::to_string(in.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(out.size()));
-    if (!out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
+    if (auto rule = detail::scatter_rule("ireduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
+    if (detail::overlapping(in.data(), in.size(), out.data(), out.size()))
       throw comm_error(world_rank(), "ireduce_scatter: input and output buffers overlap");
     return post_collective<T>(3, in.data(), out.data(), in.size(), out.size(), op);
   }
   //! Non-blocking `all_to_all` (`in` and `out` must not overlap).
   template <comm_element T>
   request iall_to_all(std::span<const T> in, std::span<T> out) {
-    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
-      throw comm_error(world_rank(), "iall_to_all: input has " + std::to_string(in.size()) + " and output " +
-                                         std::to_string(out.size()) +
-                                         " elements; both must be the same multiple of the group size " +
-                                         std::to_string(size()));
-    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
-      throw comm_error(world_rank(), "iall_to_all: input and output buffers overlap");
+    if (auto rule = detail::all_to_all_rule("iall_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
     return post_collective<T>(4, in.data(), out.data(), in.size(), out.size(), reduce_op::sum);
   }
 
