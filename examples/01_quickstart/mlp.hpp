@@ -140,6 +140,8 @@ class mlp_stage {
   //! Layer outputs (forward) then the per-layer dz (written by backward_input, read by backward_weight).
   std::size_t stash_size() const { return 2 * act_total_; }
   std::span<double> weight_grad() { return grad_; }
+  //! All parameters of the stage, laid out as `weight_grad()` (for `loom::data_parallel`).
+  std::span<double> params() { return params_; }
 
   void forward(const loom::stage_context& c, loom::forward_buffers<double> b) {
     if (c.microbatch == fail_on) {

@@ -4,7 +4,13 @@
 
 //! \file
 //! Umbrella header of the execution layer: `loom::pipeline`, which runs one training step of a
-//! rank's lowered program over the user's stages and any `loom::communicator`. Host compiler
-//! only; pair it with a backend ("loom/comm.hpp" for threads, "loom/comm/mpi.hpp" for MPI).
+//! rank's lowered program over the user's stages and any `loom::communicator`; the data-parallel
+//! gradient synchronisation that observes it; the tensor- and sequence-parallel building blocks.
+//! Host compiler only; pair it with a backend ("loom/comm.hpp" for threads, "loom/comm/mpi.hpp"
+//! for MPI).
 
+#include "loom/exec/data_parallel.hpp"
 #include "loom/exec/pipeline.hpp"
+#include "loom/exec/sequence_parallel.hpp"
+#include "loom/exec/step_observer.hpp"
+#include "loom/exec/tensor_parallel.hpp"

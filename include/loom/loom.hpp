@@ -7,6 +7,7 @@
 
 #include "loom/comm.hpp"
 #include "loom/exec.hpp"
+#include "loom/mesh.hpp"
 #include "loom/render.hpp"
 #include "loom/schedule.hpp"
 #include "loom/stage.hpp"

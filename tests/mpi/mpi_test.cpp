@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../comm/comm_suite.hpp"
+#include "../comm/nonblocking_suite.hpp"
 #include "loom/comm/mpi.hpp"
 
 namespace {
@@ -45,6 +46,15 @@ TEST_CASE("mpi: every collective is exact for every reduction, size and element 
 
 TEST_CASE("mpi: split forms sub-groups ordered by key that work beside their parent") {
   run_suite([](auto& c) { comm_suite::split_forms_subgroups(c); });
+}
+
+TEST_CASE("mpi: non-blocking collectives are exact, in flight together and beside a blocking one") {
+  run_suite([](auto& c) { comm_suite::nonblocking_exact(c); });
+}
+
+TEST_CASE("mpi: ordered sums equal the rank-order sum bit for bit") {
+  static_assert(loom::nonblocking_communicator<loom::mpi::comm> && !loom::reduces_in_rank_order<loom::mpi::comm>);
+  run_suite([](auto& c) { comm_suite::ordered_sums_are_rank_order(c); });
 }
 
 // The failure cases leave a dead world behind; ctest runs each in its own mpiexec.

@@ -115,6 +115,33 @@ concept communicator_collectives_for =
       c.all_to_all(in, out);
     };
 
+//! Whether the element ranges `[a, a + an)` and `[b, b + bn)` overlap (both non-empty).
+template <class T>
+bool overlapping(const T* a, std::size_t an, const T* b, std::size_t bn) noexcept {
+  return an != 0 && bn != 0 && a < b + bn && b < a + an;
+}
+
+//! The sentence an all-gather's sizes break (`out` must be `n` times `in`), or "".
+inline std::string gather_rule(const char* name, std::size_t in, std::size_t out, int n) {
+  if (out == in * static_cast<std::size_t>(n)) return {};
+  return std::string(name) + ": output has " + std::to_string(out) + " elements, expected " + std::to_string(n) + " x " +
+         std::to_string(in);
+}
+//! The sentence a reduce-scatter's sizes break (`in` must be `n` times `out`), or "".
+inline std::string scatter_rule(const char* name, std::size_t in, std::size_t out, int n) {
+  if (in == out * static_cast<std::size_t>(n)) return {};
+  return std::string(name) + ": input has " + std::to_string(in) + " elements, expected " + std::to_string(n) + " x " +
+         std::to_string(out);
+}
+//! The sentence an all-to-all's arguments break (equal sizes, a multiple of `n`, no overlap), or "".
+inline std::string all_to_all_rule(const char* name, std::size_t in, std::size_t out, int n, bool overlap) {
+  if (in != out || in % static_cast<std::size_t>(n) != 0)
+    return std::string(name) + ": input has " + std::to_string(in) + " and output " + std::to_string(out) +
+           " elements; both must be the same multiple of the group size " + std::to_string(n);
+  if (overlap) return std::string(name) + ": input and output buffers overlap";
+  return {};
+}
+
 }  // namespace detail
 
 //! A group of `size()` ranks that exchange bytes point-to-point and typed data collectively.
@@ -140,6 +167,37 @@ concept communicator =
     detail::communicator_collectives_for<C, float> && detail::communicator_collectives_for<C, double> &&
     detail::communicator_collectives_for<C, std::int32_t> &&
     detail::communicator_collectives_for<C, std::int64_t>;
+
+//! A communicator that also posts collectives without waiting for them: `iall_reduce(data, op)`,
+//! `iall_gather(in, out)`, `ireduce_scatter(in, out, op)` and `iall_to_all(in, out)` take the
+//! arguments of their blocking forms, return a `C::request` at once, and complete through the
+//! same `wait`/`test` as point-to-point requests. The buffers must stay valid (inputs unchanged)
+//! until then; `ireduce_scatter`'s input and output must not overlap. Every rank of the group
+//! posts its collectives, blocking and non-blocking together, in the same order (MPI's rule);
+//! the threads backend matches the k-th non-blocking collective of every rank with the others'
+//! k-th. Reductions combine the ranks in the order their blocking forms document. Used by the
+//! data-parallel gradient reducer (`loom/exec/data_parallel.hpp`) to overlap its all-reduces with
+//! the pipeline's tail.
+template <class C>
+concept nonblocking_communicator =
+    communicator<C> &&
+    requires(C& c, std::span<double> out, std::span<const double> in, std::span<std::int64_t> iout, reduce_op op) {
+      { c.iall_reduce(out, op) } -> std::same_as<typename C::request>;
+      { c.iall_reduce(iout, op) } -> std::same_as<typename C::request>;
+      { c.iall_gather(in, out) } -> std::same_as<typename C::request>;
+      { c.ireduce_scatter(in, out, op) } -> std::same_as<typename C::request>;
+      { c.iall_to_all(in, out) } -> std::same_as<typename C::request>;
+    };
+
+//! True when `C`'s reductions (`all_reduce`, `reduce_scatter` and their non-blocking forms)
+//! combine the contributions in rank order, `((x_0 op x_1) op x_2) ...`, on every rank, so that
+//! their floating-point results are reproducible bit for bit. A backend says so with
+//! `static constexpr bool rank_ordered_reductions = true;` (the threads backend does; MPI leaves
+//! the order to the library). `loom/comm/ordered.hpp` gives rank-ordered reductions on any backend.
+template <class C>
+inline constexpr bool reduces_in_rank_order = requires {
+  requires C::rank_ordered_reductions;
+};
 
 //! Waits for every request of `reqs` in order (each wait is bounded by the communicator's
 //! timeout; the first failure is thrown and the remaining requests are left pending).

@@ -104,6 +104,7 @@ struct world_state {
   int rank = 0;  // this process's rank in the world
   int size = 0;
   std::mutex m;
+  std::mutex poll_m;  // one poll of the control channel at a time
   std::atomic<bool> aborted{false};
   int abort_rank = -1;
   std::string abort_cause;
@@ -142,6 +143,10 @@ struct world_state {
   //! Picks up an abort notice from another rank, if one arrived.
   void poll() {
     if (aborted.load(std::memory_order_acquire)) return;
+    // Communicators of one world driven by different threads poll the same control channel: one
+    // probe-and-receive at a time, or two threads could probe one notice and one block receiving.
+    std::unique_lock lk(poll_m, std::try_to_lock);
+    if (!lk.owns_lock()) return;
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, abort_tag, ctrl, &flag, &st) != MPI_SUCCESS || flag == 0) return;
@@ -236,6 +241,7 @@ struct request_state {
   int peer = -1;  // world rank, for messages
   bool is_send = false;
   bool done = false;
+  const char* coll = nullptr;  // the non-blocking collective's name, or nullptr for a send/receive
 };
 
 //! Owns an MPI communicator handle.
@@ -398,6 +404,9 @@ class comm {
     if (req->done) return;
     MPI_Status st;
     int rc = progress(req->req, &st, [&] {
+      if (req->coll != nullptr)
+        return std::string("waiting for a non-blocking ") + req->coll + " of " + std::to_string(req->size) +
+               " bytes (waiting for the other ranks of the group)";
       return std::string("waiting for a ") + (req->is_send ? "send of " : "receive of ") + std::to_string(req->size) +
              " bytes " + (req->is_send ? "to" : "from") + " rank " + std::to_string(req->peer);
     });
@@ -419,9 +428,8 @@ class comm {
   template <comm_element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     check_live();
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "all_gather: output has " + std::to_string(out.size()) + " elements, expected " +
-                                         std::to_string(size()) + " x " + std::to_string(in.size()));
+    if (auto rule = detail::gather_rule("all_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank_) * in.size();
     MPI_Request r = MPI_REQUEST_NULL;
     const int k = count_of(in.size(), "all_gather");
@@ -435,10 +443,8 @@ class comm {
   template <comm_element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     check_live();
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "reduce_scatter: input has " + std::to_string(in.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(out.size()));
+    if (auto rule = detail::scatter_rule("reduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     const bool overlap = !out.empty() && out.data() < in.data() + in.size() && in.data() < out.data() + out.size();
     std::vector<T> tmp(overlap ? out.size() : 0);
     T* dst = overlap ? tmp.data() : out.data();
@@ -454,19 +460,76 @@ class comm {
   template <comm_element T>
   void all_to_all(std::span<const T> in, std::span<T> out) {
     check_live();
-    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
-      throw comm_error(world_rank(), "all_to_all: input has " + std::to_string(in.size()) + " and output " +
-                                         std::to_string(out.size()) +
-                                         " elements; both must be the same multiple of the group size " +
-                                         std::to_string(size()));
-    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
-      throw comm_error(world_rank(), "all_to_all: input and output buffers overlap");
+    if (auto rule = detail::all_to_all_rule("all_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
     const int k = count_of(in.size() / static_cast<std::size_t>(size()), "all_to_all");
     MPI_Request r = MPI_REQUEST_NULL;
     try_mpi(MPI_Ialltoall(in.data(), k, detail::mpi::datatype<T>(), out.data(), k, detail::mpi::datatype<T>(), h_->c,
                           &r),
             "MPI_Ialltoall");
     collective(r, "all_to_all");
+  }
+
+  // ---- non-blocking collectives (loom::nonblocking_communicator) ----------------------------
+  // `MPI_Iallreduce`, `MPI_Iallgather`, `MPI_Ireduce_scatter_block`, `MPI_Ialltoall`, completed by
+  // `wait`/`test` like a send or receive. MPI progresses them when this rank calls into MPI (any
+  // `test` or `wait`, on any request); the data-parallel reducer tests its requests between the
+  // pipeline's actions for that reason.
+
+  //! Non-blocking `all_reduce`: `data` holds the result once the request completed.
+  template <comm_element T>
+  request iall_reduce(std::span<T> data, reduce_op op) {
+    check_live();
+    auto r = make_collective("iall_reduce", data.size() * sizeof(T));
+    try_mpi(MPI_Iallreduce(MPI_IN_PLACE, data.data(), count_of(data.size(), "iall_reduce"), detail::mpi::datatype<T>(),
+                           detail::mpi::mpi_op(op), h_->c, &r->req),
+            "MPI_Iallreduce");
+    return r;
+  }
+  //! Non-blocking `all_gather` (`in` may be this rank's segment of `out`).
+  template <comm_element T>
+  request iall_gather(std::span<const T> in, std::span<T> out) {
+    check_live();
+    if (auto rule = detail::gather_rule("iall_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
+    const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank_) * in.size();
+    auto r = make_collective("iall_gather", in.size() * sizeof(T));
+    const int k = count_of(in.size(), "iall_gather");
+    try_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data(), k, detail::mpi::datatype<T>(), out.data(), k,
+                           detail::mpi::datatype<T>(), h_->c, &r->req),
+            "MPI_Iallgather");
+    return r;
+  }
+  //! Non-blocking `reduce_scatter` (`in` and `out` must not overlap).
+  template <comm_element T>
+  request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    check_live();
+    if (auto rule = detail::scatter_rule("ireduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
+    if (detail::overlapping(in.data(), in.size(), out.data(), out.size()))
+      throw comm_error(world_rank(), "ireduce_scatter: input and output buffers overlap");
+    auto r = make_collective("ireduce_scatter", out.size() * sizeof(T));
+    try_mpi(MPI_Ireduce_scatter_block(in.data(), out.data(), count_of(out.size(), "ireduce_scatter"),
+                                      detail::mpi::datatype<T>(), detail::mpi::mpi_op(op), h_->c, &r->req),
+            "MPI_Ireduce_scatter_block");
+    return r;
+  }
+  //! Non-blocking `all_to_all` (`in` and `out` must not overlap).
+  template <comm_element T>
+  request iall_to_all(std::span<const T> in, std::span<T> out) {
+    check_live();
+    if (auto rule = detail::all_to_all_rule("iall_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
+    const int k = count_of(in.size() / static_cast<std::size_t>(size()), "iall_to_all");
+    auto r = make_collective("iall_to_all", in.size() * sizeof(T));
+    try_mpi(MPI_Ialltoall(in.data(), k, detail::mpi::datatype<T>(), out.data(), k, detail::mpi::datatype<T>(), h_->c,
+                          &r->req),
+            "MPI_Ialltoall");
+    return r;
   }
 
   //! Returns when every rank of the group called `barrier`.
@@ -541,8 +604,21 @@ class comm {
     return r;
   }
 
+  request make_collective(const char* name, std::size_t bytes) const {
+    auto r = std::make_shared<detail::mpi::request_state>();
+    r->size = bytes;
+    r->peer = world_rank();
+    r->coll = name;
+    return r;
+  }
+
   void finish(detail::mpi::request_state& r, int rc, MPI_Status& st) {
     r.done = true;
+    if (r.coll != nullptr) {
+      if (rc != MPI_SUCCESS)
+        throw comm_error(world_rank(), std::string(r.coll) + " failed: " + detail::mpi::error_text(rc));
+      return;
+    }
     if (rc != MPI_SUCCESS)
       throw comm_error(world_rank(), std::string(r.is_send ? "send of " : "receive of ") + std::to_string(r.size) +
                                          " bytes " + (r.is_send ? "to" : "from") + " rank " + std::to_string(r.peer) +

@@ -105,6 +105,7 @@ struct p2p_op {
   doorbell* owner = nullptr;
   int peer = -1;  // world rank of the partner, for messages
   bool is_send = false;
+  const char* coll = nullptr;  // the non-blocking collective's name, or nullptr for a send/receive
   std::string error;
   p2p_op* next = nullptr;   // the channel queue while pending, the pool's free list while free
   op_pool* pool = nullptr;  // where the block goes back
@@ -218,6 +219,27 @@ struct coll_slot {
   std::shared_ptr<group> made;  // split: the new group, published by its leader
 };
 
+//! One rank's part of a non-blocking collective: its buffers and its request.
+struct nb_part {
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::size_t in_count = 0;
+  std::size_t out_count = 0;
+  int type_tag = 0;
+  int op = 0;
+  int kind = 0;
+  p2p_op* req = nullptr;
+};
+
+//! A non-blocking collective being assembled: the `seq`-th one posted by each rank of the group.
+//! The rank that posts last runs it (`run`, typed by the element type) and completes every part.
+struct nb_coll {
+  std::uint64_t seq = 0;
+  int arrived = 0;
+  std::vector<nb_part> parts;
+  void (*run)(nb_coll&) = nullptr;
+};
+
 //! The state of one group of ranks (a world or a split sub-group).
 struct group {
   std::shared_ptr<world_state> world;
@@ -231,6 +253,8 @@ struct group {
   std::condition_variable ccv;
   std::uint64_t generation = 0;
   int arrived = 0;
+  std::mutex nbm;                               // guards nb_open
+  std::vector<std::unique_ptr<nb_coll>> nb_open;  // non-blocking collectives not every rank posted yet
 
   group(std::shared_ptr<world_state> w, std::vector<int> wr)
       : world(std::move(w)),
@@ -253,6 +277,12 @@ struct group {
     for (std::size_t i = 0; i < cells; ++i)
       for (op_queue* q : {&channels[i].sends, &channels[i].recvs})
         while (!q->empty()) finish(*q->pop(), 2);
+    for (auto& c : nb_open)
+      for (auto& part : c->parts)
+        if (part.req != nullptr) {
+          part.req->error = "a non-blocking collective was never posted by every rank of its group";
+          finish(*part.req, 2);
+        }
     for (op_pool* p : pools) p->unref();
   }
 
@@ -317,6 +347,77 @@ constexpr int type_tag() {
   return static_cast<int>(sizeof(T)) * 4 + (std::is_floating_point_v<T> ? 2 : 0) + (std::is_signed_v<T> ? 1 : 0);
 }
 
+//! Names of the collective kinds (1 all_reduce, 2 all_gather, 3 reduce_scatter, 4 all_to_all).
+inline const char* nb_name(int kind) {
+  switch (kind) {
+    case 1: return "iall_reduce";
+    case 2: return "iall_gather";
+    case 3: return "ireduce_scatter";
+    case 4: return "iall_to_all";
+  }
+  return "?";
+}
+
+//! Runs a non-blocking collective of element type `T` once every rank posted its part (on the
+//! thread of the rank that posted last), in rank order as the blocking forms do, then completes
+//! every part. Reductions go through a private buffer, so in-place arguments are fine.
+template <class T>
+void run_nb(nb_coll& c) {
+  const auto n = c.parts.size();
+  const nb_part& a = c.parts[0];
+  std::string error;
+  for (std::size_t j = 1; j < n && error.empty(); ++j) {
+    const nb_part& b = c.parts[j];
+    if (a.kind != b.kind || a.type_tag != b.type_tag || a.in_count != b.in_count || a.out_count != b.out_count ||
+        ((a.kind == 1 || a.kind == 3) && a.op != b.op))
+      error = std::string("non-blocking collective #") + std::to_string(c.seq) + ": rank " + std::to_string(j) +
+              " posted " + nb_name(b.kind) + " of " + std::to_string(b.in_count) + " input elements but rank 0 posted " +
+              nb_name(a.kind) + " of " + std::to_string(a.in_count) +
+              " (every rank must post the same collectives in the same order, with the same type, size and reduction)";
+  }
+  if (error.empty()) {
+    auto in = [&](std::size_t j) { return static_cast<const T*>(c.parts[j].in); };
+    auto out = [&](std::size_t j) { return static_cast<T*>(c.parts[j].out); };
+    auto reduce = [&](std::vector<T>& acc, std::size_t base) {
+      const auto op = static_cast<reduce_op>(a.op);
+      std::memcpy(acc.data(), in(0) + base, acc.size() * sizeof(T));
+      for (std::size_t j = 1; j < n; ++j)
+        for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = reduce_apply(op, acc[i], in(j)[base + i]);
+    };
+    if (a.kind == 1) {
+      std::vector<T> acc(a.in_count);
+      if (!acc.empty()) {
+        reduce(acc, 0);
+        for (std::size_t j = 0; j < n; ++j) std::memcpy(out(j), acc.data(), acc.size() * sizeof(T));
+      }
+    } else if (a.kind == 2) {
+      const std::size_t k = a.in_count;
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < n && k != 0; ++j)
+          if (in(j) != out(r) + j * k) std::memcpy(out(r) + j * k, in(j), k * sizeof(T));
+    } else if (a.kind == 3) {
+      const std::size_t k = a.out_count;
+      std::vector<T> all(n * k), acc(k);
+      for (std::size_t r = 0; r < n && k != 0; ++r) {
+        reduce(acc, r * k);
+        std::memcpy(all.data() + r * k, acc.data(), k * sizeof(T));
+      }
+      for (std::size_t r = 0; r < n && k != 0; ++r) std::memcpy(out(r), all.data() + r * k, k * sizeof(T));
+    } else {
+      const std::size_t k = a.in_count / n;
+      for (std::size_t r = 0; r < n && k != 0; ++r)
+        for (std::size_t j = 0; j < n; ++j) std::memcpy(out(r) + j * k, in(j) + r * k, k * sizeof(T));
+    }
+  }
+  for (auto& part : c.parts) {
+    p2p_op* op = std::exchange(part.req, nullptr);
+    doorbell* bell = op->owner;
+    if (!error.empty()) op->error = error;
+    finish(*op, error.empty() ? 1u : 2u);
+    bell->ring();
+  }
+}
+
 //! Yields before sleeping: a short spin keeps the latency of a hand-off low when a core is free.
 inline constexpr int spin_iterations = 64;
 
@@ -372,6 +473,8 @@ class comm {
  public:
   //! Handle on one posted send or receive (see `threads::request`).
   using request = ::loom::threads::request;
+  //! Reductions combine the ranks in rank order on every rank (see `loom::reduces_in_rank_order`).
+  static constexpr bool rank_ordered_reductions = true;
 
   comm(comm&&) noexcept = default;
   comm& operator=(comm&&) noexcept = default;
@@ -457,6 +560,9 @@ class comm {
         return !pending() || g_->world->aborted.load(std::memory_order_acquire);
       });
       lk.unlock();
+      if (!ok && op.coll != nullptr)
+        fail_timeout(std::string("waiting for a non-blocking ") + op.coll + " of " + std::to_string(op.size) +
+                     " bytes (waiting for the other ranks of the group)");
       if (!ok)
         fail_timeout(std::string("waiting for a ") + (op.is_send ? "send of " : "receive of ") +
                      std::to_string(op.size) + " bytes " + (op.is_send ? "to" : "from") + " rank " +
@@ -494,10 +600,8 @@ class comm {
   void all_gather(std::span<const T> in, std::span<T> out) {
     check_live();
     publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), reduce_op::sum, 2);
-    if (out.size() != in.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "all_gather: output has " + std::to_string(out.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(in.size()));
+    if (auto rule = detail::gather_rule("all_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     meet("all_gather");
     check_same("all_gather", false);
     for (int j = 0; j < size(); ++j) {
@@ -514,10 +618,8 @@ class comm {
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     check_live();
     publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), op, 3);
-    if (in.size() != out.size() * static_cast<std::size_t>(size()))
-      throw comm_error(world_rank(), "reduce_scatter: input has " + std::to_string(in.size()) +
-                                         " elements, expected " + std::to_string(size()) + " x " +
-                                         std::to_string(out.size()));
+    if (auto rule = detail::scatter_rule("reduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
     meet("reduce_scatter");
     check_same("reduce_scatter", true);
     // Into scratch first: `out` may be this rank's own segment of `in`, still needed as input.
@@ -533,13 +635,10 @@ class comm {
   void all_to_all(std::span<const T> in, std::span<T> out) {
     check_live();
     publish(in.data(), out.data(), in.size(), out.size(), detail::thr::type_tag<T>(), reduce_op::sum, 4);
-    if (in.size() != out.size() || in.size() % static_cast<std::size_t>(size()) != 0)
-      throw comm_error(world_rank(), "all_to_all: input has " + std::to_string(in.size()) +
-                                         " and output " + std::to_string(out.size()) +
-                                         " elements; both must be the same multiple of the group size " +
-                                         std::to_string(size()));
-    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size())
-      throw comm_error(world_rank(), "all_to_all: input and output buffers overlap");
+    if (auto rule = detail::all_to_all_rule("all_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
     meet("all_to_all");
     check_same("all_to_all", false);
     const std::size_t k = in.size() / static_cast<std::size_t>(size());
@@ -548,6 +647,44 @@ class comm {
         std::memcpy(out.data() + static_cast<std::size_t>(j) * k, in_of<T>(j) + static_cast<std::size_t>(rank_) * k,
                     k * sizeof(T));
     meet("all_to_all");
+  }
+
+  // ---- non-blocking collectives (loom::nonblocking_communicator) ----------------------------
+  // Each returns a request at once; the k-th non-blocking collective posted by each rank of the
+  // group forms one collective (independently of the blocking ones), which the rank posting last
+  // runs on its own thread, in rank order as the blocking forms, and completes for every rank. So
+  // no rank ever waits inside the call and no helper thread is needed; the wait is `wait(req)`.
+  // Each call allocates (the assembly record and, for reductions, a scratch vector).
+
+  //! Non-blocking `all_reduce`: `data` holds the result once the request completed.
+  template <comm_element T>
+  request iall_reduce(std::span<T> data, reduce_op op) {
+    return post_collective<T>(1, data.data(), data.data(), data.size(), data.size(), op);
+  }
+  //! Non-blocking `all_gather` (`in` may be this rank's segment of `out`).
+  template <comm_element T>
+  request iall_gather(std::span<const T> in, std::span<T> out) {
+    if (auto rule = detail::gather_rule("iall_gather", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
+    return post_collective<T>(2, in.data(), out.data(), in.size(), out.size(), reduce_op::sum);
+  }
+  //! Non-blocking `reduce_scatter` (`in` and `out` must not overlap).
+  template <comm_element T>
+  request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    if (auto rule = detail::scatter_rule("ireduce_scatter", in.size(), out.size(), size()); !rule.empty())
+      throw comm_error(world_rank(), rule);
+    if (detail::overlapping(in.data(), in.size(), out.data(), out.size()))
+      throw comm_error(world_rank(), "ireduce_scatter: input and output buffers overlap");
+    return post_collective<T>(3, in.data(), out.data(), in.size(), out.size(), op);
+  }
+  //! Non-blocking `all_to_all` (`in` and `out` must not overlap).
+  template <comm_element T>
+  request iall_to_all(std::span<const T> in, std::span<T> out) {
+    if (auto rule = detail::all_to_all_rule("iall_to_all", in.size(), out.size(), size(),
+                                            detail::overlapping(in.data(), in.size(), out.data(), out.size()));
+        !rule.empty())
+      throw comm_error(world_rank(), rule);
+    return post_collective<T>(4, in.data(), out.data(), in.size(), out.size(), reduce_op::sum);
   }
 
   //! Returns when every rank of the group called `barrier`.
@@ -638,6 +775,39 @@ class comm {
   void check_live() const {
     if (g_->world->aborted.load(std::memory_order_acquire)) throw g_->world->error();
   }
+  //! Posts this rank's part of the next non-blocking collective; runs it if it is the last part.
+  template <class T>
+  request post_collective(int kind, const T* in, T* out, std::size_t in_count, std::size_t out_count, reduce_op op) {
+    check_live();
+    const std::size_t bytes = (kind == 3 ? out_count : in_count) * sizeof(T);
+    detail::thr::p2p_op* rq = post(rank_, bytes, false);
+    rq->coll = detail::thr::nb_name(kind);
+    request req(rq);  // the part in the group refers to the block without a handle of its own
+    std::unique_ptr<detail::thr::nb_coll> ready;
+    {
+      std::lock_guard lk(g_->nbm);
+      const std::uint64_t seq = nb_seq_++;
+      auto it = std::find_if(g_->nb_open.begin(), g_->nb_open.end(), [&](auto const& c) { return c->seq == seq; });
+      if (it == g_->nb_open.end()) {
+        auto c = std::make_unique<detail::thr::nb_coll>();
+        c->seq = seq;
+        c->parts.resize(static_cast<std::size_t>(size()));
+        g_->nb_open.push_back(std::move(c));
+        it = std::prev(g_->nb_open.end());
+      }
+      auto& c = **it;
+      c.parts[static_cast<std::size_t>(rank_)] = {in, out, in_count, out_count, detail::thr::type_tag<T>(),
+                                                  static_cast<int>(op), kind, rq};
+      if (rank_ == 0 || c.run == nullptr) c.run = &detail::thr::run_nb<T>;
+      if (++c.arrived == size()) {
+        ready = std::move(*it);
+        g_->nb_open.erase(it);
+      }
+    }
+    if (ready) ready->run(*ready);
+    return req;
+  }
+
   //! A fresh control block from this rank's pool, holding one handle, for a send or a receive.
   detail::thr::p2p_op* post(int peer, std::size_t size, bool is_send) {
     detail::thr::p2p_op* op = g_->pools[static_cast<std::size_t>(rank_)]->acquire();
@@ -648,6 +818,7 @@ class comm {
     op->owner = &g_->bells[static_cast<std::size_t>(rank_)];
     op->peer = g_->world_ranks[static_cast<std::size_t>(peer)];
     op->is_send = is_send;
+    op->coll = nullptr;
     op->error.clear();
     return op;
   }
@@ -778,6 +949,7 @@ class comm {
     std::byte bytes[alignof(std::max_align_t)];
   };
   std::vector<scratch_block> scratch_;
+  std::uint64_t nb_seq_ = 0;  // non-blocking collectives this rank posted on this group
 };
 
 static_assert(communicator<comm>);

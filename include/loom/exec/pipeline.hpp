@@ -90,6 +90,7 @@
 #include "loom/schedule/static_schedule.hpp"
 #include "loom/schedule/validate.hpp"
 #include "loom/exec/space.hpp"
+#include "loom/exec/step_observer.hpp"
 #include "loom/stage/buffer_plan.hpp"
 #include "loom/stage/stage.hpp"
 #if defined(LOOM_HAS_CUDA)
@@ -352,17 +353,18 @@ class pipeline {
       abort_quietly(std::string("stopped its pipeline step: ") + e.what());
       throw pipeline_error(rank_, e.what());
     }
-    if (failed_rank_ >= 0) {
-      if constexpr (on_device) space_.drop_graph();  // a failed capture is never replayed
-      throw pipeline_error(failed_rank_, failure_);
-    }
-    if (sched_.directions == 2) {
+    if (failed_rank_ < 0 && sched_.directions == 2) {
       try {
         sync_copies();
       } catch (const comm_error& e) {
         abort_quietly(std::string("stopped its pipeline step: ") + e.what());
         throw pipeline_error(e.rank(), "communication failed while summing the two parameter copies: " + e.cause());
       }
+    }
+    if (opt_.observer != nullptr) observe_step_end();
+    if (failed_rank_ >= 0) {
+      if constexpr (on_device) space_.drop_graph();  // a failed capture is never replayed
+      throw pipeline_error(failed_rank_, failure_);
     }
     if constexpr (updatable_stage<Stage>)
       for (auto& st : stages_) st.update();
@@ -489,6 +491,8 @@ class pipeline {
     const auto P = static_cast<std::size_t>(sched_.ranks);
     status_.assign(P * status_words, 0);
     losses_.assign(static_cast<std::size_t>(M_) + 2 * P, 0.0);
+    observed_use_.assign(L, 0);
+    observed_w_.assign(L, 0);
   }
 
   void abort_quietly(const std::string& why) noexcept {
@@ -638,6 +642,7 @@ class pipeline {
              std::to_string(M_) + " microbatches x " + std::to_string(l.in_size) + " = " +
              std::to_string(static_cast<std::size_t>(M_) * l.in_size));
     }
+    if (opt_.observer != nullptr) observe_begin();
   }
 
   //! Graph mode after the first step: the captured step is replayed (stage functions are not
@@ -696,6 +701,11 @@ class pipeline {
   //! One action known at compile time: the dispatch folds away.
   template <action A>
   void run_constant() {
+    run_constant_action<A>();
+    if (opt_.observer != nullptr) opt_.observer->progress();
+  }
+  template <action A>
+  void run_constant_action() {
     if constexpr (A.kind == op::recv) on_recv();
     else if constexpr (A.kind == op::send) on_send(A);
     else if constexpr (A.kind == op::F) forward_half(A.mb, A.stage);
@@ -709,6 +719,10 @@ class pipeline {
 
   //! One action from the run-time program.
   void run(const action& a) {
+    run_action(a);
+    if (opt_.observer != nullptr) opt_.observer->progress();
+  }
+  void run_action(const action& a) {
     switch (a.kind) {
       case op::recv: on_recv(); break;
       case op::send: on_send(a); break;
@@ -793,6 +807,7 @@ class pipeline {
     const std::size_t li = local_index(mb, s);
     auto& l = locals_[li];
     std::span<const value_type> in = s == 0 ? batch_input(li, mb) : std::span<const value_type>(l.in.get(mb));
+    if (opt_.observer != nullptr) observe_use(li);
     std::span<value_type> stash = l.stash.take(mb);
     std::span<value_type> out;
     if (s == S_ - 1) out = std::span<value_type>(loss_out_.data(), l.out_size);
@@ -822,6 +837,7 @@ class pipeline {
               [&] { return detail::accesses(detail::reads(in), detail::reads(og), detail::writes(stash), detail::writes(ig), detail::writes(wg)); },
               [&](const stage_context& c) { stages_[li].backward(c, backward_buffers<value_type>{in, stash, og, ig, wg}); });
       fold(li, mb);
+      if (opt_.observer != nullptr) observe_weight_done(li);
       if (s > 0) l.in.give(mb);
       l.stash.give(mb);
     } else {
@@ -845,6 +861,7 @@ class pipeline {
               [&] { return detail::accesses(detail::reads(in), detail::reads(stash), detail::writes(wg)); },
               [&](const stage_context& c) { stages_[li].backward_weight(c, weight_buffers<value_type>{in, stash, wg}); });
     fold(li, mb);
+    if (opt_.observer != nullptr) observe_weight_done(li);
     if (s > 0) l.in.give(mb);
     l.stash.give(mb);
     ++clock_;
@@ -873,6 +890,38 @@ class pipeline {
       space_.add(acc, owner.wgrad.get(l.next_fold));
       owner.wgrad.give(l.next_fold);
       l.next_fold = paired ? l.next_fold + 1 : first_of_direction(dir, l.next_fold + 1);
+    }
+  }
+
+  // ---- step observer (data-parallel gradient sync; loom/exec/step_observer.hpp) --------------
+  // Called on the host in program order (a device space would have to order the observer after
+  // the stream; loom::data_parallel is host-only). A replayed graph step runs no host actions:
+  // only step_end is called then.
+  void observe_begin() {
+    std::fill(observed_use_.begin(), observed_use_.end(), 0);
+    std::fill(observed_w_.begin(), observed_w_.end(), 0);
+  }
+  void observe_use(std::size_t li) {
+    if (observed_use_[li] != 0) return;
+    observed_use_[li] = 1;
+    opt_.observer->before_first_use(li);
+  }
+  //! One weight-gradient action of local stage `li` ran and was folded; after its last one of
+  //! the step the gradient is final (two directions: only after `sync_copies`).
+  void observe_weight_done(std::size_t li) {
+    if (sched_.directions == 2) return;
+    if (++observed_w_[li] == M_) opt_.observer->gradients_ready(li);
+  }
+  void observe_step_end() {
+    try {
+      if (failed_rank_ < 0 && sched_.directions == 2)
+        for (std::size_t li = 0; li < locals_.size(); ++li) opt_.observer->gradients_ready(li);
+      opt_.observer->step_end(failed_rank_, failure_);
+    } catch (const pipeline_error&) {
+      throw;
+    } catch (const comm_error& e) {
+      abort_quietly(std::string("stopped its pipeline step: ") + e.what());
+      throw pipeline_error(e.rank(), "communication failed after the step: " + e.cause());
     }
   }
 
@@ -1023,6 +1072,8 @@ class pipeline {
   int failed_rank_ = -1;
   std::string failure_;
   double busy_ = 0;
+  std::vector<char> observed_use_;  // step observer: local stages used this step
+  std::vector<int> observed_w_;     // step observer: weight-gradient actions run per local stage
 };
 
 //! Deduces the stage type from the factory: `pipeline p(schedule, comm, make_stage, options)`.

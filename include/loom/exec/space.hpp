@@ -43,6 +43,8 @@ struct device_faults {
   int swap_receives = -1;        //!< if >= 0: the receives at program positions k and k+1 are posted in swapped order
 };
 
+class step_observer;  // loom/exec/step_observer.hpp
+
 //! Knobs of a pipeline (designated initialisers: `{.deterministic = true}`).
 struct pipeline_options {
   bool deterministic = false;                 //!< fold weight gradients in microbatch order
@@ -52,6 +54,9 @@ struct pipeline_options {
   std::chrono::milliseconds timeout{0};       //!< if positive, set as the communicator's timeout
   bool graph = false;                         //!< device: capture the step once and replay it (CUDA graphs)
   device_faults faults{};                     //!< device: deliberate bugs, for loom's tests
+  //! Told when stages are first used, when their gradients are final and when the step ends
+  //! (data-parallel gradient sync; `loom/exec/step_observer.hpp`). Not owned; may be null.
+  step_observer* observer = nullptr;
 };
 
 namespace detail {

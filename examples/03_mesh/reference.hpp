@@ -1,0 +1,407 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The single-rank reference of the mesh example: the whole transformer of `transformer.hpp` on
+//! one rank, no communicator, whole tensors, trained by SGD on the global batch.
+//!
+//! Floating-point addition is not associative, so "equal bit for bit to a run on a mesh" needs
+//! the reference to add in the order the mesh adds. `reduction_order` says that order; with its
+//! defaults (`plain()`) the reference is the textbook computation, and every run on every mesh
+//! must come within 1e-12 of it. With `of(sharding)` it follows the mesh's documented order:
+//! - row-parallel outputs (attention projection, second MLP layer) and column-parallel input
+//!   gradients are sums of `tp` partial sums (one per tensor-parallel rank's slice of the
+//!   contraction, each from zero in index order), added in rank order; the bias after;
+//! - attention over `2R` zig-zag chunks (ring degree `R > 1`) merges its key blocks per query
+//!   chunk in ring order (`loom::ring_attention`), and the key/value gradients in the ring's
+//!   travel order;
+//! - the gradient of a parameter is, for each member of its reduction group (data-parallel
+//!   replica, and, for parameters that only see some tokens, the rank holding them), the fold of
+//!   that member's per-microbatch gradients in microbatch order (each over the member's tokens in
+//!   its local order), and then the members' folds added in group order (replica-major); the
+//!   step's loss likewise.
+
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "transformer.hpp"
+
+namespace mesh_example {
+
+//! The order of additions the reference follows (see the file comment).
+struct reduction_order {
+  int tp = 1;                 //!< partial sums of the tensor-parallel contractions
+  int ring = 1;               //!< ring degree of the attention blocking
+  int replicas = 1;           //!< data-parallel replicas (each folds its own microbatches)
+  std::vector<std::vector<int>> groups{};  //!< token groups of the sequence split, each in local order (empty: one group, all tokens)
+  sharding layout{};          //!< which parameters are partial over the token groups
+
+  //! The textbook order: one replica, all tokens, no partial sums.
+  static reduction_order plain() { return {}; }
+  //! The order of a run on `s`.
+  static reduction_order of(const model_spec& m, const sharding& s) {
+    reduction_order r;
+    r.tp = s.tp;
+    r.ring = s.ring();
+    r.replicas = s.dp;
+    r.layout = s;
+    const int n = s.megatron() ? s.tp : s.sp_ranks();
+    for (int g = 0; g < n; ++g) {
+      std::vector<int> toks;
+      for (int i = 0; i < s.tokens(m); ++i) toks.push_back(s.megatron() ? s.token(m, g, 0, i) : s.token(m, 0, g, i));
+      r.groups.push_back(toks);
+    }
+    return r;
+  }
+};
+
+//! The whole model on one rank.
+class reference_model {
+ public:
+  using key = std::pair<tensor, int>;  //!< (tensor, block or -1)
+
+  explicit reference_model(const model_spec& m) : m_(m) {
+    auto add = [&](tensor t, int b) {
+      auto [r, c] = full_shape(m, t);
+      auto& v = params_[{t, b}];
+      v.resize(static_cast<std::size_t>(r * c));
+      for (int i = 0; i < r; ++i)
+        for (int j = 0; j < c; ++j) v[static_cast<std::size_t>(i * c + j)] = initial(m, t, b, i, j);
+    };
+    add(tensor::E, -1), add(tensor::P, -1);
+    for (int b = 0; b < m.blocks; ++b)
+      for (tensor t : block_tensors) add(t, b);
+    for (tensor t : {tensor::LNFG, tensor::LNFB, tensor::WOUT, tensor::BOUT}) add(t, -1);
+  }
+
+  //! The parameters.
+  const std::map<key, std::vector<double>>& params() const { return params_; }
+
+  //! One SGD step over the microbatches of `data` (`replicas x per_replica` sequences), loss of
+  //! each token scaled by 1 / (all tokens of the batch). Returns the step's loss.
+  double step(const batch& data, int per_replica, const reduction_order& ord) {
+    const int groups = ord.groups.empty() ? 1 : static_cast<int>(ord.groups.size());
+    std::vector<int> all(static_cast<std::size_t>(m_.seq));
+    for (int i = 0; i < m_.seq; ++i) all[static_cast<std::size_t>(i)] = i;
+    auto group_tokens = [&](int g) -> const std::vector<int>& { return ord.groups.empty() ? all : ord.groups[static_cast<std::size_t>(g)]; };
+    const double scale = 1.0 / (static_cast<double>(ord.replicas) * per_replica * m_.seq);
+    // Folds per (replica, group) for partial parameters, per replica for the others.
+    std::vector<std::map<key, std::vector<double>>> fold_part(static_cast<std::size_t>(ord.replicas * groups)),
+        fold_full(static_cast<std::size_t>(ord.replicas));
+    std::vector<double> loss_fold(static_cast<std::size_t>(ord.replicas * groups), 0.0);
+    for (int d = 0; d < ord.replicas; ++d)
+      for (int j = 0; j < per_replica; ++j) {
+        const int mb = d * per_replica + j;
+        pass p = run(data, mb, scale, ord);
+        for (int g = 0; g < groups; ++g) {
+          const auto gi = static_cast<std::size_t>(d * groups + g);
+          double l = 0;
+          for (int t : group_tokens(g)) l += p.loss[static_cast<std::size_t>(t)];
+          loss_fold[gi] += l;
+          fold(fold_part[gi], weight_grads(p, group_tokens(g)), ord, true);
+        }
+        fold(fold_full[static_cast<std::size_t>(d)], weight_grads(p, all), ord, false);
+      }
+    // Members added in group order (replica-major), then SGD.
+    for (auto& [k, w] : params_) {
+      const bool partial = is_partial(ord, k.first);
+      std::vector<double> total;
+      for (int d = 0; d < ord.replicas; ++d)
+        for (int g = 0; g < (partial ? groups : 1); ++g) {
+          const auto& c = partial ? fold_part[static_cast<std::size_t>(d * groups + g)].at(k) : fold_full[static_cast<std::size_t>(d)].at(k);
+          if (total.empty()) total = c;
+          else
+            for (std::size_t i = 0; i < c.size(); ++i) total[i] += c[i];
+        }
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= m_.lr * total[i];
+    }
+    double loss = loss_fold[0];
+    for (std::size_t i = 1; i < loss_fold.size(); ++i) loss += loss_fold[i];
+    return loss;
+  }
+
+ private:
+  static constexpr tensor block_tensors[] = {tensor::LN1G, tensor::LN1B, tensor::WQKV, tensor::BQKV, tensor::WO, tensor::BO,
+                                             tensor::LN2G, tensor::LN2B, tensor::W1,   tensor::B1,   tensor::W2, tensor::B2};
+
+  static bool is_partial(const reduction_order& ord, tensor t) {
+    if (ord.groups.size() <= 1) return false;
+    tensor_slot probe{t};
+    probe.split = ord.layout.tp > 1 ? split_of(t) : split_kind::none;
+    return seq_partial(ord.layout, probe);
+  }
+
+  //! Everything one microbatch's forward and backward leave for the weight gradients.
+  struct block_acts {
+    std::vector<double> xhat1, afull, o, xhat2, cfull, act, dqkv, dy, du, dz, da, dc;
+  };
+  struct pass {
+    std::vector<double> tokens, x_grad, loss, xhatf, f, dlogits, df;
+    std::vector<block_acts> blocks;
+  };
+
+  std::span<const double> P(tensor t, int b) const { return params_.at({t, b}); }
+
+  //! `sum_k partial_k + bias` over `k` tensor-parallel slices of the contraction (`in` columns
+  //! of `w`, `[out][in]`), partial sums from zero in index order, added in slice order.
+  void row_parallel(const double* x, std::span<const double> w, std::span<const double> b, double* y, int n, int in, int out,
+                    int tp) const {
+    const int il = in / tp;
+    for (int t = 0; t < n; ++t)
+      for (int o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int k = 0; k < tp; ++k) {
+          double s = 0;
+          for (int i = k * il; i < (k + 1) * il; ++i)
+            s += x[static_cast<std::size_t>(t * in + i)] * w[static_cast<std::size_t>(o * in + i)];
+          acc = k == 0 ? s : acc + s;
+        }
+        y[static_cast<std::size_t>(t * out + o)] = acc + b[static_cast<std::size_t>(o)];
+      }
+  }
+  //! `dx = sum_k sum_{o in slice k} dy[o] w[o][i]`: the column-parallel input gradient; `rows(k)`
+  //! lists slice `k`'s output rows in the slice's own order.
+  template <class Rows>
+  void column_backward(const double* dy, std::span<const double> w, double* dx, int n, int in, int out, int tp, Rows rows) const {
+    for (int t = 0; t < n; ++t)
+      for (int i = 0; i < in; ++i) {
+        double acc = 0;
+        for (int k = 0; k < tp; ++k) {
+          double s = 0;
+          for (int o : rows(k)) s += dy[static_cast<std::size_t>(t * out + o)] * w[static_cast<std::size_t>(o * in + i)];
+          acc = k == 0 ? s : acc + s;
+        }
+        dx[static_cast<std::size_t>(t * in + i)] = acc;
+      }
+  }
+  std::vector<int> qkv_rows(int k, int tp) const {
+    const int hl = m_.hidden / tp;
+    std::vector<int> r;
+    for (int p = 0; p < 3; ++p)
+      for (int i = 0; i < hl; ++i) r.push_back(p * m_.hidden + k * hl + i);
+    return r;
+  }
+  std::vector<int> ffn_rows(int k, int tp) const {
+    const int fl = m_.ffn / tp;
+    std::vector<int> r;
+    for (int i = 0; i < fl; ++i) r.push_back(k * fl + i);
+    return r;
+  }
+
+  //! Causal attention over all heads, blocked by `ring` (see the file comment).
+  void attention_forward(const loom::attention_dims& a, const std::vector<double>& q, const std::vector<double>& k,
+                         const std::vector<double>& v, std::vector<double>& o, std::vector<double>& lse, int ring) const {
+    const int N = m_.seq;
+    std::vector<double> scratch(static_cast<std::size_t>(N));
+    o.assign(q.size(), 0.0);
+    lse.assign(static_cast<std::size_t>(N * a.heads), -INFINITY);
+    if (ring == 1) {
+      loom::attention_block_forward<double>(a, q, k, v, o, lse, 0, N, 0, N, loom::block_mask::causal, scratch);
+      return;
+    }
+    const int C = N / (2 * ring);
+    for (int p = 0; p < ring; ++p)
+      for (int s = 0; s < ring; ++s) {
+        const int src = (p - s + ring) % ring;
+        const int qch[2] = {p, 2 * ring - 1 - p}, kch[2] = {src, 2 * ring - 1 - src};
+        for (int qa : qch)
+          for (int kb : kch) {
+            const auto msk = loom::chunk_mask(qa, kb, true);
+            if (msk != loom::block_mask::none)
+              loom::attention_block_forward<double>(a, q, k, v, o, lse, qa * C, C, kb * C, C, msk, scratch);
+          }
+      }
+  }
+  void attention_backward(const loom::attention_dims& a, const std::vector<double>& q, const std::vector<double>& k,
+                          const std::vector<double>& v, const std::vector<double>& o, const std::vector<double>& lse,
+                          const std::vector<double>& dout, std::vector<double>& dq, std::vector<double>& dk,
+                          std::vector<double>& dv, int ring) const {
+    const int N = m_.seq;
+    std::vector<double> delta(lse.size());
+    loom::attention_delta<double>(a, o, dout, delta);
+    dq.assign(q.size(), 0.0);
+    dk.assign(q.size(), 0.0);
+    dv.assign(q.size(), 0.0);
+    if (ring == 1) {
+      loom::attention_block_backward<double>(a, q, k, v, lse, dout, delta, dq, dk, dv, 0, N, 0, N, loom::block_mask::causal);
+      return;
+    }
+    const int C = N / (2 * ring);
+    auto block = [&](int qa, int kb, std::span<double> gq, std::span<double> gk, std::span<double> gv) {
+      const auto msk = loom::chunk_mask(qa, kb, true);
+      if (msk != loom::block_mask::none)
+        loom::attention_block_backward<double>(a, q, k, v, lse, dout, delta, gq, gk, gv, qa * C, C, kb * C, C, msk);
+    };
+    // dQ: per query position, key positions in ring order (as the forward merges).
+    for (int p = 0; p < ring; ++p)
+      for (int s = 0; s < ring; ++s) {
+        const int src = (p - s + ring) % ring;
+        for (int qa : {p, 2 * ring - 1 - p})
+          for (int kb : {src, 2 * ring - 1 - src}) block(qa, kb, dq, {}, {});
+      }
+    // dK, dV: per key position, query positions in the ring's travel order.
+    for (int src = 0; src < ring; ++src)
+      for (int s = 0; s < ring; ++s) {
+        const int p = (src + s) % ring;
+        for (int qa : {p, 2 * ring - 1 - p})
+          for (int kb : {src, 2 * ring - 1 - src}) block(qa, kb, {}, dk, dv);
+      }
+  }
+
+  //! Forward and backward of microbatch `mb` (loss scale `scale`, seed 1), keeping per token
+  //! what the weight gradients need.
+  pass run(const batch& data, int mb, double scale, const reduction_order& ord) const {
+    const int N = m_.seq, h = m_.hidden, H = m_.heads, D = m_.head_dim(), f = m_.ffn, V = m_.vocab, tp = ord.tp;
+    const auto uN = static_cast<std::size_t>(N), uh = static_cast<std::size_t>(h);
+    const loom::attention_dims a{H, D, 1.0 / std::sqrt(static_cast<double>(D))};
+    pass p;
+    p.tokens.assign(data.tokens.begin() + static_cast<std::ptrdiff_t>(mb * N), data.tokens.begin() + static_cast<std::ptrdiff_t>((mb + 1) * N));
+    const double* target = data.targets.data() + static_cast<std::size_t>(mb * N);
+    std::vector<double> x(uN * uh), rstd(uN);
+    for (int t = 0; t < N; ++t)
+      for (int i = 0; i < h; ++i)
+        x[static_cast<std::size_t>(t * h + i)] =
+            P(tensor::E, -1)[static_cast<std::size_t>(p.tokens[static_cast<std::size_t>(t)]) * uh + static_cast<std::size_t>(i)] +
+            P(tensor::P, -1)[static_cast<std::size_t>(t * h + i)];
+    struct saved {
+      std::vector<double> rstd1, rstd2, q, k, v, o, lse;
+    };
+    std::vector<saved> sv(static_cast<std::size_t>(m_.blocks));
+    p.blocks.resize(static_cast<std::size_t>(m_.blocks));
+    for (int b = 0; b < m_.blocks; ++b) {
+      auto& A = p.blocks[static_cast<std::size_t>(b)];
+      auto& S = sv[static_cast<std::size_t>(b)];
+      std::vector<double> an(uN * uh), qkv(uN * 3 * uh), y(uN * uh), x1(uN * uh), c(uN * uh), u(uN * static_cast<std::size_t>(f)),
+          z(uN * uh);
+      A.xhat1.resize(uN * uh), S.rstd1.resize(uN);
+      kernels::ln_forward(x.data(), P(tensor::LN1G, b).data(), P(tensor::LN1B, b).data(), an.data(), A.xhat1.data(), S.rstd1.data(), uN, uh);
+      A.afull = an;
+      loom::linear_kernel::forward<double>(an, P(tensor::WQKV, b), P(tensor::BQKV, b), qkv, uN, uh, 3 * uh);
+      S.q.resize(uN * uh), S.k.resize(uN * uh), S.v.resize(uN * uh);
+      for (std::size_t t = 0; t < uN; ++t)
+        for (std::size_t i = 0; i < uh; ++i) {
+          S.q[t * uh + i] = qkv[t * 3 * uh + i];
+          S.k[t * uh + i] = qkv[t * 3 * uh + uh + i];
+          S.v[t * uh + i] = qkv[t * 3 * uh + 2 * uh + i];
+        }
+      attention_forward(a, S.q, S.k, S.v, S.o, S.lse, ord.ring);
+      A.o = S.o;
+      row_parallel(S.o.data(), P(tensor::WO, b), P(tensor::BO, b), y.data(), N, h, h, tp);
+      for (std::size_t i = 0; i < x1.size(); ++i) x1[i] = x[i] + y[i];
+      A.xhat2.resize(uN * uh), S.rstd2.resize(uN);
+      kernels::ln_forward(x1.data(), P(tensor::LN2G, b).data(), P(tensor::LN2B, b).data(), c.data(), A.xhat2.data(), S.rstd2.data(), uN, uh);
+      A.cfull = c;
+      loom::linear_kernel::forward<double>(c, P(tensor::W1, b), P(tensor::B1, b), u, uN, uh, static_cast<std::size_t>(f));
+      A.act.resize(u.size());
+      for (std::size_t i = 0; i < u.size(); ++i) A.act[i] = std::tanh(u[i]);
+      row_parallel(A.act.data(), P(tensor::W2, b), P(tensor::B2, b), z.data(), N, f, h, tp);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = x1[i] + z[i];
+    }
+    // final layers and loss
+    const auto uV = static_cast<std::size_t>(V);
+    p.xhatf.resize(uN * uh), p.f.resize(uN * uh);
+    kernels::ln_forward(x.data(), P(tensor::LNFG, -1).data(), P(tensor::LNFB, -1).data(), p.f.data(), p.xhatf.data(), rstd.data(), uN, uh);
+    std::vector<double> logits(uN * uV), probs(uN * uV);
+    loom::linear_kernel::forward<double>(p.f, P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, uN, uh, uV);
+    p.loss.resize(uN);
+    for (std::size_t t = 0; t < uN; ++t)
+      p.loss[t] = kernels::loss_forward(logits.data() + t * uV, target + t, probs.data() + t * uV, 1, uV, scale);
+    p.dlogits.resize(uN * uV), p.df.resize(uN * uh);
+    kernels::loss_backward(probs.data(), target, 1.0, scale, p.dlogits.data(), uN, uV);
+    loom::linear_kernel::backward_input<double>(p.dlogits, P(tensor::WOUT, -1), p.df, uN, uh, uV);
+    std::vector<double> zero(uN * uh, 0.0), g(uN * uh), gx(uN * uh);
+    kernels::ln_backward_input(p.df.data(), p.xhatf.data(), rstd.data(), P(tensor::LNFG, -1).data(), zero.data(), g.data(), uN, uh);
+    for (int b = m_.blocks - 1; b >= 0; --b) {
+      auto& A = p.blocks[static_cast<std::size_t>(b)];
+      auto& S = sv[static_cast<std::size_t>(b)];
+      A.dz = g;
+      std::vector<double> dact(uN * static_cast<std::size_t>(f)), g1(uN * uh), dout(uN * uh);
+      loom::linear_kernel::backward_input<double>(g, P(tensor::W2, b), dact, uN, static_cast<std::size_t>(f), uh);
+      A.du.resize(dact.size());
+      for (std::size_t i = 0; i < dact.size(); ++i) A.du[i] = dact[i] * (1.0 - A.act[i] * A.act[i]);
+      A.dc.resize(uN * uh);
+      column_backward(A.du.data(), P(tensor::W1, b), A.dc.data(), N, h, f, tp, [&](int k) { return ffn_rows(k, tp); });
+      kernels::ln_backward_input(A.dc.data(), A.xhat2.data(), S.rstd2.data(), P(tensor::LN2G, b).data(), g.data(), g1.data(), uN, uh);
+      A.dy = g1;
+      loom::linear_kernel::backward_input<double>(g1, P(tensor::WO, b), dout, uN, uh, uh);
+      std::vector<double> dq, dk, dv;
+      attention_backward(a, S.q, S.k, S.v, S.o, S.lse, dout, dq, dk, dv, ord.ring);
+      A.dqkv.resize(uN * 3 * uh);
+      for (std::size_t t = 0; t < uN; ++t)
+        for (std::size_t i = 0; i < uh; ++i) {
+          A.dqkv[t * 3 * uh + i] = dq[t * uh + i];
+          A.dqkv[t * 3 * uh + uh + i] = dk[t * uh + i];
+          A.dqkv[t * 3 * uh + 2 * uh + i] = dv[t * uh + i];
+        }
+      A.da.resize(uN * uh);
+      column_backward(A.dqkv.data(), P(tensor::WQKV, b), A.da.data(), N, h, 3 * h, tp, [&](int k) { return qkv_rows(k, tp); });
+      kernels::ln_backward_input(A.da.data(), A.xhat1.data(), S.rstd1.data(), P(tensor::LN1G, b).data(), g1.data(), gx.data(), uN, uh);
+      std::swap(g, gx);
+    }
+    p.x_grad = g;
+    return p;
+  }
+
+  //! The weight gradients of one microbatch over `tokens` (in that order), whole tensors.
+  std::map<key, std::vector<double>> weight_grads(const pass& p, const std::vector<int>& tokens) const {
+    const auto uh = static_cast<std::size_t>(m_.hidden), uf = static_cast<std::size_t>(m_.ffn), uV = static_cast<std::size_t>(m_.vocab);
+    const std::size_t n = tokens.size();
+    std::map<key, std::vector<double>> g;
+    for (auto const& [k, w] : params_) g[k].assign(w.size(), 0.0);
+    auto rows = [&](const std::vector<double>& src, std::size_t width) {
+      std::vector<double> out;
+      for (int t : tokens) out.insert(out.end(), src.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * width),
+                                      src.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(t) + 1) * width));
+      return out;
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto t = static_cast<std::size_t>(tokens[i]);
+      const auto tok = static_cast<std::size_t>(p.tokens[t]);
+      for (std::size_t j = 0; j < uh; ++j) {
+        g[{tensor::E, -1}][tok * uh + j] += p.x_grad[t * uh + j];
+        g[{tensor::P, -1}][t * uh + j] += p.x_grad[t * uh + j];
+      }
+    }
+    for (int b = 0; b < m_.blocks; ++b) {
+      auto const& A = p.blocks[static_cast<std::size_t>(b)];
+      auto G = [&](tensor t) { return std::span<double>(g[{t, b}]); };
+      auto act = rows(A.act, uf), dz = rows(A.dz, uh), cfull = rows(A.cfull, uh), du = rows(A.du, uf), dc = rows(A.dc, uh),
+           xhat2 = rows(A.xhat2, uh), o = rows(A.o, uh), dy = rows(A.dy, uh), afull = rows(A.afull, uh),
+           dqkv = rows(A.dqkv, 3 * uh), da = rows(A.da, uh), xhat1 = rows(A.xhat1, uh);
+      loom::linear_kernel::backward_weight<double>(act, dz, G(tensor::W2), {}, n, uf, uh);
+      kernels::bias_backward(dz.data(), G(tensor::B2).data(), n, uh);
+      loom::linear_kernel::backward_weight<double>(cfull, du, G(tensor::W1), G(tensor::B1), n, uh, uf);
+      kernels::ln_backward_weight(dc.data(), xhat2.data(), G(tensor::LN2G).data(), G(tensor::LN2B).data(), n, uh);
+      loom::linear_kernel::backward_weight<double>(o, dy, G(tensor::WO), {}, n, uh, uh);
+      kernels::bias_backward(dy.data(), G(tensor::BO).data(), n, uh);
+      loom::linear_kernel::backward_weight<double>(afull, dqkv, G(tensor::WQKV), G(tensor::BQKV), n, uh, 3 * uh);
+      kernels::ln_backward_weight(da.data(), xhat1.data(), G(tensor::LN1G).data(), G(tensor::LN1B).data(), n, uh);
+    }
+    auto f = rows(p.f, uh), dl = rows(p.dlogits, uV), df = rows(p.df, uh), xhatf = rows(p.xhatf, uh);
+    loom::linear_kernel::backward_weight<double>(f, dl, g[{tensor::WOUT, -1}], g[{tensor::BOUT, -1}], n, uh, uV);
+    kernels::ln_backward_weight(df.data(), xhatf.data(), g[{tensor::LNFG, -1}].data(), g[{tensor::LNFB, -1}].data(), n, uh);
+    return g;
+  }
+
+  //! acc += g (from a zero accumulator: the pipeline's microbatch-ordered fold), for the tensors
+  //! that are (partial) or are not (!partial) partial over the token groups.
+  void fold(std::map<key, std::vector<double>>& acc, const std::map<key, std::vector<double>>& g, const reduction_order& ord,
+            bool partial) const {
+    for (auto const& [k, v] : g) {
+      if (is_partial(ord, k.first) != partial) continue;
+      auto& a = acc[k];
+      if (a.empty()) a.assign(v.size(), 0.0);
+      for (std::size_t i = 0; i < v.size(); ++i) a[i] += v[i];
+    }
+  }
+
+  model_spec m_;
+  std::map<key, std::vector<double>> params_;
+};
+
+}  // namespace mesh_example

@@ -1,0 +1,187 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The training loop of the mesh example on one rank of any communicator: binds the mesh, builds
+//! the pipeline of `transformer_stage`s with `loom::data_parallel` as its observer, trains, and
+//! compares every parameter and loss with the single-rank reference. Shared by `main.cpp`, the
+//! tests (tests/mesh, tests/mesh_mpi) and the overlap benchmark.
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <loom/comm/counting.hpp>
+#include <loom/comm/ordered.hpp>
+#include <loom/exec/data_parallel.hpp>
+#include <loom/exec/pipeline.hpp>
+#include <loom/mesh.hpp>
+#include <loom/schedule.hpp>
+
+#include "reference.hpp"
+#include "transformer.hpp"
+
+namespace mesh_example {
+
+//! What a run does.
+struct run_options {
+  sharding layout;                                     //!< degrees and sequence split
+  int microbatches = 4;                                //!< per replica and step
+  int steps = 3;                                       //!< training steps
+  bool deterministic = false;                          //!< rank-ordered reductions, bitwise check
+  bool zero = false;                                   //!< sharded gradients and update
+  std::size_t bucket_bytes = std::size_t{25} << 20;    //!< gradient bucket size
+  bool sync_after_step = false;                        //!< launch reductions after the step
+  bool print = false;                                  //!< rank 0 prints losses and counters
+  bool check = true;                                   //!< compare with the reference
+};
+
+//! What one rank saw: the counts of each of its communicators in each step, and the check.
+struct run_report {
+  std::vector<std::vector<std::pair<std::string, loom::comm_counters>>> steps;  //!< [step] -> (name, counts)
+  long long differing = 0;  //!< values (parameters and losses) that differ from the reference, all ranks
+  long long values = 0;     //!< parameter values compared, all ranks
+  double seconds = 0;       //!< wall time of the steps on this rank
+  //! The counts of communicator `name` in step `step` (zero if it has none).
+  loom::comm_counters counts(int step, const std::string& name) const {
+    for (auto const& [n, c] : steps[static_cast<std::size_t>(step)])
+      if (n == name) return c;
+    return {};
+  }
+};
+
+//! The mesh of the example: pipeline outermost, then data, sequence, and tensor parallelism
+//! innermost (adjacent ranks), as Megatron-LM orders its groups.
+using mesh_type = loom::mesh<loom::pp<>, loom::dp<>, loom::sp<>, loom::tp<>>;
+
+inline mesh_type make_mesh(const sharding& s) {
+  return mesh_type{loom::pp<>{s.pp}, loom::dp<>{s.dp}, loom::sp<>{s.sp_ranks()}, loom::tp<>{s.tp}};
+}
+
+//! Rows of the communication table of one step.
+inline void print_counters(int step, const std::vector<std::pair<std::string, loom::comm_counters>>& counts) {
+  std::printf("communication of step %d on rank 0, per dimension:\n", step);
+  std::printf("| dimension | operation | calls | bytes | bus bytes |\n|---|---|---|---|---|\n");
+  for (auto const& [name, k] : counts)
+    for (auto op : loom::all_comm_ops) {
+      const auto& c = k[op];
+      if (c.calls == 0) continue;
+      std::printf("| %s | %s | %llu | %llu | %.0f |\n", name.c_str(), std::string(loom::to_string(op)).c_str(),
+                  static_cast<unsigned long long>(c.calls), static_cast<unsigned long long>(c.bytes), c.bus_bytes);
+    }
+}
+
+//! One rank's training run over `world` (every rank of the mesh calls it). `m.blocks` must be at
+//! least the schedule's virtual stages.
+template <class Comm>
+run_report train(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched) {
+  const sharding& s = o.layout;
+  const bool det = o.deterministic;
+  using C = loom::counted<Comm>;
+  loom::mesh_comm g(make_mesh(s), world);
+  const bool root = g.rank() == 0;
+  const int tpr = g.coord(loom::dim::tp), spr = g.coord(loom::dim::sp), d = g.coord(loom::dim::dp);
+  // Ulysses groups (adjacent sp ranks) and the rings across them, split from the sp group.
+  std::optional<C> uly, ring;
+  if (s.sp_ranks() > 1) {
+    uly.emplace(g.sp().split(spr / s.u(), spr % s.u()));
+    ring.emplace(g.sp().split(spr % s.u(), spr / s.u()));
+  }
+  stage_comms<C> sc{s.tp > 1 ? &g.tp() : nullptr, uly && s.u() > 1 ? &*uly : nullptr, ring && s.ring() > 1 ? &*ring : nullptr};
+  using stage_t = transformer_stage<C>;
+  loom::data_parallel<decltype(g), stage_t> sync(
+      g, {.bucket_bytes = o.bucket_bytes, .sharded = o.zero, .deterministic = det, .eager = !o.sync_after_step},
+      loom::sgd{.lr = m.lr});
+  std::vector<double> targets;
+  const int S = sched.stages, M = o.microbatches, T = s.tokens(m);
+  const double scale = 1.0 / (static_cast<double>(s.dp) * M * m.seq);
+  loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
+    auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
+    return stage_t(m, s, tpr, spr, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale, &targets);
+  }, {.deterministic = det, .scaling = loom::loss_scaling::sum, .observer = &sync});
+  sync.attach(p);
+
+  // The communicators whose counts are reported, and the loss group (ranks holding other tokens).
+  std::vector<std::pair<std::string, const loom::comm_counters*>> comms{{"pp", &g.pp().counters()}};
+  if (s.tp > 1) comms.push_back({"tp", &g.tp().counters()});
+  if (sc.ulysses) comms.push_back({"sp (ulysses)", &sc.ulysses->counters()});
+  if (sc.ring) comms.push_back({"sp (ring)", &sc.ring->counters()});
+  for (loom::dim_set x : {loom::dim_set{loom::dim::dp}, loom::dim::dp | loom::dim::tp, loom::dim::dp | loom::dim::sp,
+                          loom::dim::dp | loom::dim::tp | loom::dim::sp})
+    comms.push_back({to_string(x), &g.group(x).counters()});
+  comms.push_back({"world", &g.world().counters()});
+  auto& loss_group = g.group(loom::dim_set{loom::dim::dp} | s.seq_dims());
+
+  reference_model ref(m);
+  const reduction_order order = det ? reduction_order::of(m, s) : reduction_order::plain();
+  run_report rep;
+  long long bad = 0;
+  for (int step = 0; step < o.steps; ++step) {
+    const batch data = make_batch(m, s.dp * M, step);
+    std::vector<double> inputs;
+    targets.clear();
+    for (int j = 0; j < M; ++j)
+      for (int i = 0; i < T; ++i) {
+        const auto at = static_cast<std::size_t>((d * M + j) * m.seq + s.token(m, tpr, spr, i));
+        inputs.push_back(data.tokens[at]);
+        targets.push_back(data.targets[at]);
+      }
+    std::vector<loom::comm_counters> before;
+    for (auto& c : comms) before.push_back(*c.second);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = p.step(inputs);
+    rep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto& counts = rep.steps.emplace_back();
+    for (std::size_t i = 0; i < comms.size(); ++i) counts.push_back({comms[i].first, comms[i].second->since(before[i])});
+    std::vector<double> loss{r.loss};
+    if (det) loom::ordered_all_reduce(loss_group, std::span<double>(loss));
+    else if (loss_group.size() > 1) loss_group.all_reduce(std::span<double>(loss), loom::reduce_op::sum);
+    if (o.check) {
+      const double want = ref.step(data, det ? M : s.dp * M, order);
+      bad += det ? std::bit_cast<std::uint64_t>(loss[0]) != std::bit_cast<std::uint64_t>(want)
+                 : std::abs(loss[0] - want) > 1e-12 * std::abs(want);
+      if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
+    } else if (root && o.print) {
+      std::printf("step %d: loss %.17g\n", step, loss[0]);
+    }
+    if (root && o.print) print_counters(step, counts);
+  }
+  sync.finish();
+  // Every parameter this rank holds against the reference's.
+  long long values = 0;
+  if (o.check)
+    for (auto& st : p.stages()) {
+      auto w = st.params();
+      for (auto const& ts : st.tensors()) {
+        const auto& full = ref.params().at({ts.t, ts.block});
+        const int cols = full_shape(m, ts.t).second;
+        double norm = 0;
+        for (double v : full) norm = std::max(norm, std::abs(v));
+        for (int r = 0; r < ts.rows; ++r)
+          for (int c = 0; c < ts.cols; ++c) {
+            const double got = w[ts.offset + static_cast<std::size_t>(r * ts.cols + c)];
+            const double exp = full[static_cast<std::size_t>(ts.row_of(r) * cols + ts.col_of(c))];
+            ++values;
+            bad += det ? std::bit_cast<std::uint64_t>(got) != std::bit_cast<std::uint64_t>(exp) : std::abs(got - exp) > 1e-12 * norm;
+          }
+      }
+    }
+  std::vector<std::int64_t> tally{bad, values};
+  g.world().all_reduce(std::span<std::int64_t>(tally), loom::reduce_op::sum);
+  rep.differing = tally[0];
+  rep.values = tally[1];
+  if (root && o.print && o.check)
+    std::printf("reference check (%s): %lld of %lld parameter values (summed over ranks) and losses differ -> %s\n",
+                det ? "bitwise" : "1e-12 relative", rep.differing, rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
+  return rep;
+}
+
+}  // namespace mesh_example

@@ -1,0 +1,244 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! `loom::counted<C>`: a communicator that forwards every call to a backend communicator `C` and
+//! counts, per kind of operation, the calls and the bytes. `loom::mesh_comm` gives each mesh
+//! dimension such a communicator, so a program can print what each dimension communicated in a
+//! step, and tests can compare the counts with the papers' volume formulas.
+//!
+//! What is counted (on the calling rank, `n` the group size, `T` the element type):
+//!
+//! | operation | `bytes` (the message size, as nccl-tests' "size") | `bus_bytes` |
+//! |---|---|---|
+//! | send | the message | = bytes |
+//! | recv | the message | 0 (counted at the sender) |
+//! | all_reduce | the buffer: `data.size() * sizeof(T)` | bytes * 2(n-1)/n |
+//! | all_gather | the output: `n * in.size() * sizeof(T)` | bytes * (n-1)/n |
+//! | reduce_scatter | the input: `n * out.size() * sizeof(T)` | bytes * (n-1)/n |
+//! | all_to_all | the input: `in.size() * sizeof(T)` | bytes * (n-1)/n |
+//! | barrier | 0 | 0 |
+//!
+//! `bus_bytes` is what one rank sends over its link in the bandwidth-optimal (ring) algorithm of
+//! the collective: nccl-tests' bus-bandwidth factors (NVIDIA nccl-tests, doc/PERFORMANCE.md), so
+//! that volumes of different collectives compare directly (an all-reduce moves as much as a
+//! reduce-scatter followed by an all-gather of the same buffer). Non-blocking collectives count
+//! under their blocking names when posted. Size-1 groups count calls and bytes too (with
+//! `bus_bytes` 0): the call happened, nothing crossed a link.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "loom/comm/communicator.hpp"
+
+namespace loom {
+
+//! The kinds of communicator operation that `counted` distinguishes.
+enum class comm_op : unsigned char { send, recv, all_reduce, all_gather, reduce_scatter, all_to_all, barrier };
+
+//! Every `comm_op`, in declaration order.
+inline constexpr std::array<comm_op, 7> all_comm_ops{comm_op::send,       comm_op::recv,           comm_op::all_reduce,
+                                                     comm_op::all_gather, comm_op::reduce_scatter, comm_op::all_to_all,
+                                                     comm_op::barrier};
+
+//! Name of an operation ("send", "all_reduce", ...).
+constexpr std::string_view to_string(comm_op op) noexcept {
+  switch (op) {
+    case comm_op::send: return "send";
+    case comm_op::recv: return "recv";
+    case comm_op::all_reduce: return "all_reduce";
+    case comm_op::all_gather: return "all_gather";
+    case comm_op::reduce_scatter: return "reduce_scatter";
+    case comm_op::all_to_all: return "all_to_all";
+    case comm_op::barrier: return "barrier";
+  }
+  return "?";
+}
+
+//! The bytes one rank of an `n`-rank group sends over its link per byte of message, in the
+//! bandwidth-optimal algorithm (nccl-tests' bus factor; see the file comment).
+constexpr double bus_factor(comm_op op, int n) noexcept {
+  if (n <= 1) return 0;
+  const double f = static_cast<double>(n - 1) / n;
+  switch (op) {
+    case comm_op::send: return 1;
+    case comm_op::recv: return 0;
+    case comm_op::all_reduce: return 2 * f;
+    case comm_op::all_gather:
+    case comm_op::reduce_scatter:
+    case comm_op::all_to_all: return f;
+    case comm_op::barrier: return 0;
+  }
+  return 0;
+}
+
+//! Calls and bytes of one kind of operation.
+struct op_count {
+  std::uint64_t calls = 0;  //!< operations posted
+  std::uint64_t bytes = 0;  //!< message bytes (see the file comment)
+  double bus_bytes = 0;     //!< bytes over this rank's link in the ring algorithm
+  friend constexpr bool operator==(const op_count&, const op_count&) = default;
+};
+
+//! The counts of one communicator, per `comm_op`.
+struct comm_counters {
+  std::array<op_count, all_comm_ops.size()> ops{};  //!< indexed by `comm_op`
+
+  //! The count of `op`.
+  constexpr op_count& operator[](comm_op op) { return ops[static_cast<std::size_t>(op)]; }
+  //! The count of `op`.
+  constexpr const op_count& operator[](comm_op op) const { return ops[static_cast<std::size_t>(op)]; }
+  //! Sets every count to zero.
+  constexpr void reset() { ops = {}; }
+  //! Records one operation of `bytes` on a group of `n` ranks.
+  constexpr void add(comm_op op, std::size_t bytes, int n) {
+    auto& c = (*this)[op];
+    ++c.calls;
+    c.bytes += bytes;
+    c.bus_bytes += static_cast<double>(bytes) * bus_factor(op, n);
+  }
+  //! Element-wise difference (`*this` minus an earlier snapshot).
+  constexpr comm_counters since(const comm_counters& before) const {
+    comm_counters d;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      d.ops[i].calls = ops[i].calls - before.ops[i].calls;
+      d.ops[i].bytes = ops[i].bytes - before.ops[i].bytes;
+      d.ops[i].bus_bytes = ops[i].bus_bytes - before.ops[i].bus_bytes;
+    }
+    return d;
+  }
+  friend constexpr bool operator==(const comm_counters&, const comm_counters&) = default;
+};
+
+//! A communicator over `C` that counts its operations (see the file comment). Models
+//! `loom::communicator`, and `loom::nonblocking_communicator` when `C` does; its reductions are
+//! rank-ordered exactly when `C`'s are. `split` returns a new `counted<C>` with zero counts.
+template <communicator C>
+class counted {
+ public:
+  using request = typename C::request;  //!< the backend's request
+  //! Rank-ordered reductions when the backend's are.
+  static constexpr bool rank_ordered_reductions = reduces_in_rank_order<C>;
+
+  //! Wraps (takes) `inner`.
+  explicit counted(C inner) : c_(std::move(inner)) {}
+
+  //! The wrapped communicator (calls made on it directly are not counted).
+  C& inner() { return c_; }
+  //! The wrapped communicator.
+  const C& inner() const { return c_; }
+  //! The counts since construction or the last `reset_counters()`.
+  const comm_counters& counters() const { return n_; }
+  //! Sets every count to zero.
+  void reset_counters() { n_.reset(); }
+
+  //! This rank's index in the group.
+  int rank() const { return c_.rank(); }
+  //! The number of ranks.
+  int size() const { return c_.size(); }
+  //! This rank in the world (backends that know it).
+  int world_rank() const
+    requires requires(const C& c) { c.world_rank(); }
+  {
+    return c_.world_rank();
+  }
+
+  //! Counted `isend`.
+  request isend(int peer, std::span<const std::byte> data) {
+    auto r = c_.isend(peer, data);
+    n_.add(comm_op::send, data.size(), 2);
+    return r;
+  }
+  //! Counted `irecv`.
+  request irecv(int peer, std::span<std::byte> data) {
+    auto r = c_.irecv(peer, data);
+    n_.add(comm_op::recv, data.size(), 2);
+    return r;
+  }
+  //! Forwards `wait`.
+  void wait(request& r) { c_.wait(r); }
+  //! Forwards `test`.
+  bool test(request& r) { return c_.test(r); }
+
+  //! Counted `all_reduce`.
+  template <comm_element T>
+  void all_reduce(std::span<T> data, reduce_op op) {
+    c_.all_reduce(data, op);
+    n_.add(comm_op::all_reduce, data.size_bytes(), size());
+  }
+  //! Counted `all_gather`.
+  template <comm_element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    c_.all_gather(in, out);
+    n_.add(comm_op::all_gather, out.size_bytes(), size());
+  }
+  //! Counted `reduce_scatter`.
+  template <comm_element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    c_.reduce_scatter(in, out, op);
+    n_.add(comm_op::reduce_scatter, in.size_bytes(), size());
+  }
+  //! Counted `all_to_all`.
+  template <comm_element T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    c_.all_to_all(in, out);
+    n_.add(comm_op::all_to_all, in.size_bytes(), size());
+  }
+
+  //! Counted `iall_reduce`.
+  template <comm_element T>
+    requires nonblocking_communicator<C>
+  request iall_reduce(std::span<T> data, reduce_op op) {
+    auto r = c_.iall_reduce(data, op);
+    n_.add(comm_op::all_reduce, data.size_bytes(), size());
+    return r;
+  }
+  //! Counted `iall_gather`.
+  template <comm_element T>
+    requires nonblocking_communicator<C>
+  request iall_gather(std::span<const T> in, std::span<T> out) {
+    auto r = c_.iall_gather(in, out);
+    n_.add(comm_op::all_gather, out.size_bytes(), size());
+    return r;
+  }
+  //! Counted `ireduce_scatter`.
+  template <comm_element T>
+    requires nonblocking_communicator<C>
+  request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    auto r = c_.ireduce_scatter(in, out, op);
+    n_.add(comm_op::reduce_scatter, in.size_bytes(), size());
+    return r;
+  }
+  //! Counted `iall_to_all`.
+  template <comm_element T>
+    requires nonblocking_communicator<C>
+  request iall_to_all(std::span<const T> in, std::span<T> out) {
+    auto r = c_.iall_to_all(in, out);
+    n_.add(comm_op::all_to_all, in.size_bytes(), size());
+    return r;
+  }
+
+  //! Counted `barrier`.
+  void barrier() {
+    c_.barrier();
+    n_.add(comm_op::barrier, 0, size());
+  }
+  //! A counted sub-group (collective; not itself counted).
+  counted split(int color, int key) { return counted(c_.split(color, key)); }
+  //! Forwards `abort`.
+  void abort(std::string reason) { c_.abort(std::move(reason)); }
+  //! Forwards `set_timeout`.
+  void set_timeout(std::chrono::milliseconds t) { c_.set_timeout(t); }
+
+ private:
+  C c_;
+  comm_counters n_;
+};
+
+}  // namespace loom

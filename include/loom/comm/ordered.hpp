@@ -1,0 +1,174 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Rank-ordered sums on any backend: `ordered_all_reduce`, `ordered_reduce_scatter` and their
+//! non-blocking form `loom::reduction`. The result is the sum of the ranks' contributions in rank
+//! order, `((x_0 + x_1) + x_2) + ...`, bitwise the same on every rank and every backend, which is
+//! what loom's deterministic mode needs (floating-point addition is not associative, and MPI does
+//! not promise an order).
+//!
+//! On a backend whose reductions are already rank-ordered (`loom::reduces_in_rank_order<C>`, the
+//! threads backend), and on groups of one or two ranks (one addition per element, and IEEE
+//! addition is commutative, so every order gives the same bits), these are the backend's own
+//! `all_reduce`/`reduce_scatter`. Elsewhere a reduce-scatter
+//! is an all-to-all (rank r receives segment r of every rank) followed by the sum of the received
+//! segments in rank order, and an all-reduce is that reduce-scatter followed by an all-gather of
+//! the reduced segments (the vector padded with zeros to a multiple of the group size). The data
+//! moved is the same as the ring algorithms': (n-1)/n of the buffer per rank for the
+//! reduce-scatter, twice that for the all-reduce (Patarasuk and Yuan 2009), so the deterministic
+//! mode costs no extra bandwidth, only the latency of its two steps.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+
+namespace loom {
+
+//! One rank-ordered sum in flight (all-reduce or reduce-scatter), posted with `start_*` and
+//! completed by `test` (progress without blocking) or `wait`. With `ordered == false` it is the
+//! backend's own reduction, whatever its order. `C` must model `nonblocking_communicator`.
+//! The buffers passed to `start_*` must stay valid until completion.
+template <class C, comm_element T>
+class reduction {
+ public:
+  reduction() = default;
+
+  //! Posts a sum of `data` over the group into `data` (rank-ordered when `ordered`).
+  void start_all_reduce(C& c, std::span<T> data, bool ordered) {
+    begin(c, ordered);
+    data_ = data;
+    if (direct()) {
+      req_ = c.iall_reduce(data, reduce_op::sum);
+      phase_ = phase::last;
+      return;
+    }
+    all_reduce_ = true;
+    const auto n = static_cast<std::size_t>(c.size());
+    k_ = (data.size() + n - 1) / n;
+    padded_.assign(n * k_, T{});
+    std::copy(data.begin(), data.end(), padded_.begin());
+    recv_.assign(n * k_, T{});
+    req_ = c.iall_to_all(std::span<const T>(padded_), std::span<T>(recv_));
+    phase_ = phase::exchange;
+  }
+
+  //! Posts a reduce-scatter: `out` (k elements) receives the sum over the group of segment
+  //! `rank` of every rank's `in` (n * k elements); rank-ordered when `ordered`.
+  void start_reduce_scatter(C& c, std::span<const T> in, std::span<T> out, bool ordered) {
+    begin(c, ordered);
+    if (in.size() != out.size() * static_cast<std::size_t>(c.size()))
+      throw std::invalid_argument("loom::reduction: reduce-scatter input of " + std::to_string(in.size()) +
+                                  " elements is not the group size " + std::to_string(c.size()) + " x the output's " +
+                                  std::to_string(out.size()));
+    data_ = out;
+    if (direct()) {
+      req_ = c.ireduce_scatter(in, out, reduce_op::sum);
+      phase_ = phase::last;
+      return;
+    }
+    all_reduce_ = false;
+    k_ = out.size();
+    recv_.assign(in.size(), T{});
+    req_ = c.iall_to_all(in, std::span<T>(recv_));
+    phase_ = phase::exchange;
+  }
+
+  //! Whether the reduction completed; advances it when a step finished. Never blocks.
+  bool test() {
+    while (phase_ != phase::done) {
+      if (!c_->test(req_)) return false;
+      advance();
+    }
+    return true;
+  }
+  //! Blocks until the reduction completed.
+  void wait() {
+    while (phase_ != phase::done) {
+      c_->wait(req_);
+      advance();
+    }
+  }
+  //! Whether a reduction was started and has not completed yet.
+  bool pending() const { return phase_ != phase::done && phase_ != phase::idle; }
+
+ private:
+  enum class phase { idle, exchange, gather, last, done };
+
+  void begin(C& c, bool ordered) {
+    if (pending()) throw std::logic_error("loom::reduction: started while the previous one is in flight");
+    c_ = &c;
+    ordered_ = ordered;
+  }
+  bool direct() const { return !ordered_ || reduces_in_rank_order<C> || c_->size() <= 2; }
+
+  void advance() {
+    req_ = typename C::request{};
+    if (phase_ == phase::exchange) {
+      // recv_ holds segment `rank` of every rank, in rank order: sum them in that order.
+      const auto n = static_cast<std::size_t>(c_->size());
+      std::span<T> seg = all_reduce_ ? std::span<T>(padded_).subspan(static_cast<std::size_t>(c_->rank()) * k_, k_) : data_;
+      std::copy(recv_.begin(), recv_.begin() + static_cast<std::ptrdiff_t>(k_), seg.begin());
+      for (std::size_t j = 1; j < n; ++j)
+        for (std::size_t i = 0; i < k_; ++i) seg[i] += recv_[j * k_ + i];
+      if (!all_reduce_) {
+        phase_ = phase::done;
+        return;
+      }
+      req_ = c_->iall_gather(std::span<const T>(seg), std::span<T>(padded_));
+      phase_ = phase::gather;
+    } else if (phase_ == phase::gather) {
+      std::copy(padded_.begin(), padded_.begin() + static_cast<std::ptrdiff_t>(data_.size()), data_.begin());
+      phase_ = phase::done;
+    } else {
+      phase_ = phase::done;
+    }
+  }
+
+  C* c_ = nullptr;
+  typename C::request req_{};
+  phase phase_ = phase::idle;
+  bool ordered_ = false, all_reduce_ = false;
+  std::span<T> data_;
+  std::size_t k_ = 0;
+  std::vector<T> padded_, recv_;
+};
+
+//! Sums `data` over the group of `c` in rank order (bitwise identical on every rank and backend;
+//! see the file comment). Blocking.
+template <nonblocking_communicator C, comm_element T>
+void ordered_all_reduce(C& c, std::span<T> data) {
+  if (c.size() == 1) return;
+  if (reduces_in_rank_order<C> || c.size() == 2) {
+    c.all_reduce(data, reduce_op::sum);
+  } else {
+    reduction<C, T> r;
+    r.start_all_reduce(c, data, true);
+    r.wait();
+  }
+}
+
+//! `out` (k elements) receives the rank-order sum of segment `rank` of every rank's `in`
+//! (n * k elements). Blocking; `in` and `out` must not overlap.
+template <nonblocking_communicator C, comm_element T>
+void ordered_reduce_scatter(C& c, std::span<const T> in, std::span<T> out) {
+  if (c.size() == 1) {
+    std::copy(in.begin(), in.end(), out.begin());
+    return;
+  }
+  if (reduces_in_rank_order<C> || c.size() == 2) {
+    c.reduce_scatter(in, out, reduce_op::sum);
+  } else {
+    reduction<C, T> r;
+    r.start_reduce_scatter(c, in, out, true);
+    r.wait();
+  }
+}
+
+}  // namespace loom

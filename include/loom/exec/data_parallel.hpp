@@ -1,0 +1,523 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! `loom::data_parallel`: gradient synchronisation of a pipeline's stages across the data-parallel
+//! replicas of a mesh (and across the tensor- or sequence-parallel ranks that hold partial sums of
+//! a gradient), in buckets launched as soon as their gradients are final, and the optimizer step
+//! after every rank agreed the step succeeded. It is a `loom::step_observer`: pass it in
+//! `pipeline_options::observer`, then `attach` the pipeline.
+//!
+//! Buckets (PyTorch DDP, Li et al., VLDB 2020, §3.2.3). The parameters of this rank's stages are
+//! packed into buckets of at most `bucket_bytes` (default 25 MB, DDP's `bucket_cap_mb`), in the
+//! order in which the stages' gradients become final in the rank's program (the position of each
+//! stage's last `W` or `BW` action). A bucket's reduction is launched, non-blocking, as soon as
+//! every stage with parameters in it has run its last weight-gradient action of the step
+//! (`step_observer::gradients_ready`) and the sends that directly follow that action in the
+//! program were posted (the input gradient it produced is on the pipeline's critical path; a
+//! bucket posted before it would delay it), so it overlaps the rest of the pipeline's tail: the eager
+//! gradient synchronisation of BitPipe (Wu et al., 2024, §3.3) and of the Zero Bubble paper's
+//! pipelines (Qi et al., ICLR 2024), where stages whose last `W` comes early (later virtual
+//! stages on interleaved and V placements, later pipeline ranks) synchronise while the others
+//! still compute. Buckets of one group launch in order, so every rank of the group posts the
+//! same collectives in the same order. With `eager = false` every bucket is launched after the
+//! step instead (for comparison). Between the pipeline's actions the in-flight reductions are
+//! tested, which is what progresses them on MPI.
+//!
+//! Groups. A gradient element is reduced over the data-parallel group, and over the ranks of
+//! the extra dimensions its stage declares partial (`grad_range::partial_over`): with the sequence
+//! split over `sp` (Ulysses, ring attention, USP) every rank computes the gradient of its tokens
+//! only, so the sum runs over `dp x sp`; with Megatron-SP the replicated parameters (layer norms,
+//! biases after the row-parallel layers) are partial over `tp`. Stages that do not say anything
+//! are reduced over `dp`. The groups `dp`, `dp x tp`, `dp x sp`, `dp x tp x sp` are created (with
+//! `split`) on every rank in that order when the reducer is built.
+//!
+//! Sharded mode (`sharded = true`, ZeRO-2 / FSDP style; Rajbhandari et al., SC 2020, §5): each
+//! bucket is padded to a multiple of the group size `n` and reduce-scattered, so each rank holds
+//! the reduced gradient of 1/n of it; after the agreement the optimizer updates that shard of the
+//! parameters, and the updated shards are all-gathered back into every rank's parameters. The
+//! all-gathers are launched at the end of the step and waited for just before the first forward
+//! of a stage in the next step (`before_first_use`): prefetched, they overlap the start of the
+//! next step. Call `finish()` before reading the parameters outside a step. A reduce-scatter plus
+//! an all-gather move exactly the bytes of one all-reduce (tests check it with the counters).
+//!
+//! Agreement. `step_end` first completes every reduction (launching the ones a failed step left
+//! unlaunched, so every rank posts the same collectives), then all ranks of the mesh agree, with
+//! one all-reduce over the world, whether every pipeline succeeded. If not, every rank throws the
+//! same `pipeline_error` naming the world rank that failed first (in world-rank order) and no
+//! parameter changes. Otherwise the reduced gradients (times `grad_scale`) are written back into
+//! the stages' accumulators (non-sharded mode) and the optimizer runs: on each stage's
+//! parameters, or on the shards (sharded mode). The stages' own `update()` (if any) then runs too.
+//!
+//! Deterministic mode (`deterministic = true`) makes every reduction a rank-ordered sum
+//! (`loom/comm/ordered.hpp`): the result for a bucket element is
+//! `((c_0 + c_1) + c_2) + ...`, where `c_i` is the accumulated gradient (the pipeline's
+//! microbatch-ordered fold) of the group's member with index `i` (row-major over the group's
+//! dimensions in mesh order), identical on every backend and rank; the optimizer then applies the
+//! same operations as a single-rank reference that sums in this order.
+//!
+//! Memory: every bucket keeps a flat gradient buffer (and in sharded mode a flat parameter buffer
+//! and a shard), i.e. about one extra copy of the gradients (two in sharded mode). The
+//! optimizers here are stateless; a stateful optimizer would keep its state for the shard only.
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/comm/ordered.hpp"
+#include "loom/exec/pipeline.hpp"
+#include "loom/exec/step_observer.hpp"
+#include "loom/mesh/mesh.hpp"
+#include "loom/schedule/error.hpp"
+#include "loom/stage/stage.hpp"
+
+namespace loom {
+
+//! A part of a stage's parameters (offsets into `params()` and `weight_grad()`) whose gradient
+//! is a partial sum over the ranks of the dimensions `partial_over` (besides `dp`), e.g. the
+//! tokens of one sequence-parallel rank.
+struct grad_range {
+  std::size_t offset = 0;    //!< first element
+  std::size_t size = 0;      //!< number of elements
+  dim_set partial_over{};    //!< extra dimensions whose ranks hold partial sums (subset of tp, sp)
+};
+
+//! A stage whose parameters `params()` are laid out as its `weight_grad()`.
+template <class S>
+concept parameterized_stage = stage<S> && requires(S& s) {
+  { s.params() } -> std::convertible_to<std::span<typename S::value_type>>;
+};
+
+//! A stage that says which parts of its gradient are partial over which dimensions (ranges
+//! covering `weight_grad()` exactly once). A stage without `grad_ranges()` is one range over `dp`.
+template <class S>
+concept partial_gradient_stage = parameterized_stage<S> && requires(const S& s) {
+  { s.grad_ranges() } -> std::convertible_to<std::span<const grad_range>>;
+};
+
+//! Stochastic gradient descent, `p -= lr * g`, element by element.
+struct sgd {
+  double lr = 0.01;  //!< learning rate
+  //! One step on `params` with `grads` (equal sizes).
+  template <class T>
+  void operator()(std::span<T> params, std::span<const T> grads) const {
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= static_cast<T>(lr) * grads[i];
+  }
+};
+
+//! Knobs of `data_parallel` (designated initialisers).
+struct data_parallel_options {
+  std::size_t bucket_bytes = std::size_t{25} << 20;  //!< bucket capacity (DDP's default 25 MB)
+  bool sharded = false;        //!< ZeRO-2/FSDP style: reduce-scatter, update the shard, all-gather
+  bool deterministic = false;  //!< rank-ordered sums (bitwise reproducible)
+  bool eager = true;           //!< launch buckets when ready (false: all after the step)
+  double grad_scale = 1.0;     //!< factor applied to the reduced gradients (1/dp: average)
+  //! When positive, a helper thread tests the reductions in flight at this interval, so that
+  //! they progress while the stages compute (MPI progresses non-blocking collectives only inside
+  //! MPI calls; PyTorch's ProcessGroupMPI runs its collectives on a worker thread for the same
+  //! reason). Needs a backend that allows calls from two threads (MPI_THREAD_MULTIPLE).
+  std::chrono::microseconds progress_interval{0};
+};
+
+//! What `data_parallel` recorded about one bucket (for tests and reports).
+struct bucket_report {
+  dim_set group;                //!< the dimensions it is reduced over
+  std::size_t elements = 0;     //!< gradient elements (before padding)
+  std::vector<std::size_t> stages;  //!< local stages with parameters in it
+  long launched_at = -1;        //!< program position of the action after which it was launched, -1 after the step
+};
+
+//! Gradient synchronisation and optimizer step over a mesh (see the file comment). `MeshComm` is
+//! a `loom::mesh_comm`, `Stage` a `parameterized_stage`, `Opt` an optimizer like `loom::sgd`.
+template <class MeshComm, parameterized_stage Stage, class Opt = sgd>
+class data_parallel final : public step_observer {
+ public:
+  using value_type = typename Stage::value_type;     //!< element type
+  using comm_type = typename MeshComm::comm_type;    //!< the group communicators' type
+  static_assert(nonblocking_communicator<comm_type>, "loom::data_parallel needs a backend with non-blocking collectives");
+
+  //! Builds the groups (collective over the mesh: `dp`, `dp x tp`, `dp x sp`, `dp x tp x sp`).
+  explicit data_parallel(MeshComm& mesh, data_parallel_options opt = {}, Opt optimizer = {})
+      : mesh_(&mesh), opt_(opt), optimizer_(optimizer) {
+    if (opt_.bucket_bytes < sizeof(value_type))
+      throw config_error("data_parallel: bucket_bytes " + std::to_string(opt_.bucket_bytes) +
+                         " is smaller than one gradient element (" + std::to_string(sizeof(value_type)) + " bytes)");
+    for (unsigned x = 0; x < 4; ++x) groups_[x] = &mesh.group(group_dims(x));
+  }
+
+  data_parallel(const data_parallel&) = delete;
+  data_parallel& operator=(const data_parallel&) = delete;
+  //! Stops the progress thread, if any (reductions in flight are left to the communicator).
+  ~data_parallel() {
+    if (helper_.joinable()) {
+      {
+        std::lock_guard lk(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      helper_.join();
+    }
+  }
+
+  //! Binds the stages of pipeline `p` (built with `observer = this`) and lays out the buckets.
+  //! Collective over the mesh: checks that the ranks of each group hold the same layout.
+  template <class Pipeline>
+  void attach(Pipeline& p) {
+    stages_ = p.stages();
+    const auto L = stages_.size();
+    // Readiness order: the position of each local stage's last weight-gradient action.
+    const schedule& s = p.lowered();
+    const auto& prog = s.programs[static_cast<std::size_t>(p.rank())];
+    std::vector<long> last(L, -1);
+    auto ids = p.ids();
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
+      int mb = -1, st = -1;
+      if (a.kind == op::W || a.kind == op::BW) mb = a.mb, st = a.stage;
+      if (a.kind == op::FB && a.bkind == op::BW) mb = a.bmb, st = a.bstage;
+      if (mb < 0) continue;
+      for (std::size_t li = 0; li < L; ++li)
+        if (ids[li].stage == st && ids[li].direction == s.direction_of(mb)) last[li] = static_cast<long>(i);
+    }
+    // A stage's buckets go out after its last weight-gradient action and after the sends that
+    // directly follow it (the input gradient it produced, on the pipeline's critical path).
+    launch_after_.assign(L, -1);
+    for (std::size_t li = 0; li < L; ++li) {
+      long at = last[li];
+      while (at >= 0 && static_cast<std::size_t>(at) + 1 < prog.size() && prog[static_cast<std::size_t>(at) + 1].kind == op::send) ++at;
+      launch_after_[li] = at;
+    }
+    std::vector<std::size_t> order(L);
+    for (std::size_t i = 0; i < L; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] < last[b]; });
+
+    buckets_.clear();
+    const std::size_t cap = std::max<std::size_t>(1, opt_.bucket_bytes / sizeof(value_type));
+    for (unsigned x = 0; x < 4; ++x) {
+      std::size_t open = buckets_.size();
+      bool have_open = false;
+      for (std::size_t li : order)
+        for (const grad_range& r : ranges_of(li)) {
+          if (group_index(r.partial_over) != x) continue;
+          std::size_t off = r.offset, left = r.size;
+          while (left > 0) {
+            if (!have_open || buckets_[open].elements == cap) {
+              buckets_.emplace_back();
+              open = buckets_.size() - 1;
+              buckets_[open].group = x;
+              have_open = true;
+            }
+            bucket& b = buckets_[open];
+            const std::size_t take = std::min(left, cap - b.elements);
+            b.pieces.push_back({li, off, take, b.elements});
+            b.elements += take;
+            if (std::find(b.stages.begin(), b.stages.end(), li) == b.stages.end()) b.stages.push_back(li);
+            off += take;
+            left -= take;
+          }
+        }
+    }
+    for (bucket& b : buckets_) {
+      for (std::size_t li : b.stages) b.launch_after = std::max(b.launch_after, launch_after_[li]);
+      const auto n = static_cast<std::size_t>(groups_[b.group]->size());
+      const std::size_t padded = opt_.sharded ? (b.elements + n - 1) / n * n : b.elements;
+      b.grad.assign(padded, value_type{});
+      if (opt_.sharded) {
+        b.param.assign(padded, value_type{});
+        b.shard.assign(padded / n, value_type{});
+      }
+    }
+    for (std::size_t li = 0; li < L; ++li) {
+      std::size_t covered = 0;
+      for (const grad_range& r : ranges_of(li)) covered += r.size;
+      const std::size_t want = std::span<value_type>(stages_[li].weight_grad()).size();
+      if (covered != want || std::span<value_type>(stages_[li].params()).size() != want)
+        throw config_error("data_parallel: local stage " + std::to_string(li) + " has " + std::to_string(want) +
+                           " gradient elements but its parameters and grad_ranges() cover " +
+                           std::to_string(std::span<value_type>(stages_[li].params()).size()) + " and " +
+                           std::to_string(covered));
+    }
+    check_layout();
+    attached_ = true;
+    if (opt_.progress_interval.count() > 0 && !helper_.joinable()) helper_ = std::thread([this] { progress_loop(); });
+  }
+
+  //! Completes the parameter all-gathers still in flight (sharded mode). Call before reading
+  //! parameters outside a step; harmless otherwise.
+  void finish() {
+    std::lock_guard lk(mu_);
+    for (bucket& b : buckets_) finish_gather(b);
+  }
+
+  //! The buckets, with where each was launched in the last step.
+  std::vector<bucket_report> report() const {
+    std::vector<bucket_report> out;
+    for (const bucket& b : buckets_) out.push_back({group_dims(b.group), b.elements, b.stages, b.launched_at});
+    return out;
+  }
+  //! The options in use.
+  const data_parallel_options& options() const { return opt_; }
+
+  // ---- step_observer ------------------------------------------------------------------------
+  //! Waits for the prefetched parameters of local stage `local` (sharded mode).
+  void before_first_use(std::size_t local) override {
+    if (!opt_.sharded) return;
+    std::lock_guard lk(mu_);
+    for (bucket& b : buckets_)
+      if (b.gathering && std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) finish_gather(b);
+  }
+  //! Counts the stage ready (its buckets go out after the sends that follow, see `progress`).
+  void gradients_ready(std::size_t local) override {
+    if (!attached_) return;
+    std::lock_guard lk(mu_);
+    for (bucket& b : buckets_)
+      if (std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) --b.waiting;
+  }
+  //! After each action: launches the buckets whose stages are ready and whose launch point has
+  //! passed (in order, per group), and tests the reductions in flight.
+  void progress() override {
+    ++actions_;
+    bool launched = false;
+    {
+      std::lock_guard lk(mu_);
+      if (opt_.eager)
+        for (unsigned x = 0; x < 4; ++x) launched = launch_ready(x, false) || launched;
+      test_all();
+    }
+    if (launched) cv_.notify_all();
+  }
+  //! Completes the reductions, agrees over the world, then writes back and updates.
+  void step_end(int failed_rank, const std::string& cause) override {
+    if (!attached_) throw config_error("data_parallel: attach(pipeline) was not called before the step");
+    std::lock_guard lk(mu_);
+    for (unsigned x = 0; x < 4; ++x) launch_ready(x, true);
+    for (bucket& b : buckets_)
+      if (b.reducing) {
+        b.red.wait();
+        b.reducing = false;
+      }
+    agree(failed_rank, cause);
+    const auto scale = static_cast<value_type>(opt_.grad_scale);
+    for (bucket& b : buckets_) {
+      if (!opt_.sharded) {
+        for (const piece& pc : b.pieces) {
+          std::span<value_type> g = std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
+          for (std::size_t i = 0; i < pc.size; ++i) g[i] = opt_.grad_scale == 1.0 ? b.grad[pc.at + i] : b.grad[pc.at + i] * scale;
+        }
+        continue;
+      }
+      if (opt_.grad_scale != 1.0)
+        for (auto& v : b.shard) v *= scale;
+      // The shard of the parameters, from the stages (padding stays zero), updated in place.
+      for (const piece& pc : b.pieces) {
+        std::span<value_type> w = std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
+        std::copy(w.begin(), w.end(), b.param.begin() + static_cast<std::ptrdiff_t>(pc.at));
+      }
+      auto& c = *groups_[b.group];
+      const std::size_t k = b.shard.size();
+      std::span<value_type> mine = std::span<value_type>(b.param).subspan(static_cast<std::size_t>(c.rank()) * k, k);
+      optimizer_(mine, std::span<const value_type>(b.shard));
+      if (c.size() == 1) {
+        b.gathering = true;  // nothing to gather: written back at first use
+        continue;
+      }
+      b.gather = c.iall_gather(std::span<const value_type>(mine), std::span<value_type>(b.param));
+      b.gathering = true;
+      b.gather_in_flight = true;
+    }
+    if (!opt_.sharded)
+      for (auto& st : stages_) optimizer_(std::span<value_type>(st.params()), std::span<const value_type>(st.weight_grad()));
+  }
+
+ private:
+  struct piece {
+    std::size_t local, offset, size, at;  // stage, range in its parameters, position in the bucket
+  };
+  struct bucket {
+    unsigned group = 0;
+    std::size_t elements = 0;
+    std::vector<piece> pieces;
+    std::vector<std::size_t> stages;
+    std::vector<value_type> grad, param, shard;
+    reduction<comm_type, value_type> red;
+    typename comm_type::request gather{};
+    int waiting = 0;
+    bool launched = false, reducing = false, gathering = false, gather_in_flight = false;
+    long launched_at = -1;
+    long launch_after = -1;  // the latest launch point of its stages (a program position)
+  };
+
+  //! Tests every reduction in flight (with `mu_` held).
+  void test_all() {
+    for (bucket& b : buckets_) {
+      if (b.reducing && b.red.test()) b.reducing = false;
+      if (b.gather_in_flight && groups_[b.group]->test(b.gather)) b.gather_in_flight = false;
+    }
+  }
+  //! The helper thread: while reductions are in flight, tests them every `progress_interval`.
+  void progress_loop() {
+    std::unique_lock lk(mu_);
+    while (!stop_) {
+      bool busy = false;
+      for (const bucket& b : buckets_) busy = busy || b.reducing || b.gather_in_flight;
+      if (!busy) {
+        cv_.wait(lk);
+        continue;
+      }
+      test_all();
+      lk.unlock();
+      std::this_thread::sleep_for(opt_.progress_interval);
+      lk.lock();
+    }
+  }
+
+  static dim_set group_dims(unsigned x) {
+    dim_set s{dim::dp};
+    if (x & 1u) s = s | dim::tp;
+    if (x & 2u) s = s | dim::sp;
+    return s;
+  }
+  static unsigned group_index(dim_set partial) {
+    return (partial.contains(dim::tp) ? 1u : 0u) | (partial.contains(dim::sp) ? 2u : 0u);
+  }
+
+  std::vector<grad_range> ranges_of(std::size_t li) {
+    if constexpr (partial_gradient_stage<Stage>) {
+      std::span<const grad_range> r = stages_[li].grad_ranges();
+      return {r.begin(), r.end()};
+    } else {
+      return {grad_range{0, std::span<value_type>(stages_[li].weight_grad()).size(), {}}};
+    }
+  }
+
+  //! Every rank of a group must lay out the same buckets: compare counts and sizes.
+  void check_layout() {
+    for (unsigned x = 0; x < 4; ++x) {
+      std::vector<std::int64_t> sig{0, 0, 0};
+      for (const bucket& b : buckets_)
+        if (b.group == x) {
+          ++sig[0];
+          sig[1] += static_cast<std::int64_t>(b.elements);
+          sig[2] = sig[2] * 1000003 + static_cast<std::int64_t>(b.elements);
+        }
+      std::vector<std::int64_t> lo = sig, hi = sig;
+      groups_[x]->all_reduce(std::span<std::int64_t>(lo), reduce_op::min);
+      groups_[x]->all_reduce(std::span<std::int64_t>(hi), reduce_op::max);
+      if (lo != hi)
+        throw config_error("data_parallel: the ranks of group " + to_string(group_dims(x)) +
+                           " hold different gradient layouts (between " + std::to_string(lo[1]) + " and " +
+                           std::to_string(hi[1]) + " elements in between " + std::to_string(lo[0]) + " and " +
+                           std::to_string(hi[0]) + " buckets); their stages must be replicas");
+    }
+    reset_step();
+  }
+
+  //! Readies the per-step state for the next step.
+  void reset_step() {
+    actions_ = 0;
+    for (bucket& b : buckets_) {
+      b.waiting = static_cast<int>(b.stages.size());
+      b.launched = false;
+    }
+  }
+
+  //! Launches the ready buckets of group `x` in order (all of them when `all`); whether any was.
+  bool launch_ready(unsigned x, bool all) {
+    bool any = false;
+    for (bucket& b : buckets_) {
+      if (b.group != x || b.launched) continue;
+      if (!all && (b.waiting > 0 || actions_ <= b.launch_after)) return any;  // keep the group's order
+      launch(b, all);
+      any = true;
+    }
+    return any;
+  }
+
+  void launch(bucket& b, bool after_step) {
+    b.launched = true;
+    b.launched_at = after_step ? -1 : actions_ - 1;
+    std::fill(b.grad.begin(), b.grad.end(), value_type{});
+    for (const piece& pc : b.pieces) {
+      std::span<value_type> g = std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
+      std::copy(g.begin(), g.end(), b.grad.begin() + static_cast<std::ptrdiff_t>(pc.at));
+    }
+    auto& c = *groups_[b.group];
+    if (c.size() == 1) {
+      if (opt_.sharded) std::copy(b.grad.begin(), b.grad.end(), b.shard.begin());
+      return;
+    }
+    if (opt_.sharded) b.red.start_reduce_scatter(c, std::span<const value_type>(b.grad), std::span<value_type>(b.shard), opt_.deterministic);
+    else b.red.start_all_reduce(c, std::span<value_type>(b.grad), opt_.deterministic);
+    b.reducing = true;
+  }
+
+  void finish_gather(bucket& b) {
+    if (!b.gathering) return;
+    if (b.gather_in_flight) groups_[b.group]->wait(b.gather);
+    b.gather = typename comm_type::request{};
+    b.gather_in_flight = false;
+    b.gathering = false;
+    for (const piece& pc : b.pieces) {
+      std::span<value_type> w = std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
+      std::copy(b.param.begin() + static_cast<std::ptrdiff_t>(pc.at),
+                b.param.begin() + static_cast<std::ptrdiff_t>(pc.at + pc.size), w.begin());
+    }
+  }
+
+  //! Every rank of the mesh learns whether every pipeline succeeded; on failure every rank throws
+  //! the same error (the first failed world rank's).
+  void agree(int failed_rank, const std::string& cause) {
+    reset_step();
+    auto& w = mesh_->world();
+    const auto P = static_cast<std::size_t>(w.size());
+    constexpr std::size_t words = 1 + 32;
+    status_.assign(P * words, 0);
+    if (failed_rank >= 0) {
+      std::int64_t* me = status_.data() + static_cast<std::size_t>(w.rank()) * words;
+      me[0] = 1 + mesh_->mesh().group_member(dim::pp, mesh_->rank(), failed_rank);
+      const std::size_t n = std::min(cause.size(), (words - 1) * 8);
+      for (std::size_t i = 0; i < n; ++i)
+        me[1 + i / 8] = static_cast<std::int64_t>(static_cast<std::uint64_t>(me[1 + i / 8]) |
+                                                  static_cast<std::uint64_t>(static_cast<unsigned char>(cause[i])) << (8 * (i % 8)));
+    }
+    w.all_reduce(std::span<std::int64_t>(status_), reduce_op::sum);
+    for (std::size_t r = 0; r < P; ++r) {
+      const std::int64_t* st = status_.data() + r * words;
+      if (st[0] == 0) continue;
+      std::string text;
+      for (std::size_t i = 0; i < (words - 1) * 8; ++i) {
+        auto ch = static_cast<char>((static_cast<std::uint64_t>(st[1 + i / 8]) >> (8 * (i % 8))) & 0xffu);
+        if (ch == '\0') break;
+        text.push_back(ch);
+      }
+      throw pipeline_error(static_cast<int>(st[0] - 1), text);
+    }
+  }
+
+  MeshComm* mesh_;
+  data_parallel_options opt_;
+  Opt optimizer_;
+  comm_type* groups_[4] = {};
+  std::span<Stage> stages_;
+  std::vector<bucket> buckets_;
+  std::vector<std::int64_t> status_;
+  std::vector<long> launch_after_;  // per local stage: launch point (see attach)
+  long actions_ = 0;
+  bool attached_ = false;
+  std::mutex mu_;  // the buckets and the group communicators, shared with the helper thread
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread helper_;
+};
+
+}  // namespace loom

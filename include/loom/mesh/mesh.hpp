@@ -1,0 +1,346 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Parallelism dimensions and the mesh that composes them.
+//!
+//! A dimension is one way of dividing the work of a training step over ranks:
+//! - `loom::dp<N>` data parallel: `N` replicas of the model, each on its share of the batch;
+//! - `loom::tp<N>` tensor parallel: each layer's weights split over `N` ranks (Megatron-LM);
+//! - `loom::pp<N>` pipeline parallel: the layers cut into stages run by a schedule;
+//! - `loom::sp<N>` sequence parallel: the sequence split over `N` ranks (Megatron-SP, Ulysses,
+//!   ring attention, USP; see `loom/exec/sequence_parallel.hpp`).
+//!
+//! `N` is a constant or `loom::dynamic` (given at run time); both use one code path, as CuTe's
+//! `Int<4>` and `int` or mdspan's static and dynamic extents do. A dimension of 0 ranks is
+//! refused: at compile time for a constant, with a `config_error` for a run-time size.
+//!
+//! `loom::mesh<D...>` lists each dimension at most once. Its order fixes the rank layout:
+//! row-major, the *last* dimension innermost, so ranks that differ only in the last coordinate
+//! are adjacent (`mesh<pp<2>, dp<2>, tp<2>>`: ranks 0 and 1 are a tensor-parallel pair, as
+//! tensor parallelism wants NVLink neighbours). A dimension the mesh does not list has size 1.
+//! Rank <-> coordinates, the sub-group of any set of dimensions (colour and key for `split`)
+//! and the mesh's size are `constexpr`. Binding a mesh to a communicator and creating the
+//! sub-group communicators is `loom::mesh_comm` (`loom/mesh/mesh_comm.hpp`).
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "loom/schedule/error.hpp"
+
+namespace loom {
+
+//! The size of a dimension known only at run time (as `std::dynamic_extent`).
+inline constexpr int dynamic = -1;
+
+//! The four parallelism dimensions.
+enum class dim : unsigned char { dp, tp, pp, sp };
+
+//! Every dimension, in the order used when naming sets of them.
+inline constexpr std::array<dim, 4> all_dims{dim::dp, dim::tp, dim::pp, dim::sp};
+
+//! Name of a dimension ("dp", "tp", "pp", "sp").
+constexpr std::string_view to_string(dim d) noexcept {
+  switch (d) {
+    case dim::dp: return "dp";
+    case dim::tp: return "tp";
+    case dim::pp: return "pp";
+    case dim::sp: return "sp";
+  }
+  return "?";
+}
+
+//! A set of dimensions (a bit mask), e.g. `dim_set{dim::dp} | dim::sp` for the group over which
+//! ZeRO shards when the sequence is split too.
+struct dim_set {
+  unsigned bits = 0;  //!< bit `i` set when `dim(i)` is in the set
+
+  constexpr dim_set() = default;
+  //! The set holding `d` alone.
+  constexpr dim_set(dim d) : bits(1u << static_cast<unsigned>(d)) {}  // NOLINT: implicit on purpose
+  //! Whether `d` is in the set.
+  constexpr bool contains(dim d) const { return (bits >> static_cast<unsigned>(d)) & 1u; }
+  //! Whether the set is empty.
+  constexpr bool empty() const { return bits == 0; }
+  //! The union.
+  friend constexpr dim_set operator|(dim_set a, dim_set b) {
+    dim_set s;
+    s.bits = a.bits | b.bits;
+    return s;
+  }
+  friend constexpr bool operator==(dim_set, dim_set) = default;
+};
+
+//! `dim_set{a} | b`.
+constexpr dim_set operator|(dim a, dim b) { return dim_set{a} | dim_set{b}; }
+
+//! Name of a set of dimensions: "dp", "dp x sp", or "(none)".
+constexpr std::string to_string(dim_set s) {
+  std::string out;
+  for (dim d : all_dims)
+    if (s.contains(d)) {
+      if (!out.empty()) out += " x ";
+      out += to_string(d);
+    }
+  if (out.empty()) out = "(none)";
+  return out;
+}
+
+namespace detail {
+
+//! Fails to compile when instantiated with a non-empty message, which the diagnostic shows
+//! ("mesh_rule_violated<fixed_message{"..."}>").
+template <fixed_message Rule>
+struct mesh_rule_violated {
+  static_assert(Rule.empty(),
+                "loom: this mesh breaks a rule; the rule is the text in "
+                "'mesh_rule_violated<fixed_message{\"...\"}>' above");
+};
+
+//! The rule a run-time size `n` of dimension `d` breaks, or "".
+constexpr std::string dimension_rule(dim d, int n) {
+  if (n >= 1) return {};
+  return "mesh dimension " + std::string(to_string(d)) + " has " + to_text(n) +
+         " ranks; every dimension needs at least 1 rank";
+}
+
+}  // namespace detail
+
+//! One dimension `D` of static size `N` (or `loom::dynamic`). Prefer the aliases `dp<N>`,
+//! `tp<N>`, `pp<N>`, `sp<N>`. A static dimension is default-constructible; a dynamic one is
+//! constructed from its size (a static one may be too, with the same size). Sizes below 1 are
+//! refused: a static one does not compile, a run-time one throws `config_error`.
+template <dim D, int N>
+class dimension {
+  static_assert(N == dynamic || N >= 1,
+                "loom: a mesh dimension needs at least 1 rank (dp<0>, tp<0>, pp<0>, sp<0> and negative "
+                "sizes other than loom::dynamic are refused)");
+
+ public:
+  static constexpr dim kind = D;                //!< which dimension
+  static constexpr int static_size = N;         //!< the size, or `loom::dynamic`
+  static constexpr bool is_static = N != dynamic;  //!< whether the size is a constant
+
+  //! A static dimension.
+  constexpr dimension()
+    requires(is_static)
+  = default;
+  //! A dimension of `n` ranks: `n` must be at least 1, and equal `N` when static.
+  constexpr explicit dimension(int n) : size_(n) {
+    if (std::string rule = detail::dimension_rule(D, n); !rule.empty()) throw config_error(rule);
+    if (is_static && n != N)
+      throw config_error("mesh dimension " + std::string(to_string(D)) + "<" + detail::to_text(N) +
+                         "> was given the size " + detail::to_text(n));
+  }
+  //! Number of ranks along the dimension.
+  constexpr int size() const { return size_; }
+
+ private:
+  int size_ = is_static ? N : 1;
+};
+
+//! Data parallel: `N` model replicas.
+template <int N = dynamic>
+using dp = dimension<dim::dp, N>;
+//! Tensor parallel: each layer's weights over `N` ranks.
+template <int N = dynamic>
+using tp = dimension<dim::tp, N>;
+//! Pipeline parallel: `N` pipeline ranks.
+template <int N = dynamic>
+using pp = dimension<dim::pp, N>;
+//! Sequence parallel: the sequence over `N` ranks.
+template <int N = dynamic>
+using sp = dimension<dim::sp, N>;
+
+//! True for the `dimension` types.
+template <class T>
+inline constexpr bool is_dimension_v = false;
+template <dim D, int N>
+inline constexpr bool is_dimension_v<dimension<D, N>> = true;
+
+//! A mesh dimension type.
+template <class T>
+concept mesh_dimension = is_dimension_v<T>;
+
+//! Coordinates of a rank along every dimension (indexed by `dim`; 0 for absent ones).
+using mesh_coords = std::array<int, 4>;
+
+//! The dimensions `Dims...` composed over `size()` ranks, the last one innermost (see the file
+//! comment). Constructed from one object per dimension (`mesh<dp<>, tp<2>> m{dp<>{4}, tp<2>{}}`)
+//! or default-constructed when every dimension is static.
+template <mesh_dimension... Dims>
+class mesh {
+  static constexpr std::array<dim, sizeof...(Dims)> order_{Dims::kind...};
+
+  static constexpr bool unique_dims() {
+    for (std::size_t i = 0; i < order_.size(); ++i)
+      for (std::size_t j = i + 1; j < order_.size(); ++j)
+        if (order_[i] == order_[j]) return false;
+    return true;
+  }
+  static_assert(unique_dims(), "loom: a mesh lists each dimension (dp, tp, pp, sp) at most once");
+
+ public:
+  //! Number of dimensions listed.
+  static constexpr std::size_t dims_listed = sizeof...(Dims);
+  //! True when every dimension's size is a constant.
+  static constexpr bool is_static = (Dims::is_static && ...);
+  //! The product of the static sizes, or `loom::dynamic`.
+  static constexpr int static_size = is_static ? (1 * ... * (Dims::is_static ? Dims::static_size : 1)) : dynamic;
+
+  //! A mesh of static dimensions.
+  constexpr mesh()
+    requires(is_static)
+  {
+    fill();
+  }
+  //! A mesh from its dimensions, in the order of the type.
+  constexpr explicit mesh(Dims... d) : dims_{d.size()...} { fill(); }
+
+  //! The listed dimensions, outermost first.
+  static constexpr std::span<const dim> order() { return order_; }
+  //! Whether `d` is listed.
+  static constexpr bool has(dim d) {
+    for (dim x : order_)
+      if (x == d) return true;
+    return false;
+  }
+  //! Number of ranks of the mesh (the product of the sizes).
+  constexpr int size() const {
+    int n = 1;
+    for (int s : dims_) n *= s;
+    return n;
+  }
+  //! Size of dimension `d` (1 when it is not listed).
+  constexpr int size(dim d) const { return sizes_[static_cast<std::size_t>(d)]; }
+  //! Number of ranks of the sub-group spanned by the dimensions of `s`.
+  constexpr int size(dim_set s) const {
+    int n = 1;
+    for (dim d : all_dims)
+      if (s.contains(d)) n *= size(d);
+    return n;
+  }
+
+  //! Coordinates of `rank` (row-major over the listed dimensions, the last innermost).
+  constexpr mesh_coords coords(int rank) const {
+    check_rank(rank);
+    mesh_coords c{};
+    for (std::size_t i = order_.size(); i-- > 0;) {
+      c[static_cast<std::size_t>(order_[i])] = rank % dims_[i];
+      rank /= dims_[i];
+    }
+    return c;
+  }
+  //! Coordinate of `rank` along `d` (0 when `d` is not listed).
+  constexpr int coord(dim d, int rank) const { return coords(rank)[static_cast<std::size_t>(d)]; }
+  //! The rank at coordinates `c` (entries of absent dimensions must be 0).
+  constexpr int rank_of(const mesh_coords& c) const {
+    int r = 0;
+    for (dim d : all_dims) {
+      int v = c[static_cast<std::size_t>(d)];
+      if (v < 0 || v >= size(d))
+        throw config_error("mesh coordinate " + std::string(to_string(d)) + " = " + detail::to_text(v) +
+                           " is outside 0.." + detail::to_text(size(d) - 1));
+    }
+    for (std::size_t i = 0; i < order_.size(); ++i) r = r * dims_[i] + c[static_cast<std::size_t>(order_[i])];
+    return r;
+  }
+
+  //! Index of `rank` inside the sub-group spanned by `s` (row-major over the dimensions of `s`
+  //! in mesh order): the `key` for `split`, and the rank's index in that group.
+  constexpr int group_index(dim_set s, int rank) const { return linear(s, rank, true); }
+  //! Which sub-group spanned by `s` holds `rank` (row-major over the other dimensions): the
+  //! `color` for `split`.
+  constexpr int group_id(dim_set s, int rank) const { return linear(s, rank, false); }
+  //! The rank of the member `index` of the sub-group spanned by `s` that holds `rank`.
+  constexpr int group_member(dim_set s, int rank, int index) const {
+    mesh_coords c = coords(rank);
+    for (std::size_t i = order_.size(); i-- > 0;) {
+      dim d = order_[i];
+      if (!s.contains(d)) continue;
+      c[static_cast<std::size_t>(d)] = index % dims_[i];
+      index /= dims_[i];
+    }
+    return rank_of(c);
+  }
+
+  //! "pp2 x dp2 x tp2": the dimensions in mesh order with their sizes.
+  constexpr std::string describe() const {
+    std::string out;
+    for (std::size_t i = 0; i < order_.size(); ++i) {
+      if (i) out += " x ";
+      out += to_string(order_[i]);
+      out += detail::to_text(dims_[i]);
+    }
+    if (out.empty()) out = "(one rank)";
+    return out;
+  }
+
+  //! The rule broken when this mesh runs on a world of `world_size` ranks, or "".
+  constexpr std::string world_rule(int world_size) const {
+    if (size() == world_size) return {};
+    return "mesh " + describe() + " has " + detail::to_text(size()) + " ranks but the world has " +
+           detail::to_text(world_size);
+  }
+  //! Throws `config_error` unless the mesh has exactly `world_size` ranks. Every rank can call it
+  //! before any communication: it reads nothing but the two sizes.
+  constexpr void check_world(int world_size) const {
+    if (std::string rule = world_rule(world_size); !rule.empty()) throw config_error(rule);
+  }
+
+ private:
+  constexpr void fill() {
+    for (auto& s : sizes_) s = 1;
+    for (std::size_t i = 0; i < order_.size(); ++i) sizes_[static_cast<std::size_t>(order_[i])] = dims_[i];
+  }
+  constexpr void check_rank(int rank) const {
+    if (rank < 0 || rank >= size())
+      throw config_error("rank " + detail::to_text(rank) + " is outside the mesh " + describe() + " (ranks 0.." +
+                         detail::to_text(size() - 1) + ")");
+  }
+  constexpr int linear(dim_set s, int rank, bool inside) const {
+    const mesh_coords c = coords(rank);
+    int r = 0;
+    for (std::size_t i = 0; i < order_.size(); ++i)
+      if (s.contains(order_[i]) == inside) r = r * dims_[i] + c[static_cast<std::size_t>(order_[i])];
+    return r;
+  }
+
+  std::array<int, sizeof...(Dims)> dims_{(Dims::is_static ? Dims::static_size : 1)...};
+  std::array<int, 4> sizes_{1, 1, 1, 1};
+};
+
+//! A world whose size is known at compile time, for `loom::check_world<World>(mesh)` and the
+//! `mesh_comm` constructor that takes it.
+template <int N>
+struct static_world {
+  static constexpr int size = N;  //!< number of ranks
+};
+
+namespace detail {
+
+template <class Mesh, int World>
+constexpr fixed_message static_world_message() {
+  if constexpr (Mesh::is_static) return fixed_message{Mesh{}.world_rule(World)};
+  else return fixed_message{};
+}
+
+}  // namespace detail
+
+//! Compile-time check that the static mesh `Mesh` has exactly `World` ranks: instantiating it
+//! with a mismatch fails to compile with both sizes in the diagnostic ("mesh pp2 x tp2 has 4
+//! ranks but the world has 8"). For a dynamic mesh it checks nothing (the run-time check in
+//! `mesh_comm` does).
+template <class Mesh, int World>
+struct world_check {
+  [[no_unique_address]] detail::mesh_rule_violated<detail::static_world_message<Mesh, World>()> check_{};
+  //! True (the type exists only when the check passed).
+  static constexpr bool ok = true;
+};
+
+}  // namespace loom

@@ -1,0 +1,107 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! `loom::mesh_comm`: a `loom::mesh` bound to a world communicator, with one communicator per
+//! dimension (and per set of dimensions on request), each a `loom::counted` one so that every
+//! dimension's traffic is counted separately.
+//!
+//! The mesh rank of a process is its world rank. The communicator of dimension `d` groups the
+//! ranks that differ only in their `d` coordinate, ordered by it (so `of(dim::pp).rank()` is the
+//! pipeline rank); the communicator of a set `s` (`group(dim::dp | dim::sp)`, the group ZeRO
+//! shards over when the sequence is split) groups the ranks that differ only in the coordinates
+//! of `s`, ordered row-major over them in mesh order. All are created with `split` on the
+//! backend, so they exist on every backend, and share the world's abort and timeout.
+//!
+//! Errors: a mesh whose size differs from the world's throws `config_error` on every rank from
+//! the constructor, before any communication (it compares two local numbers); with a
+//! `loom::static_world<N>` argument and a static mesh, the mismatch does not compile.
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <utility>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/comm/counting.hpp"
+#include "loom/mesh/mesh.hpp"
+
+namespace loom {
+
+//! A mesh bound to a communicator (see the file comment).
+template <class Mesh, communicator Comm>
+class mesh_comm {
+ public:
+  using comm_type = counted<Comm>;  //!< the communicator of every group
+  using mesh_type = Mesh;           //!< the mesh
+
+  //! Binds `m` to `world` (collective over `world`): splits a private copy of the world and one
+  //! communicator per dimension. Throws `config_error` (before communicating) unless the mesh
+  //! has exactly `world.size()` ranks.
+  mesh_comm(const Mesh& m, Comm& world) : m_(m) {
+    m_.check_world(world.size());
+    rank_ = world.rank();
+    coords_ = m_.coords(rank_);
+    world_ = std::make_unique<comm_type>(world.split(0, rank_));
+    for (dim d : all_dims) (void)group(dim_set{d});
+  }
+  //! As above, and for a static mesh checks at compile time that it has `N` ranks (the
+  //! diagnostic names both sizes).
+  template <int N>
+  mesh_comm(const Mesh& m, Comm& world, static_world<N>) : mesh_comm(m, world) {
+    static_assert(world_check<Mesh, N>::ok);
+  }
+
+  mesh_comm(mesh_comm&&) noexcept = default;
+  mesh_comm& operator=(mesh_comm&&) noexcept = default;
+
+  //! The mesh.
+  const Mesh& mesh() const { return m_; }
+  //! This process's mesh rank (its world rank).
+  int rank() const { return rank_; }
+  //! This rank's coordinates.
+  const mesh_coords& coords() const { return coords_; }
+  //! This rank's coordinate along `d`.
+  int coord(dim d) const { return coords_[static_cast<std::size_t>(d)]; }
+  //! Size of dimension `d` (1 when the mesh does not list it).
+  int size(dim d) const { return m_.size(d); }
+
+  //! A private duplicate of the world communicator (counted).
+  comm_type& world() { return *world_; }
+  //! The communicator along dimension `d`.
+  comm_type& of(dim d) { return *groups_[dim_set{d}.bits]; }
+  //! The data-parallel group.
+  comm_type& dp() { return of(dim::dp); }
+  //! The tensor-parallel group.
+  comm_type& tp() { return of(dim::tp); }
+  //! The pipeline group (run `loom::pipeline` on it).
+  comm_type& pp() { return of(dim::pp); }
+  //! The sequence-parallel group.
+  comm_type& sp() { return of(dim::sp); }
+
+  //! The communicator of the ranks that differ only in the dimensions of `s`, ordered row-major
+  //! over them in mesh order. Collective the first time a set is asked for: every rank must ask
+  //! for new sets in the same order. Later calls return the same communicator.
+  comm_type& group(dim_set s) {
+    auto& g = groups_[s.bits];
+    if (!g) g = std::make_unique<comm_type>(world_->inner().split(m_.group_id(s, rank_), m_.group_index(s, rank_)));
+    return *g;
+  }
+
+  //! Sets the counts of the world and of every group created so far to zero.
+  void reset_counters() {
+    world_->reset_counters();
+    for (auto& g : groups_)
+      if (g) g->reset_counters();
+  }
+
+ private:
+  Mesh m_;
+  int rank_ = 0;
+  mesh_coords coords_{};
+  std::unique_ptr<comm_type> world_;
+  std::array<std::unique_ptr<comm_type>, 16> groups_;
+};
+
+}  // namespace loom

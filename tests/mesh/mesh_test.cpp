@@ -1,0 +1,136 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// The mesh: dimensions, rank <-> coordinates (at compile time and at run time), sub-groups on
+// the threads backend, and the errors for sizes that cannot work.
+
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "loom/comm/threads.hpp"
+#include "loom/mesh.hpp"
+
+namespace {
+
+using loom::dim;
+
+// Compile time: the layout of a static mesh is a constant.
+using m222 = loom::mesh<loom::pp<2>, loom::dp<2>, loom::tp<2>>;
+static_assert(m222::is_static && m222::static_size == 8);
+static_assert(m222{}.size() == 8 && m222{}.size(dim::sp) == 1);
+static_assert(m222{}.coord(dim::tp, 1) == 1 && m222{}.coord(dim::dp, 1) == 0, "the last dimension is innermost");
+static_assert(m222{}.coord(dim::dp, 2) == 1 && m222{}.coord(dim::pp, 4) == 1);
+static_assert(m222{}.rank_of({1, 1, 1, 0}) == 7);  // indexed by dim: dp, tp, pp, sp
+static_assert(m222{}.group_id(dim::dp | dim::tp, 5) == 1 && m222{}.group_index(dim::dp | dim::tp, 5) == 1);
+static_assert(m222{}.group_member(dim::dp, 1, 1) == 3);
+static_assert(loom::world_check<m222, 8>::ok);
+static_assert(!loom::mesh<loom::dp<>, loom::tp<2>>::is_static);
+static_assert(loom::mesh<loom::dp<>, loom::tp<2>>{loom::dp<>{3}, loom::tp<2>{}}.size() == 6);
+
+template <class M>
+void check_round_trip(const M& m) {
+  std::set<int> seen;
+  for (int r = 0; r < m.size(); ++r) {
+    auto c = m.coords(r);
+    CHECK(m.rank_of(c) == r);
+    seen.insert(r);
+    // The group of every set holds exactly the ranks that agree on the other coordinates.
+    for (unsigned bits = 0; bits < 16; ++bits) {
+      loom::dim_set s;
+      s.bits = bits;
+      const int id = m.group_id(s, r), idx = m.group_index(s, r);
+      CHECK(m.group_member(s, r, idx) == r);
+      CHECK(idx < m.size(s));
+      for (int q = 0; q < m.size(); ++q) {
+        bool same = true;
+        for (dim d : loom::all_dims)
+          if (!s.contains(d) && m.coord(d, q) != m.coord(d, r)) same = false;
+        CHECK((m.group_id(s, q) == id) == same);
+      }
+    }
+  }
+  CHECK(static_cast<int>(seen.size()) == m.size());
+}
+
+}  // namespace
+
+TEST_CASE("mesh: rank and coordinates round-trip and groups hold exactly the ranks agreeing elsewhere") {
+  check_round_trip(m222{});
+  for (int a : {1, 2, 3})
+    for (int b : {1, 2})
+      for (int c : {1, 2, 4})
+        for (int d : {1, 3}) {
+          loom::mesh<loom::dp<>, loom::pp<>, loom::sp<>, loom::tp<>> m{loom::dp<>{a}, loom::pp<>{b}, loom::sp<>{c},
+                                                                       loom::tp<>{d}};
+          INFO(m.describe());
+          CHECK(m.size() == a * b * c * d);
+          check_round_trip(m);
+        }
+}
+
+TEST_CASE("mesh: the order of the type fixes the layout, the last dimension innermost") {
+  loom::mesh<loom::tp<2>, loom::dp<3>> tp_outer;
+  loom::mesh<loom::dp<3>, loom::tp<2>> tp_inner;
+  CHECK(tp_outer.coord(dim::dp, 1) == 1);
+  CHECK(tp_outer.coord(dim::tp, 1) == 0);
+  CHECK(tp_inner.coord(dim::tp, 1) == 1);
+  CHECK(tp_inner.coord(dim::dp, 1) == 0);
+  CHECK(tp_inner.describe() == "dp3 x tp2");
+}
+
+TEST_CASE("mesh: a dimension of 0 ranks, a wrong static size and a world of another size are refused with one sentence") {
+  CHECK_THROWS_WITH_AS(loom::dp<>{0}, "mesh dimension dp has 0 ranks; every dimension needs at least 1 rank",
+                       loom::config_error);
+  CHECK_THROWS_WITH_AS(loom::sp<>{-2}, "mesh dimension sp has -2 ranks; every dimension needs at least 1 rank",
+                       loom::config_error);
+  CHECK_THROWS_WITH_AS(loom::tp<2>{3}, "mesh dimension tp<2> was given the size 3", loom::config_error);
+  loom::mesh<loom::pp<>, loom::tp<>> m{loom::pp<>{2}, loom::tp<>{2}};
+  CHECK_THROWS_WITH_AS(m.check_world(8), "mesh pp2 x tp2 has 4 ranks but the world has 8", loom::config_error);
+  CHECK_THROWS_WITH_AS((void)m.coords(4), "rank 4 is outside the mesh pp2 x tp2 (ranks 0..3)", loom::config_error);
+}
+
+TEST_CASE("mesh: every rank refuses a mesh that does not match the world before communicating") {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  loom::run_threads(6, [&](loom::threads::comm& c) {
+    try {
+      loom::mesh_comm g(m222{}, c);
+    } catch (const loom::config_error& e) {
+      std::lock_guard lk(mu);
+      errors.emplace_back(e.what());
+    }
+  });
+  REQUIRE(errors.size() == 6);
+  for (auto& e : errors) CHECK(e == "mesh pp2 x dp2 x tp2 has 8 ranks but the world has 6");
+}
+
+TEST_CASE("mesh: the communicator of each dimension and of each pair groups the right ranks in the right order") {
+  using mesh4 = loom::mesh<loom::pp<2>, loom::dp<2>, loom::sp<>, loom::tp<2>>;
+  for (int spn : {1, 2}) {
+    mesh4 m{loom::pp<2>{}, loom::dp<2>{}, loom::sp<>{spn}, loom::tp<2>{}};
+    std::mutex mu;
+    int checked = 0;
+    loom::run_threads(m.size(), [&](loom::threads::comm& c) {
+      loom::mesh_comm g(m, c);
+      std::vector<loom::dim_set> sets{dim::dp, dim::tp, dim::pp, dim::sp, dim::dp | dim::sp, dim::dp | dim::tp,
+                                      dim::pp | dim::tp, loom::dim_set{}};
+      for (auto s : sets) {
+        auto& sub = g.group(s);  // the single dimensions are the ones of(d) returns
+        CHECK(sub.size() == m.size(s));
+        CHECK(sub.rank() == m.group_index(s, c.rank()));
+        // Each member's world rank, gathered: must be the members of the group in index order.
+        std::vector<std::int32_t> mine{c.rank()}, all(static_cast<std::size_t>(sub.size()));
+        sub.all_gather(std::span<const std::int32_t>(mine), std::span<std::int32_t>(all));
+        for (int i = 0; i < sub.size(); ++i) CHECK(all[static_cast<std::size_t>(i)] == m.group_member(s, c.rank(), i));
+      }
+      CHECK(&g.group(dim::pp) == &g.pp());
+      CHECK(g.pp().counters()[loom::comm_op::all_gather].calls == 1);
+      std::lock_guard lk(mu);
+      ++checked;
+    });
+    CHECK(checked == m.size());
+  }
+}

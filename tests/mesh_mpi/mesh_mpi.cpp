@@ -1,0 +1,110 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// The mesh example's transformer over MPI processes (run by ctest under mpiexec, see
+// CMakeLists.txt). Modes:
+//   train8 - 8 processes: dp2 x pp2 x tp2 over every registered schedule family (deterministic
+//            bitwise, ZeRO on and off) and 8-rank meshes with every sequence-parallel kind;
+//            rank 0 prints MESH-MPI-OK when every run equals the reference.
+//   train4 - 4 processes: dimensions in pairs (dp x tp, dp x pp, pp x sp, dp x sp, tp x sp).
+//   fault  - 4 processes (pp2 x tp2): one rank's stage throws while its tensor-parallel peer
+//            waits in a collective; every process must end with the same error naming it.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <loom/comm/mpi.hpp>
+
+#include "../mesh/mesh_support.hpp"
+
+namespace {
+
+using namespace mesh_example;
+
+using mesh_test::layout;
+
+int runs = 0, failures = 0;
+
+void check(loom::mpi::comm& c, const sharding& s, const std::string& family, bool det, bool zero) {
+  const loom::schedule sched = loom::default_registry().at(family).make({s.pp, 2 * s.pp + 1, 0});
+  model_spec m;
+  m.blocks = std::max(m.blocks, sched.stages);
+  run_options o{.layout = s, .microbatches = 2 * s.pp + 1, .steps = 2, .deterministic = det, .zero = zero,
+                .bucket_bytes = zero ? 512 : std::size_t{25} << 20};
+  auto r = train(c, o, m, sched);
+  ++runs;
+  if (r.differing != 0 || r.values == 0) {
+    ++failures;
+    if (c.rank() == 0)
+      std::printf("MISMATCH %s %s%s%s: %lld of %lld differ\n", s.describe().c_str(), family.c_str(), det ? " deterministic" : "",
+                  zero ? " zero" : "", r.differing, r.values);
+  }
+}
+
+int finish(loom::mpi::comm& c) {
+  if (c.rank() == 0) {
+    std::printf("%d runs, %d mismatches\n", runs, failures);
+    if (failures == 0 && runs > 0) std::printf("MESH-MPI-OK\n");
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int mode_train8(loom::mpi::comm& c) {
+  int i = 0;
+  for (auto const& e : loom::default_registry().entries()) {
+    if (!e.check(e.resolve({2, 5, 0})).empty()) continue;
+    check(c, layout(2, 2, 2, 1), e.name, true, i % 2 == 0);
+    if (i % 3 == 0) check(c, layout(2, 2, 2, 1), e.name, false, i % 2 == 1);
+    ++i;
+  }
+  check(c, layout(1, 1, 2, 4, seq_kind::usp), "zb-h1", true, true);
+  check(c, layout(2, 1, 1, 4, seq_kind::ring), "1f1b", true, false);
+  check(c, layout(2, 2, 1, 2, seq_kind::ulysses), "1f1b", true, true);
+  check(c, layout(2, 4, 1, 4, seq_kind::megatron), "1f1b", true, false);
+  check(c, layout(1, 1, 1, 8, seq_kind::usp, 4), "1f1b", false, false);
+  return finish(c);
+}
+
+int mode_train4(loom::mpi::comm& c) {
+  for (bool det : {true, false}) {
+    check(c, layout(2, 2, 1, 1), "1f1b", det, !det);
+    check(c, layout(2, 1, 2, 1), "dualpipe", det, det);
+    check(c, layout(2, 1, 2, 1), "zb-h1", det, !det);
+    check(c, layout(1, 2, 2, 1), "interleaved-1f1b", det, false);
+    check(c, layout(1, 1, 2, 2, seq_kind::ring), "zb-v", det, false);
+    check(c, layout(1, 1, 2, 2, seq_kind::ulysses), "1f1b", det, false);
+    check(c, layout(2, 1, 1, 2, seq_kind::ring), "gpipe", det, det);
+    check(c, layout(1, 2, 1, 2, seq_kind::ulysses), "1f1b", det, false);
+    check(c, layout(2, 2, 1, 2, seq_kind::megatron), "1f1b", det, det);
+    check(c, layout(1, 1, 1, 4, seq_kind::usp), "1f1b", det, det);
+  }
+  return finish(c);
+}
+
+int mode_fault(loom::mpi::comm& c) {
+  auto [what, sec] = mesh_test::tp_stage_failure(c);
+  const bool ok = what.find("loom pipeline: rank 1: ") == 0 && what.find("injected failure") != std::string::npos && sec < 10;
+  std::printf("%s rank %d: %s\n", ok ? "MESH-FAULT-OK" : "MESH-FAULT-MISSED", c.rank(), what.c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  loom::mpi::environment env(argc, argv);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  auto c = loom::mpi::comm::world();
+  c.set_timeout(std::chrono::seconds(60));
+  try {
+    if (mode == "train8") return mode_train8(c);
+    if (mode == "train4") return mode_train4(c);
+    if (mode == "fault") return mode_fault(c);
+  } catch (const std::exception& e) {
+    std::printf("rank %d: %s\n", c.rank(), e.what());
+    c.abort_with_cause(std::string("threw: ") + e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "usage: test_mesh_mpi train8|train4|fault\n");
+  return 2;
+}
