@@ -32,6 +32,9 @@ endif()
 # simulator and compiles (and, on a GPU, runs) the real path. The umbrella loom::loom does not
 # link them: the simulator defines the CUDA runtime's symbols, so linking it is an explicit choice.
 option(LOOM_ENABLE_CUDA "Provide loom::cuda and loom::nccl when the CUDA toolkit is found" ON)
+# OFF: only the simulator flavour (host C++ only, any C++20 compiler), no nvcc. The clang presets
+# use it: nvcc's host compiler is GCC, and a libc++ build cannot link libstdc++ objects.
+option(LOOM_ENABLE_NVCC "Build the real-runtime flavour of loom::cuda (nvcc) when a working nvcc is found" ON)
 set(LOOM_CUDA_RUNTIME "auto" CACHE STRING "What loom::cuda links: real, sim or auto")
 set_property(CACHE LOOM_CUDA_RUNTIME PROPERTY STRINGS auto real sim)
 set(LOOM_CUDA_ARCHITECTURES "90" CACHE STRING "CUDA architectures of loom's own kernels and the CUDA examples")
@@ -76,8 +79,10 @@ if(LOOM_WITH_CUDA)
 
   # The real runtime: libcudart and libnccl, and loom's own two kernels compiled by nvcc.
   include(CheckLanguage)
-  check_language(CUDA)
-  if(CMAKE_CUDA_COMPILER)
+  if(LOOM_ENABLE_NVCC)
+    check_language(CUDA)
+  endif()
+  if(LOOM_ENABLE_NVCC AND CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES ${LOOM_CUDA_ARCHITECTURES})
     endif()

@@ -4,6 +4,7 @@
 // ranks that are threads of one process, groups, point-to-point matched per peer in FIFO order,
 // collectives reduced in rank order, split, abort, asynchronous errors.
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <unistd.h>
@@ -651,8 +652,12 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     for (int x = 0; x < w->n; ++x)
       if (round.ck[static_cast<std::size_t>(x)].first != NCCL_SPLIT_NOCOLOR) by_color[round.ck[static_cast<std::size_t>(x)].first].push_back(x);
     for (auto& [col, members] : by_color) {
-      std::stable_sort(members.begin(), members.end(),
-                       [&](int a, int b) { return round.ck[static_cast<std::size_t>(a)].second < round.ck[static_cast<std::size_t>(b)].second; });
+      // By key, ties by rank (NCCL's rule); std::sort with the tie-break, as libstdc++ 12's
+      // std::stable_sort warns under clang.
+      std::sort(members.begin(), members.end(), [&](int a, int b) {
+        auto ka = round.ck[static_cast<std::size_t>(a)].second, kb = round.ck[static_cast<std::size_t>(b)].second;
+        return ka != kb ? ka < kb : a < b;
+      });
       auto nw = std::make_shared<nccl_world>();
       nw->n = static_cast<int>(members.size());
       nw->ranks.resize(members.size());

@@ -199,7 +199,10 @@ class data_parallel final : public step_observer {
     }
     std::vector<std::size_t> order(L);
     for (std::size_t i = 0; i < L; ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return last[a] < last[b]; });
+    // By last weight-gradient action, ties in stage order (std::sort with the index as tie-break:
+    // libstdc++ 12's std::stable_sort warns under clang).
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return last[a] != last[b] ? last[a] < last[b] : a < b; });
 
     buckets_.clear();
     const std::size_t cap = std::max<std::size_t>(1, opt_.bucket_bytes / sizeof(value_type));

@@ -99,7 +99,7 @@ struct seq_split {
   constexpr int token(int r, int i) const { return position_token(r / u, (r % u) * rank_tokens() + i); }
 
   //! The rule the split breaks for a layer with `heads` attention heads on this rank, or "".
-  constexpr std::string rule(int heads) const {
+  constexpr text rule(int heads) const {
     if (u < 1 || ring < 1)
       return "sequence parallel: degrees must be positive (ulysses " + detail::to_text(u) + ", ring " +
              detail::to_text(ring) + ")";
@@ -508,8 +508,8 @@ struct layer_shape {
 //! The rule a layer of shape `l` breaks on `tp` tensor-parallel ranks with its sequence split by
 //! `kind` over `sp` ranks (Megatron-SP over the tp ranks; USP as `ulysses` x `sp / ulysses`,
 //! `ulysses = 0` for `default_ulysses_degree`), or "". One sentence naming the values.
-constexpr std::string sharding_rule(layer_shape l, int tp, int sp, sp_kind kind, int ulysses = 0) {
-  if (std::string r = tp_rule(tp, l.heads, l.ffn); !r.empty()) return r;
+constexpr text sharding_rule(layer_shape l, int tp, int sp, sp_kind kind, int ulysses = 0) {
+  if (text r = tp_rule(tp, l.heads, l.ffn); !r.empty()) return r;
   if (sp < 1) return "sequence parallel: sp " + detail::to_text(sp) + " is not a positive number of ranks";
   const int heads = l.heads / tp;
   switch (kind) {

@@ -232,7 +232,7 @@ struct row_parallel_linear {
 
 //! The rule a tensor-parallel degree `tp` breaks for a layer with `heads` attention heads and
 //! `ffn` hidden MLP features (Megatron splits both), or "".
-constexpr std::string tp_rule(int tp, int heads, int ffn) {
+constexpr text tp_rule(int tp, int heads, int ffn) {
   if (tp < 1) return "tensor parallel: tp " + detail::to_text(tp) + " is not a positive number of ranks";
   if (heads % tp != 0)
     return "tensor parallel: " + detail::to_text(heads) + " attention heads are not divisible by tp " + detail::to_text(tp);

@@ -80,8 +80,8 @@ struct dim_set {
 constexpr dim_set operator|(dim a, dim b) { return dim_set{a} | dim_set{b}; }
 
 //! Name of a set of dimensions: "dp", "dp x sp", or "(none)".
-constexpr std::string to_string(dim_set s) {
-  std::string out;
+constexpr text to_string(dim_set s) {
+  text out;
   for (dim d : all_dims)
     if (s.contains(d)) {
       if (!out.empty()) out += " x ";
@@ -103,9 +103,9 @@ struct mesh_rule_violated {
 };
 
 //! The rule a run-time size `n` of dimension `d` breaks, or "".
-constexpr std::string dimension_rule(dim d, int n) {
+constexpr text dimension_rule(dim d, int n) {
   if (n >= 1) return {};
-  return "mesh dimension " + std::string(to_string(d)) + " has " + to_text(n) +
+  return "mesh dimension " + text(to_string(d)) + " has " + to_text(n) +
          " ranks; every dimension needs at least 1 rank";
 }
 
@@ -132,9 +132,9 @@ class dimension {
   = default;
   //! A dimension of `n` ranks: `n` must be at least 1, and equal `N` when static.
   constexpr explicit dimension(int n) : size_(n) {
-    if (std::string rule = detail::dimension_rule(D, n); !rule.empty()) throw config_error(rule);
+    if (text rule = detail::dimension_rule(D, n); !rule.empty()) throw config_error(rule);
     if (is_static && n != N)
-      throw config_error("mesh dimension " + std::string(to_string(D)) + "<" + detail::to_text(N) +
+      throw config_error("mesh dimension " + text(to_string(D)) + "<" + detail::to_text(N) +
                          "> was given the size " + detail::to_text(n));
   }
   //! Number of ranks along the dimension.
@@ -244,7 +244,7 @@ class mesh {
     for (dim d : all_dims) {
       int v = c[static_cast<std::size_t>(d)];
       if (v < 0 || v >= size(d))
-        throw config_error("mesh coordinate " + std::string(to_string(d)) + " = " + detail::to_text(v) +
+        throw config_error("mesh coordinate " + text(to_string(d)) + " = " + detail::to_text(v) +
                            " is outside 0.." + detail::to_text(size(d) - 1));
     }
     for (std::size_t i = 0; i < order_.size(); ++i) r = r * dims_[i] + c[static_cast<std::size_t>(order_[i])];
@@ -270,8 +270,8 @@ class mesh {
   }
 
   //! "pp2 x dp2 x tp2": the dimensions in mesh order with their sizes.
-  constexpr std::string describe() const {
-    std::string out;
+  constexpr text describe() const {
+    text out;
     for (std::size_t i = 0; i < order_.size(); ++i) {
       if (i) out += " x ";
       out += to_string(order_[i]);
@@ -282,7 +282,7 @@ class mesh {
   }
 
   //! The rule broken when this mesh runs on a world of `world_size` ranks, or "".
-  constexpr std::string world_rule(int world_size) const {
+  constexpr text world_rule(int world_size) const {
     if (size() == world_size) return {};
     return "mesh " + describe() + " has " + detail::to_text(size()) + " ranks but the world has " +
            detail::to_text(world_size);
@@ -290,7 +290,7 @@ class mesh {
   //! Throws `config_error` unless the mesh has exactly `world_size` ranks. Every rank can call it
   //! before any communication: it reads nothing but the two sizes.
   constexpr void check_world(int world_size) const {
-    if (std::string rule = world_rule(world_size); !rule.empty()) throw config_error(rule);
+    if (text rule = world_rule(world_size); !rule.empty()) throw config_error(rule);
   }
 
  private:
