@@ -94,12 +94,13 @@ constexpr text to_string(dim_set s) {
 namespace detail {
 
 //! Fails to compile when instantiated with a non-empty message, which the diagnostic shows
-//! ("mesh_rule_violated<fixed_message{"..."}>").
+//! ("mesh_rule_violated<fixed_message{"..."}>", and whole, under GCC and clang, in
+//! 'message_text<exact_message<N>{"..."}>': clang elides a fixed_message's text).
 template <fixed_message Rule>
 struct mesh_rule_violated {
-  static_assert(Rule.empty(),
+  static_assert(no_message(message_text<exact_of<Rule>>{}),
                 "loom: this mesh breaks a rule; the rule is the text in "
-                "'mesh_rule_violated<fixed_message{\"...\"}>' above");
+                "'message_text<exact_message<N>{\"...\"}>' above");
 };
 
 //! The rule a run-time size `n` of dimension `d` breaks, or "".
