@@ -447,9 +447,20 @@ struct zb_auto {
   //! best candidate. Both bound the run time: p = 32, m = 256 stays under one second on one core.
   int order_budget = 60;
 
-  //! Rules every shape must meet: p, m, chunks >= 1 (the V placement needs exactly 2; see
-  //! `generate`).
-  constexpr text check(shape s) const { return detail::check_basic(name, s); }
+  //! Chunks per rank on the loop placement: the search's time grows faster than linearly in the
+  //! chunk count (p = 64, m = 4, 64 chunks: about 2.6 s on one core; 256 chunks ran over a
+  //! minute under ASan+UBSan, found by the engine fuzzer).
+  static constexpr int max_chunks = 64;
+
+  //! Rules every shape must meet: p, m, chunks >= 1, chunks <= `max_chunks` (the V placement
+  //! needs exactly 2; see `generate`).
+  constexpr text check(shape s) const {
+    if (auto r = detail::check_basic(name, s); !r.empty()) return r;
+    if (s.chunks > max_chunks)
+      return "zb-auto runs at most " + detail::to_text(max_chunks) + " chunks per rank (got chunks=" +
+             detail::to_text(s.chunks) + ")";
+    return {};
+  }
 
   //! Unit costs, limit `p`; 2 chunks mean the V placement, any other count the loop placement
   //! (`generate(s, o)` takes the placement from `o` instead).
