@@ -123,7 +123,7 @@ struct zb_v {
         have = true;
       }
     };
-    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= static_cast<int>(2 * limit + 1e-9); cap += 2)
+    for (int cap = 2 * p; cap <= 2 * p + 16 && cap <= 2 * limit + 1e-9; cap += 2)
       consider(detail::v_schedule_from_timetable(name, s, detail::v_zero_bubble_timetable(p, s.microbatches, cap)));
     for (int fb = 0; fb < 4; ++fb) {
       schedule cand;
