@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "loom/schedule/action.hpp"
+#include "loom/schedule/cost_model.hpp"
 #include "loom/schedule/error.hpp"
 #include "loom/schedule/schedule.hpp"
 #include "loom/schedule/shape.hpp"
@@ -102,12 +103,89 @@ constexpr text waited_for(const schedule& s, const action& a, bool backward_half
 
 }  // namespace detail
 
+namespace detail {
+
+//! The simulator's view of `loom::costs`: every stage takes `q` of a rank's share, every hop `c`.
+struct uniform_cost_view {
+  const costs& k;
+  double q;
+  double r;
+  double dur[4];  // F, B, W, BW
+  constexpr uniform_cost_view(const costs& kk, double qq)
+      : k(kk), q(qq), r(kk.mem_w_ratio), dur{qq * kk.f, qq * kk.b, qq * kk.w, qq * (kk.b + kk.w)} {}
+  //! Duration of a plain action (`F`, `B`, `W`, `BW`) of stage `st`.
+  constexpr double plain(op kind, int /*st*/) const { return dur[static_cast<int>(kind)]; }
+  //! Duration of an overlapped pair.
+  constexpr double fused(const action& a) const { return duration(a, k, q); }
+  //! Latency of the message from `from` to `to` (different ranks) across boundary `st`|`st+1`.
+  constexpr double hop(int /*from*/, int /*to*/, int /*st*/) const { return k.c; }
+  //! Memory a forward of stage `st` allocates.
+  constexpr double alloc(int /*st*/) const { return q; }
+  //! Memory an action of `kind` of stage `st` releases.
+  constexpr double release(op kind, int /*st*/) const { return kind == op::BW ? q : (kind == op::B ? (1 - r) * q : r * q); }
+  //! The costs, for the error that the makespan is not finite.
+  constexpr text describe() const {
+    return "f=" + real_text(k.f) + ", b=" + real_text(k.b) + ", w=" + real_text(k.w) + ", c=" + real_text(k.c) +
+           ", fb=" + real_text(k.fb);
+  }
+};
+
+//! The simulator's view of a `cost_model` already fitted to the schedule's stage count.
+struct staged_cost_view {
+  const cost_model& m;
+  constexpr double plain(op kind, int st) const {
+    const stage_cost& c = m.stages[static_cast<std::size_t>(st)];
+    switch (kind) {
+      case op::F: return c.f;
+      case op::B: return c.b;
+      case op::W: return c.w;
+      default: return c.b + c.w;
+    }
+  }
+  constexpr double fused(const action& a) const {
+    const stage_cost& c = m.stages[static_cast<std::size_t>(a.stage)];
+    return c.fb >= 0 ? c.fb : c.f + plain(a.bkind, a.bstage);
+  }
+  constexpr double hop(int from, int to, int st) const {
+    return m.link(from, to).time(m.stages[static_cast<std::size_t>(st)].message_bytes);
+  }
+  constexpr double alloc(int st) const { return m.stages[static_cast<std::size_t>(st)].activation; }
+  constexpr double release(op kind, int st) const {
+    const double a = m.stages[static_cast<std::size_t>(st)].activation;
+    return kind == op::BW ? a : (kind == op::B ? (1 - m.mem_w_ratio) * a : m.mem_w_ratio * a);
+  }
+  constexpr text describe() const { return text("the cost model's"); }
+};
+
+template <class View>
+constexpr simulation simulate_with(const schedule& s, const View& view);
+
+}  // namespace detail
+
 //! Simulates `s` under costs `k`. Works on generated and lowered programs alike (send/recv are
 //! instantaneous). Never throws for a malformed schedule: it reports `ok = false`. Throws
 //! `config_error` for costs outside their domain (`detail::check_costs`) and for costs so large
 //! that the makespan is not a finite number.
 constexpr simulation simulate(const schedule& s, const costs& k = {}) {
   if (text rule = detail::check_costs(k); !rule.empty()) throw config_error(rule);
+  return detail::simulate_with(s, detail::uniform_cost_view(k, s.stages >= 1 ? s.stage_fraction() : 1.0));
+}
+
+//! Simulates `s` under the stage- and link-resolved model `m` (fitted to the schedule's stage
+//! count by `cost_model::fit`): an action of stage `st` takes that stage's time, a forward
+//! allocates its `activation`, and a dependency between ranks `a` and `b` across the boundary of
+//! stages `st` and `st + 1` adds `link(a, b).time(stages[st].message_bytes)`. Peaks are in the
+//! unit of `activation`. Throws `config_error` for a model that breaks a rule or does not fit.
+constexpr simulation simulate(const schedule& s, const cost_model& m) {
+  const cost_model fitted = m.fit(s.stages < 1 ? 1 : s.stages);
+  return detail::simulate_with(s, detail::staged_cost_view{fitted});
+}
+
+namespace detail {
+
+//! The replay shared by both cost models (see `simulate`).
+template <class View>
+constexpr simulation simulate_with(const schedule& s, const View& view) {
   simulation out;
   const int P = s.ranks, S = s.stages, M = s.microbatches;
   const auto uP = static_cast<std::size_t>(P);
@@ -116,13 +194,10 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
   out.peak_activation.assign(uP, 0.0);
   out.times.resize(uP);
   if (P < 1 || S < 1 || M < 1 || s.programs.size() != uP) {
-    out.error = "schedule has " + detail::to_text(static_cast<long long>(s.programs.size())) +
-                " programs for " + detail::to_text(P) + " ranks";
+    out.error = "schedule has " + to_text(static_cast<long long>(s.programs.size())) +
+                " programs for " + to_text(P) + " ranks";
     return out;
   }
-  const double q = s.stage_fraction();
-  const double r = k.mem_w_ratio;
-  const double c = k.c;
   const auto cells = static_cast<std::size_t>(M) * static_cast<std::size_t>(S);
   // End times per (mb, stage): forward and input-gradient backward (B or BW; a W waits for
   // it — a W after a BW is the validator's business); -1 = pending.
@@ -130,12 +205,10 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
     double f = -1, bwd = -1;
   };
   std::vector<cell_state> done(cells);
-  auto idx = [M](int mb, int st) { return detail::cell(mb, st, M); };
+  auto idx = [M](int mb, int st) { return cell(mb, st, M); };
   auto in_range = [uM = static_cast<unsigned>(M), uS = static_cast<unsigned>(S)](int mb, int st) {
     return static_cast<unsigned>(mb) < uM && static_cast<unsigned>(st) < uS;
   };
-  // Durations of the plain actions, indexed by op (F, B, W, BW).
-  const double dur[4] = {q * k.f, q * k.b, q * k.w, q * (k.b + k.w)};
   const int* s2r = s.stage_to_rank.data();
   const int* dir = s.mb_direction.empty() ? nullptr : s.mb_direction.data();
   auto rank_of = [&](int mb, int st) { return s2r[(dir ? dir[mb] * S : 0) + st]; };
@@ -153,7 +226,7 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
     if (!queued[static_cast<std::size_t>(w)]) {
       queued[static_cast<std::size_t>(w)] = 1;
       work.push_back(w);
-      detail::prefetch(s.programs[static_cast<std::size_t>(w)].data() + pos[static_cast<std::size_t>(w)]);
+      prefetch(s.programs[static_cast<std::size_t>(w)].data() + pos[static_cast<std::size_t>(w)]);
     }
   };
   // Earliest start of one half (kind, mb, st) on `rank`, or -1 if a dependency is pending.
@@ -162,14 +235,17 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
     if (kind == op::F) {
       if (st == 0) return 0;
       const double e = done[idx(mb, st - 1)].f;
-      return e < 0 ? -1.0 : (rank_of(mb, st - 1) != rank ? e + c : e);
+      if (e < 0) return -1.0;
+      const int from = rank_of(mb, st - 1);
+      return from != rank ? e + view.hop(from, rank, st - 1) : e;
     }
     if (kind == op::W) return here.bwd;  // B ran on this rank (same stage)
     if (here.f < 0) return -1.0;       // own forward first
     if (st == S - 1) return here.f;
     const double e = done[idx(mb, st + 1)].bwd;
     if (e < 0) return -1.0;
-    const double t = rank_of(mb, st + 1) != rank ? e + c : e;
+    const int from = rank_of(mb, st + 1);
+    const double t = from != rank ? e + view.hop(from, rank, st) : e;
     return t > here.f ? t : here.f;
   };
   auto finish = [&](op kind, int mb, int st, double end) {
@@ -182,8 +258,6 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
       if (st > 0) wake(rank_of(mb, st - 1));
     }
   };
-  auto release = [&](op kind) { return kind == op::BW ? q : (kind == op::B ? (1 - r) * q : r * q); };
-
   while (!work.empty()) {
     const int rank = work.back();
     work.pop_back();
@@ -202,7 +276,7 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
       }
       const bool fb = a.kind == op::FB;
       if (!in_range(a.mb, a.stage) || (fb && !in_range(a.bmb, a.bstage))) {
-        out.error = "rank " + detail::to_text(rank) + ", position " + detail::to_text(static_cast<long long>(i)) +
+        out.error = "rank " + to_text(rank) + ", position " + to_text(static_cast<long long>(i)) +
                     ": action " + to_string(a) + " names a microbatch or stage out of range";
         return out;
       }
@@ -214,7 +288,7 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
         t = tb > t ? tb : t;
       }
       const double start = t > t_free ? t : t_free;
-      const double d = fb ? duration(a, k, q) : dur[static_cast<int>(a.kind)];
+      const double d = fb ? view.fused(a) : view.plain(a.kind, a.stage);
       const double end = start + d;
       times[i] = {start, end};
       if (first[ur] < 0) first[ur] = start;
@@ -222,11 +296,11 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
       out.busy[ur] += d;
       // Memory in program order.
       if (a.kind == op::F || fb) {
-        live[ur] += q;
+        live[ur] += view.alloc(a.stage);
         if (live[ur] > out.peak_activation[ur]) out.peak_activation[ur] = live[ur];
-        if (fb) live[ur] -= release(a.bkind);
+        if (fb) live[ur] -= view.release(a.bkind, a.bstage);
       } else {
-        live[ur] -= release(a.kind);
+        live[ur] -= view.release(a.kind, a.stage);
       }
       if (fb) {
         finish(op::F, a.mb, a.stage, end);
@@ -251,9 +325,9 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
       const action& a = s.programs[i][pos[i]];
       bool fb = a.kind == op::FB;
       bool second = fb && ready(op::F, a.mb, a.stage, static_cast<int>(i)) >= 0;
-      out.error += " rank " + detail::to_text(static_cast<long long>(i)) + " is stuck at position " +
-                   detail::to_text(static_cast<long long>(pos[i])) + " on " + to_string(a) + ", waiting for " +
-                   detail::waited_for(s, a, second) + ";";
+      out.error += " rank " + to_text(static_cast<long long>(i)) + " is stuck at position " +
+                   to_text(static_cast<long long>(pos[i])) + " on " + to_string(a) + ", waiting for " +
+                   waited_for(s, a, second) + ";";
     }
     double last = s.programs[i].empty() ? 0.0 : free_at[i];
     double f0 = first[i] < 0 ? last : first[i];
@@ -269,14 +343,15 @@ constexpr simulation simulate(const schedule& s, const costs& k = {}) {
   }
   if (g_start < 0) g_start = 0;
   out.makespan = g_end - g_start;
-  if (!detail::finite(out.makespan) || !detail::finite(total))
-    throw config_error("costs too large: the makespan of schedule " + s.name + " is not a finite number (f=" +
-                       detail::real_text(k.f) + ", b=" + detail::real_text(k.b) + ", w=" + detail::real_text(k.w) +
-                       ", c=" + detail::real_text(k.c) + ", fb=" + detail::real_text(k.fb) + ")");
+  if (!finite(out.makespan) || !finite(total))
+    throw config_error("costs too large: the makespan of schedule " + s.name + " is not a finite number (" +
+                       view.describe() + ")");
   out.bubble_ratio = out.makespan > 0 ? 1 - total / (P * out.makespan) : 0;
   out.bubble_rate = max_span > 0 ? 1 - total / (P * max_span) : 0;
   out.ok = true;
   return out;
 }
+
+}  // namespace detail
 
 }  // namespace loom
