@@ -371,3 +371,78 @@ TEST_CASE("a cost-aware family's placement flag and chunk count follow each othe
   REQUIRE(three.code == 0);
   CHECK(nlohmann::json::parse(three.out).at("placement") == "loop");
 }
+
+TEST_CASE("--costs FILE: simulate and best use the stage- and link-resolved model; bad files name the field") {
+  auto write = [](const std::string& name, const std::string& text) {
+    const std::string p = tmp_path(name);
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  };
+  // The hand-computed case of tests/schedule/test_cost_model.cpp: 1F1B on 2 ranks, makespan 21.
+  const std::string good = write("costs-good.json", R"({
+    "stages": [{"f": 1, "b": 2, "w": 1, "activation": 3, "message_bytes": 100},
+               {"f": 2, "b": 3, "w": 2, "activation": 5}],
+    "links": {"intra": {"alpha": 0.5, "beta": 0.01}},
+    "mem_w_ratio": 0.25})");
+  auto r = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--costs", good, "--json"});
+  REQUIRE(r.code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["makespan"].get<double>() == 21);
+  CHECK(j["peak_activation"][0].get<double>() == 6);
+  CHECK(j["lower_bound"].is_null());
+  r = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--costs", good});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("makespan         21\n") != std::string::npos);
+  CHECK(r.out.find("costs            from " + good + ": 2 stages") != std::string::npos);
+  // best ranks by makespan under the model and agrees with simulate for each row.
+  r = run({"best", "--ranks", "2", "--microbatches", "4", "--costs", good, "--json"});
+  REQUIRE(r.code == 0);
+  j = nlohmann::json::parse(r.out);
+  double prev = 0;
+  for (auto const& row : j["ranking"]) {
+    if (!row["within_mem_limit"].get<bool>()) break;
+    CHECK(row["makespan"].get<double>() >= prev);
+    prev = row["makespan"].get<double>();
+  }
+  CHECK(prev > 0);
+
+  struct bad {
+    std::string file;
+    std::string mentions;
+  };
+  const std::vector<bad> cases = {
+      {R"({"stages": [{"f": 1, "b": 1}]})", "stages[0].w is missing"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": -2}]})", "stages[0].w must be >= 0 (got -2)"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1}, {"f": "x", "b": 1, "w": 1}]})", "stages[1].f must be a number (got \"x\")"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1, "flops": 3}]})", "unknown field stages[0].flops"},
+      {R"({"stages": []})", "stages must be a non-empty list"},
+      {R"({"stage": [{"f": 1, "b": 1, "w": 1}]})", "unknown field stage"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "links": {"intra": {"beta": 1}}})", "links.intra.alpha is missing"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "ranks_per_node": 1.5})", "ranks_per_node must be an integer"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "mem_w_ratio": 3})", "mem_w_ratio must be in [0, 1] (got 3)"},
+      {R"({"stages": [{"f": 0, "b": 0, "w": 0}]})", "every stage's f, b and w are 0; at least one must be > 0"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1}])", "not valid JSON"},
+      {R"([1, 2])", "the document must be an object"},
+  };
+  int i = 0;
+  for (auto const& c : cases) {
+    const std::string p = write("costs-bad-" + std::to_string(i++) + ".json", c.file);
+    CAPTURE(c.file);
+    auto e = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--costs", p});
+    CHECK(e.code == 2);
+    CHECK(line_count(e.err) == 1);
+    CHECK(e.err.find("loom: cost file '" + p + "': " + c.mentions) == 0);
+    CHECK(e.out.empty());
+  }
+  // A model that cannot be fitted to the schedule's stages; --costs with --f; a missing file.
+  const std::string three = write("costs-three.json", R"({"stages": [{"f": 1, "b": 1, "w": 1}, {"f": 1, "b": 1, "w": 1}, {"f": 1, "b": 1, "w": 1}]})");
+  auto e = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--costs", three});
+  CHECK(e.code == 2);
+  CHECK(e.err == "loom: cost model: 3 stages cannot be fitted to a schedule of 2 stages (one count must be a multiple of the other)\n");
+  e = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--costs", good, "--f", "2"});
+  CHECK(e.code == 2);
+  CHECK(e.err.find("give either --costs or --f") != std::string::npos);
+  e = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--costs", tmp_path("no-such.json")});
+  CHECK(e.code == 2);
+  CHECK(e.err.find("cannot read --costs") != std::string::npos);
+}

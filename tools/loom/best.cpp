@@ -91,7 +91,7 @@ void run_best(const best_text& t) {
         skipped.push_back({{"schedule", label}, {"reason", loom::cli::one_line(ex.what())}});
         continue;
       }
-      auto ev = loom::cli::evaluate(sched, r.cost);
+      auto ev = loom::cli::evaluate(sched, r.cost, r.model);
       if (!ev.valid.ok || !ev.sim.ok)
         throw loom::cli::run_failure("family " + label + " produced an invalid schedule: " +
                                      loom::cli::one_line(ev.valid.ok ? ev.sim.error : ev.valid.message));
@@ -107,12 +107,16 @@ void run_best(const best_text& t) {
       x.transfers = transfers_of(loom::lower(ev.sched));
       x.fits = limit <= 0 || x.peak <= limit + 1e-9;
       // A schedule over the limit is measured against the bound at its own peak (it is no order within the limit).
-      x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0);
+      x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0, r.model);
       rows.push_back(x);
     }
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const row& a, const row& b) {
+  // Under a cost model, families differ in stage count (the model is fitted to each), so the
+  // step time (makespan) ranks them; under uniform costs, the bubble rate (as before).
+  const bool by_time = r.model.has_value();
+  std::stable_sort(rows.begin(), rows.end(), [by_time](const row& a, const row& b) {
     if (a.fits != b.fits) return a.fits;
+    if (by_time && a.makespan != b.makespan) return a.makespan < b.makespan;
     if (a.bubble_rate != b.bubble_rate) return a.bubble_rate < b.bubble_rate;
     if (a.peak != b.peak) return a.peak < b.peak;
     return a.transfers < b.transfers;
@@ -122,8 +126,11 @@ void run_best(const best_text& t) {
     json j;
     j["ranks"] = r.shape.ranks;
     j["microbatches"] = r.shape.microbatches;
-    j["costs"] = {{"f", r.cost.f}, {"b", r.cost.b}, {"w", r.cost.w}, {"c", r.cost.c},
-                  {"fb", r.cost.fb >= 0 ? json(r.cost.fb) : json(nullptr)}, {"mem_w_ratio", r.cost.mem_w_ratio}};
+    if (r.model)
+      j["costs"] = {{"file", r.costs_file}, {"stages", r.model->stages.size()}};
+    else
+      j["costs"] = {{"f", r.cost.f}, {"b", r.cost.b}, {"w", r.cost.w}, {"c", r.cost.c},
+                    {"fb", r.cost.fb >= 0 ? json(r.cost.fb) : json(nullptr)}, {"mem_w_ratio", r.cost.mem_w_ratio}};
     j["mem_limit"] = limit > 0 ? json(limit) : json(nullptr);
     json arr = json::array();
     int rank = 1;
@@ -133,10 +140,15 @@ void run_best(const best_text& t) {
              {"makespan", x.makespan},  {"peak_activation", x.peak},  {"param_copies", x.param_copies},
              {"p2p_transfers", x.transfers}, {"within_mem_limit", x.fits}};
       if (bytes >= 0) o["p2p_bytes"] = bytes * static_cast<double>(x.transfers);
-      o["lower_bound"] = {{"makespan", x.bound.lb.makespan}, {"max_span", x.bound.lb.max_span},
-                          {"bubble_rate", x.bound.lb.bubble_rate}, {"mem_limit", x.bound.limit},
-                          {"mem_limit_source", x.bound.own_peak ? "own peak" : "--mem-limit"}};
-      o["gap"] = {{"makespan", x.bound.gap_makespan}, {"bubble_rate", x.bound.gap_rate}};
+      if (x.bound.available) {
+        o["lower_bound"] = {{"makespan", x.bound.lb.makespan}, {"max_span", x.bound.lb.max_span},
+                            {"bubble_rate", x.bound.lb.bubble_rate}, {"mem_limit", x.bound.limit},
+                            {"mem_limit_source", x.bound.own_peak ? "own peak" : "--mem-limit"}};
+        o["gap"] = {{"makespan", x.bound.gap_makespan}, {"bubble_rate", x.bound.gap_rate}};
+      } else {
+        o["lower_bound"] = nullptr;  // the bound assumes uniform stages
+        o["gap"] = nullptr;
+      }
       arr.push_back(o);
     }
     j["ranking"] = arr;
@@ -147,9 +159,30 @@ void run_best(const best_text& t) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
+  const std::string lim = limit > 0 ? fmt::format("{}", limit) : std::string("none");
+  if (r.model) {
+    // Per-stage costs: ranked by step time; no bound (it assumes uniform stages).
+    std::string out = fmt::format("# loom best: p={} m={} costs {} mem_limit={}\n", r.shape.ranks, r.shape.microbatches,
+                                  loom::cli::describe_model(*r.model, r.costs_file), lim);
+    out += fmt::format("{:>4}  {:<24} {:>12} {:>11} {:>10} {:>6} {:>9} {:>6}", "rank", "schedule", "makespan", "bubble_rate",
+                       "peak_act", "params", "p2p", "fits");
+    if (bytes >= 0) out += fmt::format(" {:>12}", "p2p_bytes");
+    out += "\n";
+    int rank = 1;
+    for (auto const& x : rows) {
+      out += fmt::format("{:>4}  {:<24} {:>12.6g} {:>11.6f} {:>10.4g} {:>6} {:>9} {:>6}", rank++, x.name, x.makespan,
+                         x.bubble_rate, x.peak, x.param_copies, x.transfers, x.fits ? "yes" : "no");
+      if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
+      out += "\n";
+    }
+    if (!rows.empty()) out += fmt::format("# chosen: {} (makespan {:g})\n", rows.front().name, rows.front().makespan);
+    for (auto const& s : skipped)
+      out += fmt::format("# skipped {}: {}\n", s["schedule"].get<std::string>(), s["reason"].get<std::string>());
+    std::fputs(out.c_str(), stdout);
+    return;
+  }
   std::string head = fmt::format("# loom best: p={} m={} f={} b={} w={} c={} mem_w_ratio={} mem_limit={}\n", r.shape.ranks,
-                                 r.shape.microbatches, r.cost.f, r.cost.b, r.cost.w, r.cost.c, r.cost.mem_w_ratio,
-                                 limit > 0 ? fmt::format("{}", limit) : std::string("none"));
+                                 r.shape.microbatches, r.cost.f, r.cost.b, r.cost.w, r.cost.c, r.cost.mem_w_ratio, lim);
   std::string out = head;
   out += fmt::format("{:>4}  {:<24} {:>11} {:>10} {:>6} {:>9} {:>6} {:>9} {:>8}", "rank", "schedule", "bubble_rate", "peak_act",
                      "params", "p2p", "fits", "bound", "gap");

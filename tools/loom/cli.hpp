@@ -65,6 +65,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -241,11 +242,18 @@ struct request_text {
   std::string schedule, ranks, microbatches, chunks;
   std::string f = "1", b = "1", w = "1", c = "0", fb, mem_w_ratio = "1";
   std::string mem_limit, placement = "loop";
+  std::string costs_file;  //!< `--costs FILE`: a stage- and link-resolved cost model (docs/costs.md)
   //! The options behind the optional values, set by `add_request_options`: an option given with
   //! an empty value ("--ranks ''") is an error, not "absent". Null: absent when empty.
   CLI::Option *ranks_opt = nullptr, *microbatches_opt = nullptr, *chunks_opt = nullptr, *fb_opt = nullptr,
-              *mem_limit_opt = nullptr, *placement_opt = nullptr;
+              *mem_limit_opt = nullptr, *placement_opt = nullptr, *costs_opt = nullptr;
+  //! The uniform cost options (they exclude `--costs`).
+  std::vector<CLI::Option*> uniform_opts;
 };
+
+//! Reads the JSON cost file at `path` (schema: docs/costs.md); throws `usage_error` with one line
+//! naming the file and the field for anything malformed. Defined in costs_file.cpp.
+loom::cost_model read_cost_file(const std::string& path);
 
 //! The parsed common options. `shape.ranks`/`microbatches` are 0 when not given (a schedule
 //! source may not need them); `shape.chunks` is 0 for "the family's natural value".
@@ -255,6 +263,10 @@ struct request {
   loom::costs cost{};
   loom::generate_options options{};
   bool placement_given = false;  //!< `--placement` was on the command line
+  //! `--costs FILE`: the stage- and link-resolved model (also in `options.model`); `cost` then
+  //! holds its per-share means (`loom::share_costs`) for families that take only uniform costs.
+  std::optional<loom::cost_model> model;
+  std::string costs_file;  //!< where `model` came from
 };
 
 //! Adds `--schedule --ranks --microbatches --chunks --f --b --w --c --fb --mem-w-ratio
@@ -265,13 +277,20 @@ inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
   t->ranks_opt = sub.add_option("--ranks,-p", t->ranks, "P: pipeline ranks (devices)")->type_name("INT");
   t->microbatches_opt = sub.add_option("--microbatches,-m", t->microbatches, "m: microbatches per step")->type_name("INT");
   t->chunks_opt = sub.add_option("--chunks,-v", t->chunks, "V: model chunks per rank (default: the family's natural value)")->type_name("INT");
-  sub.add_option("--f", t->f, "forward time of one microbatch through 1/P of the model")->capture_default_str()->type_name("NUMBER");
-  sub.add_option("--b", t->b, "input-gradient backward time")->capture_default_str()->type_name("NUMBER");
-  sub.add_option("--w", t->w, "weight-gradient backward time")->capture_default_str()->type_name("NUMBER");
-  sub.add_option("--c", t->c, "p2p latency between dependent actions on different ranks")->capture_default_str()->type_name("NUMBER");
+  t->uniform_opts.push_back(
+      sub.add_option("--f", t->f, "forward time of one microbatch through 1/P of the model")->capture_default_str()->type_name("NUMBER"));
+  t->uniform_opts.push_back(sub.add_option("--b", t->b, "input-gradient backward time")->capture_default_str()->type_name("NUMBER"));
+  t->uniform_opts.push_back(sub.add_option("--w", t->w, "weight-gradient backward time")->capture_default_str()->type_name("NUMBER"));
+  t->uniform_opts.push_back(
+      sub.add_option("--c", t->c, "p2p latency between dependent actions on different ranks")->capture_default_str()->type_name("NUMBER"));
   t->fb_opt = sub.add_option("--fb", t->fb, "time of an overlapped forward+backward pair (default: the sum of its parts)")->type_name("NUMBER");
-  sub.add_option("--mem-w-ratio", t->mem_w_ratio, "M_W/M_B: fraction of an activation that lives until W")
-      ->capture_default_str()->type_name("NUMBER");
+  t->uniform_opts.push_back(t->fb_opt);
+  t->uniform_opts.push_back(sub.add_option("--mem-w-ratio", t->mem_w_ratio, "M_W/M_B: fraction of an activation that lives until W")
+                                ->capture_default_str()->type_name("NUMBER"));
+  t->costs_opt = sub.add_option("--costs", t->costs_file,
+                                "JSON cost file: per-stage f/b/w, activation and message sizes, link classes (docs/costs.md); "
+                                "replaces --f --b --w --c --fb --mem-w-ratio")
+                     ->type_name("FILE");
   t->mem_limit_opt = sub.add_option("--mem-limit", t->mem_limit, "per-rank activation limit for cost-aware families")->type_name("NUMBER");
   t->placement_opt = sub.add_option("--placement", t->placement,
                                      "cost-aware families: loop (any --chunks, default 1) or v (2 chunks, V placement)")
@@ -299,6 +318,15 @@ inline request parse_request(const request_text& t) {
   r.cost.mem_w_ratio = parse_real("--mem-w-ratio", t.mem_w_ratio, 0, 1);
   if (r.cost.f + r.cost.b + r.cost.w <= 0) throw usage_error("--f, --b and --w are all 0; at least one must be > 0");
   r.options.cost = r.cost;
+  if (given(t.costs_opt, t.costs_file)) {
+    for (const CLI::Option* o : t.uniform_opts)
+      if (o != nullptr && o->count() > 0)
+        throw usage_error("give either --costs or " + o->get_name() + ", not both (the cost file holds every cost)");
+    r.model = read_cost_file(t.costs_file);
+    r.costs_file = t.costs_file;
+    r.options.model = *r.model;
+    r.cost = r.options.cost = loom::share_costs(*r.model, ranks ? r.shape.ranks : 1);
+  }
   if (given(t.mem_limit_opt, t.mem_limit)) {
     r.options.mem_limit = parse_real("--mem-limit", t.mem_limit, 0);
     if (r.options.mem_limit <= 0) throw usage_error("--mem-limit '" + t.mem_limit + "' must be > 0");
@@ -384,12 +412,12 @@ struct evaluated {
   loom::simulation sim;
 };
 
-//! Validates (as given, then lowered) and simulates `s` under `k`.
-inline evaluated evaluate(loom::schedule s, const loom::costs& k) {
+//! Validates (as given, then lowered) and simulates `s` under `k`, or under `model` when given.
+inline evaluated evaluate(loom::schedule s, const loom::costs& k, const std::optional<loom::cost_model>& model = std::nullopt) {
   evaluated e;
   e.valid = loom::validate(s);
   if (e.valid.ok) e.valid = loom::validate(loom::lower(s));
-  e.sim = loom::simulate(s, k);
+  e.sim = model ? loom::simulate(s, *model) : loom::simulate(s, k);
   e.sched = std::move(s);
   return e;
 }
@@ -402,18 +430,46 @@ struct bound_report {
   bool own_peak = false;     //!< no --mem-limit: the schedule's own peak was used
   double gap_makespan = 0;   //!< (makespan - bound) / makespan
   double gap_rate = 0;       //!< bubble rate - bound
+  bool available = true;     //!< false under a stage-resolved cost model: the bound assumes uniform stages
 };
 
 //! The bound for `e`'s placement under `k` and `mem_limit` (> 0), or the schedule's own peak
 //! activation when no limit is given (the bound then covers every order holding no more memory).
-inline bound_report bound_of(const evaluated& e, const loom::costs& k, double mem_limit) {
+inline bound_report bound_of(const evaluated& e, const loom::costs& k, double mem_limit,
+                             const std::optional<loom::cost_model>& model = std::nullopt) {
   bound_report b;
+  if (model) {
+    b.available = false;
+    return b;
+  }
   b.own_peak = mem_limit <= 0;
   b.limit = b.own_peak ? e.sim.max_peak_activation() : mem_limit;
   b.lb = loom::lower_bound(e.sched, k, b.limit);
   b.gap_makespan = e.sim.makespan > 0 ? (e.sim.makespan - b.lb.makespan) / e.sim.makespan : 0;
   b.gap_rate = e.sim.bubble_rate - b.lb.bubble_rate;
   return b;
+}
+
+//! One line describing a cost model for summaries: its file, stage count and link terms.
+inline std::string describe_model(const loom::cost_model& m, const std::string& file) {
+  double f = 0, b = 0, w = 0;
+  for (auto const& c : m.stages) {
+    f += c.f;
+    b += c.b;
+    w += c.w;
+  }
+  auto num = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  std::string out = "from " + file + ": " + std::to_string(m.stages.size()) + " stage" + (m.stages.size() == 1 ? "" : "s") +
+                    " (sums f=" + num(f) + " b=" + num(b) + " w=" + num(w) + "), links intra " + num(m.intra.alpha) + " + " +
+                    num(m.intra.beta) + "*bytes";
+  if (m.ranks_per_node > 0)
+    out += ", inter " + num(m.inter.alpha) + " + " + num(m.inter.beta) + "*bytes, " + std::to_string(m.ranks_per_node) +
+           " ranks per node";
+  return out + ", mem_w_ratio=" + num(m.mem_w_ratio);
 }
 
 //! `msg` on one line: newlines become "; " (validator messages render a grid over many lines).

@@ -29,7 +29,9 @@ json action_json(const loom::action& a, const loom::action_time& t) {
   return j;
 }
 
-json to_json(const loom::cli::evaluated& e, const loom::costs& k, double mem_limit) {
+json to_json(const loom::cli::evaluated& e, const loom::cli::request& req) {
+  const loom::costs& k = req.cost;
+  const double mem_limit = req.options.mem_limit;
   auto const& s = e.sched;
   auto const& sim = e.sim;
   json j;
@@ -40,8 +42,12 @@ json to_json(const loom::cli::evaluated& e, const loom::costs& k, double mem_lim
   j["stages"] = s.stages;
   j["directions"] = s.directions;
   j["placement"] = std::string(loom::to_string(s.placement));
-  j["costs"] = {{"f", k.f}, {"b", k.b}, {"w", k.w}, {"c", k.c}, {"mem_w_ratio", k.mem_w_ratio}};
-  j["costs"]["fb"] = k.fb >= 0 ? json(k.fb) : json(nullptr);
+  if (req.model) {
+    j["costs"] = {{"file", req.costs_file}, {"stages", req.model->stages.size()}};
+  } else {
+    j["costs"] = {{"f", k.f}, {"b", k.b}, {"w", k.w}, {"c", k.c}, {"mem_w_ratio", k.mem_w_ratio}};
+    j["costs"]["fb"] = k.fb >= 0 ? json(k.fb) : json(nullptr);
+  }
   j["valid"] = e.valid.ok && sim.ok;
   if (!e.valid.ok) j["error"] = loom::cli::one_line(e.valid.message);
   else if (!sim.ok) j["error"] = loom::cli::one_line(sim.error);
@@ -76,7 +82,10 @@ json to_json(const loom::cli::evaluated& e, const loom::costs& k, double mem_lim
     actions.push_back(row);
   }
   j["actions"] = actions;
-  if (sim.ok) {
+  if (sim.ok && req.model) {
+    j["lower_bound"] = nullptr;  // the bound assumes uniform stages
+    j["gap"] = nullptr;
+  } else if (sim.ok) {
     const auto bd = loom::cli::bound_of(e, k, mem_limit);
     j["lower_bound"] = {{"makespan", bd.lb.makespan}, {"max_span", bd.lb.max_span}, {"bubble_rate", bd.lb.bubble_rate},
                         {"mem_limit", bd.limit}, {"mem_limit_source", bd.own_peak ? "own peak" : "--mem-limit"}};
@@ -94,7 +103,9 @@ std::string list(const std::vector<double>& v) {
   return out;
 }
 
-void print_summary(const loom::cli::evaluated& e, const loom::costs& k, double mem_limit) {
+void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req) {
+  const loom::costs& k = req.cost;
+  const double mem_limit = req.options.mem_limit;
   auto const& s = e.sched;
   auto const& sim = e.sim;
   bool ok = e.valid.ok && sim.ok;
@@ -102,8 +113,11 @@ void print_summary(const loom::cli::evaluated& e, const loom::costs& k, double m
   fmt::print("shape            {} ranks x {} microbatches, {} chunk{} per rank, {} stages per path, {} placement{}\n",
              s.ranks, s.microbatches, s.chunks, s.chunks == 1 ? "" : "s", s.stages, loom::to_string(s.placement),
              s.directions == 2 ? ", 2 directions" : "");
-  fmt::print("costs            f={:g} b={:g} w={:g} c={:g}{} mem_w_ratio={:g}\n", k.f, k.b, k.w, k.c,
-             k.fb >= 0 ? fmt::format(" fb={:g}", k.fb) : std::string(), k.mem_w_ratio);
+  if (req.model)
+    fmt::print("costs            {}\n", loom::cli::describe_model(*req.model, req.costs_file));
+  else
+    fmt::print("costs            f={:g} b={:g} w={:g} c={:g}{} mem_w_ratio={:g}\n", k.f, k.b, k.w, k.c,
+               k.fb >= 0 ? fmt::format(" fb={:g}", k.fb) : std::string(), k.mem_w_ratio);
   fmt::print("valid            {}\n", ok ? "yes (dependencies, and lowered send/recv FIFO replay)"
                                          : "NO: " + loom::cli::one_line(e.valid.ok ? sim.error : e.valid.message));
   if (!sim.ok) return;
@@ -120,6 +134,10 @@ void print_summary(const loom::cli::evaluated& e, const loom::costs& k, double m
   fmt::print("peak activation  {}   (per rank; max {:g})\n", list(sim.peak_activation), sim.max_peak_activation());
   fmt::print("param copies     {}\n", s.param_copies);
   fmt::print("actions          {}\n", s.size());
+  if (req.model) {
+    fmt::print("lower bound      n/a   (loom::lower_bound assumes uniform stages; --costs gives per-stage costs)\n");
+    return;
+  }
   const auto bd = loom::cli::bound_of(e, k, mem_limit);
   fmt::print("lower bound      makespan {:g}, bubble rate {:.4f}   (no order on this placement within {} units of activation{} does better)\n",
              bd.lb.makespan, bd.lb.bubble_rate, bd.limit, bd.own_peak ? ", its own peak" : "");
@@ -133,11 +151,11 @@ loom::cli::register_command simulate_command{{.name = "simulate", .order = 20, .
   sub->add_flag("--json", *as_json, "print one JSON object (the CLI contract) instead of the summary");
   sub->callback([req, as_json] {
     loom::cli::request r = loom::cli::parse_request(*req);
-    auto e = loom::cli::evaluate(loom::cli::make_schedule(r), r.cost);
+    auto e = loom::cli::evaluate(loom::cli::make_schedule(r), r.cost, r.model);
     if (*as_json)
-      fmt::print("{}\n", to_json(e, r.cost, r.options.mem_limit).dump());
+      fmt::print("{}\n", to_json(e, r).dump());
     else
-      print_summary(e, r.cost, r.options.mem_limit);
+      print_summary(e, r);
     if (!e.valid.ok || !e.sim.ok)
       throw loom::cli::run_failure("schedule '" + e.sched.name + "' is not valid: " +
                                    (e.valid.ok ? e.sim.error : e.valid.message));

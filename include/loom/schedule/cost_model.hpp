@@ -151,4 +151,39 @@ constexpr cost_model cost_model::fit(int S) const {
                      " stages (one count must be a multiple of the other)");
 }
 
+//! The uniform costs a generator that knows only `loom::costs` sees for model `m` on `P` ranks:
+//! per rank share the model's mean (`f = sum of stage f / P`, likewise `b`, `w`, and `fb` when
+//! every stage gives one), `c` the mean over neighbouring ranks `r, r + 1` of the link time of the
+//! model's mean message, and its `mem_w_ratio`. zb-auto builds its candidates from these and
+//! scores them under `m` itself; the CLI hands them to cost-aware families that take no model.
+constexpr costs share_costs(const cost_model& m, int P) {
+  if (text r = detail::check_model(m); !r.empty()) throw config_error(r);
+  if (P < 1) throw config_error("cost model: share_costs needs at least one rank (got " + detail::to_text(P) + ")");
+  costs k{.f = 0, .b = 0, .w = 0, .c = 0, .fb = 0, .mem_w_ratio = m.mem_w_ratio};
+  double bytes = 0;
+  for (const stage_cost& s : m.stages) {
+    k.f += s.f;
+    k.b += s.b;
+    k.w += s.w;
+    k.fb = k.fb >= 0 && s.fb >= 0 ? k.fb + s.fb : -1;
+    bytes += s.message_bytes;
+  }
+  k.f /= P;
+  k.b /= P;
+  k.w /= P;
+  if (k.fb >= 0) k.fb /= P;
+  bytes /= static_cast<double>(m.stages.size());
+  for (int r = 0; r + 1 < P; ++r) k.c += m.link(r, r + 1).time(bytes);
+  if (P > 1) k.c /= P - 1;
+  return k;
+}
+
+//! The activation of one rank's share of model `m` on `P` ranks (the sum over stages / P): the
+//! unit of `loom::costs`-based memory limits, in the model's activation unit.
+constexpr double share_activation(const cost_model& m, int P) {
+  double a = 0;
+  for (const stage_cost& s : m.stages) a += s.activation;
+  return P > 0 ? a / P : a;
+}
+
 }  // namespace loom

@@ -9,21 +9,66 @@
 #include <concepts>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "loom/schedule/cost_model.hpp"
 #include "loom/schedule/error.hpp"
 #include "loom/schedule/schedule.hpp"
 #include "loom/schedule/shape.hpp"
 
 namespace loom {
 
-//! What a cost- or memory-aware family (an auto-scheduler) may use when generating: the cost
-//! model, a per-rank activation-memory limit in the units of ARCHITECTURE.md (`mem_limit <= 0`:
-//! none) and a placement request. Families that ignore costs never see it.
+//! What a cost- or memory-aware family (an auto-scheduler) may use when generating: the uniform
+//! cost model, a per-rank activation-memory limit in the units of ARCHITECTURE.md (`mem_limit
+//! <= 0`: none), a placement request, and optionally a stage- and link-resolved `model`
+//! (non-empty `model.stages`): a family that understands it (zb-auto) scores its candidates
+//! under it, and `mem_limit` is then in the model's activation unit. Families that ignore costs
+//! never see it.
 struct generate_options {
-  costs cost{};
-  double mem_limit = 0;
-  placement_kind placement = placement_kind::loop;
+  costs cost{};                                     //!< uniform costs
+  double mem_limit = 0;                             //!< per-rank activation limit (<= 0: the family's default)
+  placement_kind placement = placement_kind::loop;  //!< requested placement
+  cost_model model{};                               //!< stage- and link-resolved costs (empty: use `cost`)
 };
+
+namespace detail {
+
+//! What a cost-aware generator works with (`uniform_view`): when `o` carries a model, its fit to
+//! the placement's stage count, the limit in the model's activation unit (default: `p` times the
+//! heaviest rank's activation per microbatch, as `p` units are without a model), and the options a uniform-cost construction uses: the
+//! model's per-share means (`share_costs`) and the limit in units of the heaviest rank's
+//! activation per microbatch, so that a candidate within it fits on every rank. Without a model,
+//! `uniform` is `o`.
+struct options_view {
+  bool staged = false;         //!< `o.model` has stages
+  cost_model fitted{};         //!< the model fitted to the frame's stages
+  double model_limit = 0;      //!< per-rank limit in the model's unit
+  generate_options uniform{};  //!< what a uniform-cost construction sees
+};
+
+//! The view of `o` for a schedule of `frame`'s placement (its `stages` and `stage_to_rank`).
+constexpr options_view uniform_view(const generate_options& o, const schedule& frame) {
+  options_view v;
+  v.uniform = o;
+  v.uniform.model = {};
+  v.staged = !o.model.stages.empty();
+  if (!v.staged) return v;
+  v.fitted = o.model.fit(frame.stages);
+  v.uniform.cost = share_costs(v.fitted, frame.ranks);
+  std::vector<double> per_rank(static_cast<std::size_t>(frame.ranks), 0.0);
+  for (int st = 0; st < frame.stages; ++st)
+    per_rank[static_cast<std::size_t>(frame.stage_to_rank[static_cast<std::size_t>(st)])] +=
+        v.fitted.stages[static_cast<std::size_t>(st)].activation;
+  double heaviest = 0;
+  for (double a : per_rank) heaviest = a > heaviest ? a : heaviest;
+  v.model_limit = o.mem_limit > 0 ? o.mem_limit : frame.ranks * heaviest;
+  // Activations of zero size: memory never binds (no rank holds more than every stage of every
+  // microbatch).
+  v.uniform.mem_limit = heaviest > 0 ? v.model_limit / heaviest : static_cast<double>(frame.microbatches) * frame.stages;
+  return v;
+}
+
+}  // namespace detail
 
 //! A schedule family: a default-constructible type with a `name`, a constexpr `check(shape)`
 //! returning the violated rule as a sentence (empty when the shape can run) as a `loom::text`
@@ -113,10 +158,13 @@ constexpr text check_size(std::string_view family, shape s, long long max_cells,
   return {};
 }
 
-//! The rule `o` breaks for any cost-aware family, or "": its costs (`check_costs`) and a finite
-//! `mem_limit` (<= 0: none; NaN or an infinity is an error, not "none").
+//! The rule `o` breaks for any cost-aware family, or "": its costs (`check_costs`), its model
+//! when it has stages (`check_model`) and a finite `mem_limit` (<= 0: none; NaN or an infinity is
+//! an error, not "none").
 constexpr text check_options(const generate_options& o) {
   if (text rule = check_costs(o.cost); !rule.empty()) return rule;
+  if (!o.model.stages.empty())
+    if (text rule = check_model(o.model); !rule.empty()) return rule;
   if (!finite(o.mem_limit)) return "mem_limit must be a finite number (<= 0: none) (got mem_limit=" + real_text(o.mem_limit) + ")";
   return {};
 }

@@ -39,9 +39,11 @@ struct order_score {
   }
 };
 
-//! Simulates `s` under `k`; false if it deadlocks (the simulator reports ok = false) or exceeds
-//! `limit` units of activation on some rank. On success fills `out` and, if given, `sim`.
-constexpr bool order_score_of(const schedule& s, const costs& k, double limit, order_score& out, simulation* sim) {
+//! Simulates `s` under `k` (`loom::costs` or `loom::cost_model`); false if it deadlocks (the
+//! simulator reports ok = false) or exceeds `limit` units of activation on some rank. On success
+//! fills `out` and, if given, `sim`.
+template <class Cost>
+constexpr bool order_score_of(const schedule& s, const Cost& k, double limit, order_score& out, simulation* sim) {
   simulation r = simulate(s, k);
   if (!r.ok) return false;
   for (double v : r.peak_activation)
@@ -128,7 +130,8 @@ constexpr std::vector<std::pair<int, int>> critical_path(const schedule& s, cons
 //! `limit`; stops when no move on the critical path improves or after `budget` simulations.
 //! Returns the score of the result (that of `s` unchanged if nothing improved; a default score if
 //! `s` itself is rejected). Schedules with overlapped `FB` actions are left as they are.
-constexpr order_score order_local_search(schedule& s, const costs& k, double limit, int budget) {
+template <class Cost>
+constexpr order_score order_local_search(schedule& s, const Cost& k, double limit, int budget) {
   simulation sim;
   order_score cur;
   if (!order_score_of(s, k, limit, cur, &sim)) return cur;

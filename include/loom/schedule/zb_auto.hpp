@@ -365,8 +365,10 @@ struct zb_auto_score {
   }
 };
 
-//! Simulates `s` and scores it; `ok` false if it exceeds the limit on some rank or is invalid.
-constexpr bool zb_auto_score_of(const schedule& s, const costs& k, double limit, zb_auto_score& out) {
+//! Simulates `s` under `k` (`loom::costs` or `loom::cost_model`) and scores it; `ok` false if it
+//! exceeds the limit on some rank or is invalid.
+template <class Cost>
+constexpr bool zb_auto_score_of(const schedule& s, const Cost& k, double limit, zb_auto_score& out) {
   simulation sim = simulate(s, k);
   if (!sim.ok) return false;
   for (double v : sim.peak_activation)
@@ -482,16 +484,28 @@ struct zb_auto {
     if (o.placement == placement_kind::v && s.chunks != 2)
       throw schedule_error("zb-auto with placement v runs 2 chunk(s) per rank (got chunks=" + detail::to_text(s.chunks) + ")");
     const placement_kind pk = o.placement;
-    if (auto r = detail::zb_auto_check_options(o, s.ranks); !r.empty()) throw config_error(r);
-    const double limit = o.mem_limit > 0 ? o.mem_limit : s.ranks;
-    const costs& k = o.cost;
+    const schedule frame = make_schedule(name, s, pk == placement_kind::v ? 2 * s.ranks : s.chunks * s.ranks, pk);
+    // With a stage- and link-resolved model (o.model), candidates are built from its per-share
+    // means under the limit in units of the heaviest rank (detail::uniform_view) and scored under
+    // the model itself, seeds from the fixed families included.
+    const detail::options_view view = detail::uniform_view(o, frame);
+    const bool staged = view.staged;
+    const cost_model& fitted = view.fitted;
+    const double model_limit = view.model_limit;
+    const generate_options& uo = view.uniform;
+    if (auto r = detail::zb_auto_check_options(uo, s.ranks); !r.empty()) throw config_error(r);
+    const double limit = uo.mem_limit > 0 ? uo.mem_limit : s.ranks;
+    const costs& k = uo.cost;
+    auto score = [&](const schedule& cand, detail::zb_auto_score& sc) {
+      return staged ? detail::zb_auto_score_of(cand, fitted, model_limit, sc) : detail::zb_auto_score_of(cand, k, limit, sc);
+    };
 
     schedule best;
     detail::zb_auto_score best_score;
     bool have = false;
     auto consider = [&](schedule&& cand) {
       detail::zb_auto_score sc;
-      if (!detail::zb_auto_score_of(cand, k, limit, sc)) return false;
+      if (!score(cand, sc)) return false;
       if (!have || sc.better_than(best_score)) {
         best = static_cast<schedule&&>(cand);
         best_score = sc;
@@ -504,7 +518,6 @@ struct zb_auto {
     // Seeds: loom's fixed families on this placement and chunk count (fused backwards split, W
     // right after its B, and with ZB-H1's lag), whenever they fit the limit, so zb-auto is never
     // worse than any of them.
-    const schedule frame = make_schedule(name, s, pk == placement_kind::v ? 2 * s.ranks : s.chunks * s.ranks, pk);
     auto seed = [&](auto family, int chunks) {
       const shape fs{s.ranks, s.microbatches, chunks};
       if (!loom::check(family, fs).empty()) return;
@@ -546,7 +559,7 @@ struct zb_auto {
       // On the V placement, zb-v's cost-aware schedule (its greedy and the authors' V heuristic,
       // improved by local search under these costs) whenever the limit admits it (>= p units), so
       // zb-auto (v) is never worse than zb-v or the authors' ZB-V there.
-      generate_options vo = o;
+      generate_options vo = uo;
       vo.mem_limit = limit;
       consider(zb_v{}.generate(s, vo));
     } else if (pk == placement_kind::v) {
@@ -573,7 +586,7 @@ struct zb_auto {
       const std::vector<int>& cap = g < 8 ? caps[1 + g / 4] : g < 12 ? caps[1] : caps[0];
       schedule cand = detail::zb_auto_build(name, s, pk, k, limit, kn, cap, nullptr);
       detail::zb_auto_score sc;
-      if (!detail::zb_auto_score_of(cand, k, limit, sc)) continue;
+      if (!score(cand, sc)) continue;
       if (!gh || sc.better_than(gbest)) {
         gbest = sc;
         gh = true;
@@ -600,7 +613,7 @@ struct zb_auto {
             --budget;
             schedule cand = detail::zb_auto_build(name, s, pk, k, limit, best_kn, trial, nullptr);
             detail::zb_auto_score sc;
-            if (!detail::zb_auto_score_of(cand, k, limit, sc)) continue;
+            if (!score(cand, sc)) continue;
             if (sc.better_than(cur)) {
               cur = sc;
               cap = trial;
@@ -612,9 +625,13 @@ struct zb_auto {
         }
       }
     }
+    if (!have && staged)
+      throw config_error("zb-auto found no schedule within mem-limit " + detail::real_text(model_limit) +
+                         " under the cost model's stage activations");
     if (!have) throw schedule_error("zb-auto found no schedule within mem-limit (internal error)");
     // Critical-path moves on the best candidate (zb-v's local search, order_search.hpp).
-    detail::order_local_search(best, k, limit, order_budget);
+    if (staged) detail::order_local_search(best, fitted, model_limit, order_budget);
+    else detail::order_local_search(best, k, limit, order_budget);
     best.name = text(name);
     return best;
   }

@@ -101,11 +101,18 @@ struct zb_v {
   constexpr schedule generate(shape s, const generate_options& o) const {
     if (s.chunks == 0) s.chunks = 2;
     if (auto r = check(s); !r.empty()) throw schedule_error(r);
-    const costs& k = o.cost;
+    // With a stage- and link-resolved model: built from its per-share means, scored under it
+    // (detail::uniform_view, as zb-auto).
+    const detail::options_view view = detail::uniform_view(o, make_schedule(name, s, 2 * s.ranks, placement_kind::v));
+    const costs& k = view.uniform.cost;
     if (!(k.f > 0) || !(k.b > 0) || !(k.w >= 0) || !(k.c >= 0))
       throw config_error("zb-v needs f > 0, b > 0, w >= 0 and c >= 0");
     if (!(k.mem_w_ratio >= 0 && k.mem_w_ratio <= 1)) throw config_error("zb-v needs 0 <= mem-w-ratio <= 1");
-    const double limit = o.mem_limit > 0 ? o.mem_limit : s.ranks;
+    const double limit = view.uniform.mem_limit > 0 ? view.uniform.mem_limit : s.ranks;
+    if (limit < s.ranks - 1e-9 && view.staged)
+      throw schedule_error("zb-v needs mem-limit >= ranks x the heaviest rank's activation per microbatch = " +
+                           detail::zb_v_text(view.model_limit / limit * s.ranks) + " (got mem-limit " +
+                           detail::zb_v_text(view.model_limit) + ")");
     if (limit < s.ranks - 1e-9)
       throw schedule_error("zb-v needs mem-limit >= ranks = " + detail::to_text(s.ranks) +
                            " (its warm-up holds that many units before any is released; got mem-limit " +
@@ -116,7 +123,9 @@ struct zb_v {
     const int p = s.ranks;
     auto consider = [&](schedule&& cand) {
       detail::order_score sc;
-      if (!detail::order_score_of(cand, k, limit, sc, nullptr)) return;
+      if (!(view.staged ? detail::order_score_of(cand, view.fitted, view.model_limit, sc, nullptr)
+                        : detail::order_score_of(cand, k, limit, sc, nullptr)))
+        return;
       if (!have || sc.better_than(best_score)) {
         best = static_cast<schedule&&>(cand);
         best_score = sc;
@@ -130,8 +139,12 @@ struct zb_v {
       if (detail::zbv_heuristic(name, s, k, limit, {.fill_b = fb < 2, .fill_f = fb % 2 == 0}, cand))
         consider(static_cast<schedule&&>(cand));
     }
+    if (!have && view.staged)
+      throw config_error("zb-v found no schedule within mem-limit " + detail::zb_v_text(view.model_limit) +
+                         " under the cost model's stage activations");
     if (!have) throw schedule_error("zb-v: internal error, no seed within mem-limit " + detail::zb_v_text(limit));
-    detail::order_local_search(best, k, limit, search_budget);
+    if (view.staged) detail::order_local_search(best, view.fitted, view.model_limit, search_budget);
+    else detail::order_local_search(best, k, limit, search_budget);
     return best;
   }
 };
