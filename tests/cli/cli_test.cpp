@@ -21,6 +21,8 @@
 #include <loom/loom.hpp>
 #include <loom/schedule/bound.hpp>
 
+#include "costs/vocab_heavy_8.hpp"
+
 namespace {
 
 struct result {
@@ -445,4 +447,18 @@ TEST_CASE("--costs FILE: simulate and best use the stage- and link-resolved mode
   e = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--costs", tmp_path("no-such.json")});
   CHECK(e.code == 2);
   CHECK(e.err.find("cannot read --costs") != std::string::npos);
+}
+
+TEST_CASE("docs/costs/vocab-heavy-8.json read by the CLI is the model docs/costs.md's table is computed from") {
+  const loom::cost_model m = loom::docs::vocab_heavy_8();
+  for (auto fam : {"1f1b", "zb-h1", "interleaved-1f1b", "zb-v"}) {
+    auto r = run({"simulate", "--schedule", fam, "--ranks", "8", "--microbatches", "16", "--costs",
+                  std::string(LOOM_SOURCE_DIR) + "/docs/costs/vocab-heavy-8.json", "--json"});
+    REQUIRE(r.code == 0);
+    auto j = nlohmann::json::parse(r.out);
+    const auto& e = loom::default_registry().at(fam);
+    auto s = e.make({8, 16}, {.cost = loom::share_costs(m, 8), .model = m});
+    CAPTURE(fam);
+    CHECK(j["makespan"].get<double>() == loom::simulate(s, m).makespan);
+  }
 }
