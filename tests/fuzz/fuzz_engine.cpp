@@ -5,7 +5,10 @@
 // placements. Each input must give a valid schedule of the requested ranks and microbatches (a
 // family may record its chunks differently: hanayo's W waves are 2W stages per rank) and a
 // finite simulation, or loom's own error with a message; never a crash, another exception, a
-// hang, an invalid generated schedule or a silently changed shape.
+// hang, an invalid generated schedule or a silently changed shape. Bytes left over describe a
+// stage- and link-resolved cost model (loom::cost_model: 1 to 8 pieces, any values), under which
+// the family generates again (cost-aware families use it) and the schedule is simulated: again a
+// valid schedule and a finite simulation, or loom's own error.
 #include <cstddef>
 #include <cstdint>
 
@@ -44,6 +47,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const double diff = lsim.makespan - sim.makespan;
     expect(lsim.ok && diff <= 1e-9 * (1 + sim.makespan) && -diff <= 1e-9 * (1 + sim.makespan),
            "lowered schedule simulates to another makespan", e.name);
+  });
+
+  if (in.byte() == 0) return 0;  // no model described (inputs written before the model keep their meaning)
+  loom::cost_model m;
+  const int pieces = 1 + in.byte() % 8;
+  for (int i = 0; i < pieces; ++i)
+    m.stages.push_back({.f = in.real(), .b = in.real(), .w = in.real(), .fb = in.real(), .activation = in.real(),
+                        .message_bytes = in.real(), .param_bytes = in.real()});
+  m.intra = {.alpha = in.real(), .beta = in.real()};
+  m.inter = {.alpha = in.real(), .beta = in.real()};
+  m.ranks_per_node = in.size_like();
+  m.mem_w_ratio = in.real();
+  run_expecting_loom_errors([&] {
+    loom::generate_options om = o;
+    om.model = m;
+    loom::schedule s = e.make(sh, om);
+    auto v = loom::validate(s);
+    expect(v.ok, "schedule generated under a cost model is invalid", v.message);
+    auto sim = loom::simulate(s, m);
+    expect(sim.ok, "a valid schedule does not simulate under a cost model", sim.error);
+    expect(loom::detail::finite(sim.makespan) && sim.makespan >= 0, "makespan under a cost model is not a finite number >= 0", e.name);
+    expect(sim.bubble_ratio >= -1e-9 && sim.bubble_ratio <= 1 + 1e-9, "bubble ratio under a cost model outside [0, 1]", e.name);
   });
   return 0;
 }

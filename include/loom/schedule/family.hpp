@@ -61,10 +61,16 @@ constexpr options_view uniform_view(const generate_options& o, const schedule& f
         v.fitted.stages[static_cast<std::size_t>(st)].activation;
   double heaviest = 0;
   for (double a : per_rank) heaviest = a > heaviest ? a : heaviest;
+  if (text r = check_costs(v.uniform.cost); !r.empty())
+    throw config_error("cost model: its per-rank means break a rule: " + r);
   v.model_limit = o.mem_limit > 0 ? o.mem_limit : frame.ranks * heaviest;
-  // Activations of zero size: memory never binds (no rank holds more than every stage of every
-  // microbatch).
-  v.uniform.mem_limit = heaviest > 0 ? v.model_limit / heaviest : static_cast<double>(frame.microbatches) * frame.stages;
+  if (!finite(v.model_limit))
+    throw config_error("cost model: a rank's activation per microbatch times the ranks is not a finite number");
+  // No rank holds more than every stage of every microbatch: a larger limit (or activations of
+  // zero size) never binds, and is that.
+  const double never = static_cast<double>(frame.microbatches) * frame.stages;
+  v.uniform.mem_limit = heaviest > 0 ? v.model_limit / heaviest : never;
+  if (!(v.uniform.mem_limit <= never)) v.uniform.mem_limit = never;
   return v;
 }
 
