@@ -89,6 +89,8 @@ struct plan_options {
   //! [2, max_chunks] that divides the layers per rank; V-placement families with 2 chunks.
   std::vector<std::string> families{"1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-auto", "zb-v", "v-half", "v-min"};
   std::vector<recompute_kind> recompute{recompute_kind::none, recompute_kind::selective, recompute_kind::full};
+  bool sp_off = true;  //!< try tensor parallelism without sequence parallelism
+  bool sp_on = true;   //!< try Megatron sequence parallelism (only where tp > 1)
   int max_chunks = 8;  //!< largest interleaving degree tried
   //! Shapes with more than this many ranks x microbatches are not given to cost-aware
   //! auto-schedulers (zb-auto, zb-v), whose search grows faster than linearly; 0: no limit.
@@ -284,6 +286,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
       const long long per_rank = m.layers / pp;
       for (bool sp : {false, true}) {
         if (sp && tp == 1) continue;
+        if (tp > 1 && !(sp ? o.sp_on : o.sp_off)) continue;
         for (recompute_kind rc : o.recompute) {
           plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb};
           for (const std::string& name : o.families) {
