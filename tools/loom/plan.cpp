@@ -78,9 +78,13 @@ void run_plan(const plan_text& t) {
   const bool tty = isatty(fileno(stderr)) != 0;
   const auto start = std::chrono::steady_clock::now();
   bool drawn = false;
+  auto last = start;
   if (tty)
     o.progress = [&](std::size_t done, std::size_t total) {
-      if (std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) return;
+      const auto now = std::chrono::steady_clock::now();
+      // After the first second, at most ten redraws a second (and always the last).
+      if (now - start < std::chrono::seconds(1) || (now - last < std::chrono::milliseconds(100) && done != total)) return;
+      last = now;
       std::fprintf(stderr, "\rloom plan: %zu/%zu configurations simulated", done, total);
       std::fflush(stderr);
       drawn = true;

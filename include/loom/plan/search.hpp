@@ -350,8 +350,16 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
       u.c = (cm.ranks_per_node == 1 ? c.inter : c.intra).time(cm.stages[0].message_bytes);
       u.mem_w_ratio = cm.mem_w_ratio;
       act /= P;
-      for (int st = 0; st < static_cast<int>(cm.stages.size()); ++st)
-        max_params = std::max(max_params, detail::stage_params(m, st, static_cast<int>(cm.stages.size())) * k.chunks);
+      // The parameters of the rank holding the most (loop: stages r, r + P, ...; V: r and 2P-1-r).
+      const int S = static_cast<int>(cm.stages.size()), Pi = static_cast<int>(k.pp);
+      for (int rk = 0; rk < Pi; ++rk) {
+        double here = 0;
+        for (int j = 0; j < k.chunks; ++j) {
+          const int st = k.v_placement ? (j == 0 ? rk : 2 * Pi - 1 - rk) : rk + j * Pi;
+          here += detail::stage_params(m, st, S);
+        }
+        max_params = std::max(max_params, here);
+      }
       const double transient = k.recompute == recompute_kind::full
                                    ? plan_formulas::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
                                    : 0;
