@@ -146,6 +146,8 @@ TEST_CASE("a bad value in the cluster file exits 2 with one line naming the fiel
   check_usage_error(run_with(false, "\"beta\": 5e-11", "\"beta\": -1"), "field \"inter.beta\" must be a number >= 0 (got -1)");
   check_usage_error(run_with(false, "\"achievable_fraction\": 0.5", "\"achievable_fraction\": 2"),
                     "field \"achievable_fraction\" must be at most 1");
+  check_usage_error(run_with(false, "\"memory_gib\": 8", "\"memory_gib\": 8, \"reserved_gib\": 9"),
+                    "field \"reserved_gib\" must be a number >= 0 and below \"memory_gib\" (got 9 GiB)");
   check_usage_error(run_with(false, "\"gpus\": 16", "\"gpus\": 18"), "field \"gpus\" must be a multiple of \"gpus_per_node\"");
   check_usage_error(run_with(false, "\"intra\": {\"alpha\": 5e-6, \"beta\": 5e-12}", "\"intra\": 3"), "field \"intra\" must be an object");
   check_usage_error(run_with(false, "\"alpha\": 5e-6,", "\"alpha\": 5e-6, \"gamma\": 1,"), "unknown field \"intra.gamma\"");

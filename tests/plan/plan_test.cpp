@@ -194,3 +194,17 @@ TEST_CASE("a bad model or cluster is a config_error that names the field") {
   o.families = {"no-such"};
   CHECK(msg([&] { loom::plan(small, small_cluster(8, 4, 16), o); }).find("no-such") != std::string::npos);
 }
+
+TEST_CASE("reserved memory shrinks what fits: every ranked configuration fits in memory_bytes - reserved_bytes") {
+  loom::plan_options o;
+  o.families = {"1f1b", "zb-h1", "zb-auto"};
+  auto c = small_cluster(8, 4, 4);
+  auto all = loom::plan(small, c, o);
+  c.reserved_bytes = 2.5 * (1LL << 30);
+  CHECK(c.usable_bytes() == 1.5 * (1LL << 30));
+  auto less = loom::plan(small, c, o);
+  CHECK(less.ranked.size() < all.ranked.size());
+  for (auto const& r : less.ranked) CHECK(r.memory_bytes <= c.usable_bytes());
+  c.reserved_bytes = c.memory_bytes;
+  CHECK_THROWS_WITH_AS(loom::plan(small, c, o), doctest::Contains("\"reserved_gib\""), loom::config_error);
+}

@@ -92,7 +92,7 @@ void run_plan(const plan_text& t) {
   loom::plan_report rep = loom::plan(model.desc, cluster.desc, o);
   if (drawn) std::fprintf(stderr, "\r\033[K");
   if (rep.ranked.empty())
-    throw loom::cli::run_failure("no configuration fits in " + fmt_gib(cluster.desc.memory_bytes) + " GiB per GPU (" + std::to_string(rep.layouts) + " layouts, " + std::to_string(rep.over_memory) +
+    throw loom::cli::run_failure("no configuration fits in " + fmt_gib(cluster.desc.usable_bytes()) + " GiB per GPU (" + std::to_string(rep.layouts) + " layouts, " + std::to_string(rep.over_memory) +
                                  " configurations over the limit)");
   if (t.json) {
     nlohmann::json j;
@@ -109,9 +109,11 @@ void run_plan(const plan_text& t) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("# loom plan: %s on %s: %lld GPUs (%lld per node), %.0f GiB each, %.4g TFLOP/s x %.3g\n",
+  const std::string reserved =
+      cluster.desc.reserved_bytes > 0 ? " (" + fmt_gib(cluster.desc.reserved_bytes) + " GiB reserved)" : std::string();
+  std::printf("# loom plan: %s on %s: %lld GPUs (%lld per node), %.0f GiB each%s, %.4g TFLOP/s x %.3g\n",
               model.name.empty() ? t.model.c_str() : model.name.c_str(), cluster.name.empty() ? t.cluster.c_str() : cluster.name.c_str(),
-              cluster.desc.gpus, cluster.desc.gpus_per_node, cluster.desc.memory_bytes / (1024.0 * 1024 * 1024),
+              cluster.desc.gpus, cluster.desc.gpus_per_node, cluster.desc.memory_bytes / (1024.0 * 1024 * 1024), reserved.c_str(),
               cluster.desc.peak_flops / 1e12, cluster.desc.achievable_fraction);
   std::printf("# %zu layouts, %zu configurations simulated, %zu over memory; the %zu fastest of %zu that fit:\n", rep.layouts,
               rep.evaluated, rep.over_memory, std::min(rep.ranked.size(), static_cast<std::size_t>(top)), rep.ranked.size());

@@ -13,7 +13,8 @@
 //! optional `micro_batch` (1), `bytes_per_element` (2), `state_bytes_per_param` (16), `name`,
 //! `comment`. Cluster file: `gpus`, `gpus_per_node` (positive integers), `memory_gib`,
 //! `peak_flops`, `achievable_fraction` (numbers > 0), `intra` and `inter` (objects with `alpha`
-//! in seconds and `beta` in seconds per byte), optional `name`, `comment`. Unknown fields are errors.
+//! in seconds and `beta` in seconds per byte), optional `reserved_gib` (0: memory the model cannot
+//! use), `name`, `comment`. Unknown fields are errors.
 
 #include <cerrno>
 #include <cmath>
@@ -35,8 +36,8 @@ namespace loom::plan_io {
 //! A model or cluster file as read: the description and its optional `name`.
 template <class Desc>
 struct named {
-  Desc desc{};
-  std::string name;
+  Desc desc{};       //!< what the planner reads
+  std::string name;  //!< the file's `name` (may be empty), for headings
 };
 
 namespace detail {
@@ -64,19 +65,22 @@ inline nlohmann::json read_object(const std::string& what, const std::string& pa
 
 //! Reads the fields of one object, naming each in errors; `done()` rejects unknown fields.
 struct fields {
-  std::string where;  //!< "model file m.json"
+  std::string where;   //!< "model file m.json"
   std::string prefix;  //!< "" or "intra."
-  const nlohmann::json& j;
-  std::vector<std::string> seen{};
+  const nlohmann::json& j;            //!< the object read
+  std::vector<std::string> seen{};    //!< the fields asked for so far (known fields)
 
+  //! Throws: `<where>: field "<prefix><key>" <rule> (got <value as JSON>)`.
   [[noreturn]] void fail(const std::string& key, const std::string& rule, const nlohmann::json& v) const {
     throw config_error(where + ": field \"" + prefix + key + "\" " + rule + " (got " + v.dump() + ")");
   }
+  //! The value of `key`, or null; marks `key` as known.
   const nlohmann::json* find(const std::string& key) {
     seen.push_back(key);
     auto it = j.find(key);
     return it == j.end() ? nullptr : &*it;
   }
+  //! A JSON integer in [1, 2^53]; `fallback` when absent (an error without one).
   long long positive_int(const std::string& key, std::optional<long long> fallback = std::nullopt) {
     const nlohmann::json* v = find(key);
     if (v == nullptr) {
@@ -87,6 +91,7 @@ struct fields {
     if (v->is_number_integer() && v->get<long long>() > 0 && v->get<long long>() <= (1LL << 53)) return v->get<long long>();
     fail(key, "must be a positive integer", *v);
   }
+  //! A finite JSON number >= 0 (> 0 when `positive`); `fallback` when absent (an error without one).
   double number(const std::string& key, bool positive, std::optional<double> fallback = std::nullopt) {
     const nlohmann::json* v = find(key);
     if (v == nullptr) {
@@ -98,12 +103,14 @@ struct fields {
     if (!std::isfinite(x) || x < 0 || (positive && x == 0)) fail(key, positive ? "must be a number > 0" : "must be a number >= 0", *v);
     return x;
   }
+  //! An optional string ("" when absent).
   std::string string(const std::string& key) {
     const nlohmann::json* v = find(key);
     if (v == nullptr) return {};
     if (!v->is_string()) fail(key, "must be a string", *v);
     return v->get<std::string>();
   }
+  //! A required link object `{alpha, beta}` (no other fields).
   link_cost link(const std::string& key) {
     const nlohmann::json* v = find(key);
     if (v == nullptr) throw config_error(where + ": field \"" + prefix + key + "\" is missing (an object with alpha and beta)");
@@ -113,6 +120,7 @@ struct fields {
     f.done();
     return l;
   }
+  //! Throws for the first field that no reader asked for.
   void done() const {
     for (auto it = j.begin(); it != j.end(); ++it) {
       bool known = false;
@@ -163,6 +171,7 @@ inline named<cluster_desc> read_cluster(const std::string& path) {
   c.gpus = f.positive_int("gpus");
   c.gpus_per_node = f.positive_int("gpus_per_node");
   c.memory_bytes = f.number("memory_gib", true) * 1024.0 * 1024.0 * 1024.0;
+  c.reserved_bytes = f.number("reserved_gib", false, 0.0) * 1024.0 * 1024.0 * 1024.0;
   c.peak_flops = f.number("peak_flops", true);
   c.achievable_fraction = f.number("achievable_fraction", true);
   if (c.achievable_fraction > 1) f.fail("achievable_fraction", "must be at most 1", j.at("achievable_fraction"));

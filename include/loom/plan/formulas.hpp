@@ -42,10 +42,15 @@ struct cluster_desc {
   long long gpus = 0;              //!< GPUs in all
   long long gpus_per_node = 0;     //!< GPUs per node (TP and SP groups stay inside one node)
   double memory_bytes = 0;         //!< memory per GPU
+  //! Memory per GPU the model cannot use (CUDA context, NCCL buffers, allocator fragmentation):
+  //! a configuration fits when its model state and activations need at most `usable_bytes()`.
+  double reserved_bytes = 0;
   double peak_flops = 0;           //!< peak FLOP/s per GPU for the element type (A100 bf16: 312e12)
   double achievable_fraction = 1;  //!< fraction of the peak that a transformer layer's kernels reach
   link_cost intra{};               //!< between GPUs of one node: alpha (s) + beta (s/byte) * bytes
   link_cost inter{};               //!< between GPUs of different nodes
+  //! The memory a configuration may fill: `memory_bytes - reserved_bytes`.
+  constexpr double usable_bytes() const { return memory_bytes - reserved_bytes; }
   friend constexpr bool operator==(const cluster_desc&, const cluster_desc&) = default;
 };
 

@@ -24,7 +24,7 @@
 //!    peak live activation of each rank, in bytes, comes from the schedule's own order.
 //! 3. Step time = pipeline time + one ring all-reduce of the rank's gradients over the `dp`
 //!    replicas, after the pipeline drains (no overlap, as Megatron-LM 2021 did).
-//! 4. Memory per GPU = model state (`state_bytes_per_param`, 16 for mixed-precision Adam, no
+//! 4. Memory per GPU (checked against `cluster_desc::usable_bytes`) = model state (`state_bytes_per_param`, 16 for mixed-precision Adam, no
 //!    ZeRO) of the rank's stages / `tp` + the rank's peak activation + with full recomputation
 //!    the working set of one layer being recomputed.
 //!
@@ -77,7 +77,7 @@ struct plan_result {
   double memory_bytes = 0;      //!< largest per-GPU memory over the pipeline ranks
   double state_bytes = 0;       //!< model state (parameters, gradients, optimizer) on that GPU
   double activation_bytes = 0;  //!< peak live activations on that GPU (and the recompute working set)
-  bool fits = false;            //!< memory_bytes <= the cluster's memory per GPU
+  bool fits = false;            //!< memory_bytes <= the cluster's usable memory per GPU (`cluster_desc::usable_bytes`)
   //! FLOP/s per GPU by Narayanan et al.'s eq. (3) (the numbers their Table 1 reports).
   double flops_per_gpu = 0;
 };
@@ -141,6 +141,8 @@ inline std::string check_cluster_desc(const cluster_desc& c) {
   if (auto r = positive("memory_bytes", c.memory_bytes); !r.empty()) return r;
   if (auto r = positive("peak_flops", c.peak_flops); !r.empty()) return r;
   if (auto r = positive("achievable_fraction", c.achievable_fraction); !r.empty()) return r;
+  if (!(std::isfinite(c.reserved_bytes) && c.reserved_bytes >= 0 && c.reserved_bytes < c.memory_bytes))
+    return "field \"reserved_gib\" must be a number >= 0 and below \"memory_gib\" (got " + std::string(detail::real_text(c.reserved_bytes / (1024.0 * 1024 * 1024))) + " GiB)";
   if (c.achievable_fraction > 1) return "field \"achievable_fraction\" must be <= 1 (got " + detail::real_text(c.achievable_fraction) + ")";
   for (auto [f, v] : {std::pair<const char*, double>{"intra.alpha", c.intra.alpha}, {"intra.beta", c.intra.beta},
                       {"inter.alpha", c.inter.alpha}, {"inter.beta", c.inter.beta}})
@@ -250,7 +252,7 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / static_cast<double>(k.tp), k.dp,
                                       dp_leaves_node ? c.inter : c.intra);
   r.step_time = r.pipeline_time + r.dp_time;
-  r.fits = r.memory_bytes <= c.memory_bytes;
+  r.fits = r.memory_bytes <= c.usable_bytes();
   r.flops_per_gpu = pf::narayanan_step_flops(m) / (r.step_time * static_cast<double>(c.gpus));
   return r;
 }
@@ -312,7 +314,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
               k.family = name;
               k.chunks = v;
               k.v_placement = vee;
-              if (min_state > c.memory_bytes) {
+              if (min_state > c.usable_bytes()) {
                 ++rep.over_memory;
                 continue;
               }
@@ -363,7 +365,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
       const double transient = k.recompute == recompute_kind::full
                                    ? plan_formulas::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
                                    : 0;
-      const double room = c.memory_bytes - max_params * m.state_bytes_per_param / static_cast<double>(k.tp) - transient;
+      const double room = c.usable_bytes() - max_params * m.state_bytes_per_param / static_cast<double>(k.tp) - transient;
       const double limit = act > 0 ? std::floor(room / act) : 0;
       if (limit < 1) {
         ++rep.over_memory;
