@@ -190,6 +190,9 @@ TEST_CASE("a bad model or cluster is a config_error that names the field") {
   CHECK(msg([&] { loom::plan(small, c); }).find("\"achievable_fraction\"") != std::string::npos);
   c = small_cluster(10, 4, 16);
   CHECK(msg([&] { loom::plan(small, c); }).find("\"gpus\" must be a multiple of \"gpus_per_node\"") != std::string::npos);
+  c = small_cluster(8, 4, 16);
+  c.gpus = 1LL << 30;
+  CHECK(msg([&] { loom::plan(small, c); }).find("\"gpus\" must be at most 16777216") != std::string::npos);
   loom::plan_options o;
   o.families = {"no-such"};
   CHECK(msg([&] { loom::plan(small, small_cluster(8, 4, 16), o); }).find("no-such") != std::string::npos);

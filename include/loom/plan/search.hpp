@@ -118,6 +118,7 @@ inline std::string check_model_desc(const model_desc& m) {
                       {"seq", m.seq}, {"vocab", m.vocab}, {"bytes_per_element", m.bytes_per_element},
                       {"micro_batch", m.micro_batch}, {"global_batch", m.global_batch}})
     if (auto r = pos(f, v); !r.empty()) return r;
+  if (m.layers > (1LL << 20)) return "field \"layers\" must be at most 1048576 (got " + std::to_string(m.layers) + ")";
   if (m.hidden % m.heads != 0)
     return "field \"heads\" must divide \"hidden\" (" + std::to_string(m.hidden) + " is not a multiple of " + std::to_string(m.heads) + ")";
   if (m.global_batch % m.micro_batch != 0)
@@ -130,6 +131,8 @@ inline std::string check_model_desc(const model_desc& m) {
 
 //! The rule a cluster breaks, or "" (field names as in the JSON file).
 inline std::string check_cluster_desc(const cluster_desc& c) {
+  // Caps keep a mistyped size from making the search loop for hours (a rule, never a clamp).
+  if (c.gpus > (1LL << 24)) return "field \"gpus\" must be at most 16777216 (got " + std::to_string(c.gpus) + ")";
   if (c.gpus <= 0) return "field \"gpus\" must be a positive integer (got " + std::to_string(c.gpus) + ")";
   if (c.gpus_per_node <= 0) return "field \"gpus_per_node\" must be a positive integer (got " + std::to_string(c.gpus_per_node) + ")";
   if (c.gpus % c.gpus_per_node != 0 && c.gpus > c.gpus_per_node)
@@ -280,8 +283,9 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
       const long long dp = c.gpus / (tp * pp);
       if ((m.global_batch / m.micro_batch) % dp != 0) continue;
       if (pp > max_ranks) continue;
-      ++rep.layouts;
       const long long mb = m.global_batch / (dp * m.micro_batch);
+      if (pp * mb > max_shape_cells) continue;  // no family runs it (loom/schedule/shape.hpp's limit)
+      ++rep.layouts;
       // Model state of the layers alone already over the limit: nothing of this layout fits.
       const double min_state = static_cast<double>(m.layers / pp) * plan_formulas::layer_params(m) *
                                m.state_bytes_per_param / static_cast<double>(tp);
