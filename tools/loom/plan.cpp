@@ -120,7 +120,7 @@ void run_plan(const plan_text& t) {
   std::fputs(loom::plan_io::table(rep, static_cast<std::size_t>(top)).c_str(), stdout);
 }
 
-loom::cli::register_command plan_cmd{{.name = "plan", .order = 60, .install = [](CLI::App& app) {
+loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = [](CLI::App& app) {
   auto* sub = app.add_subcommand("plan", "search dp x tp x pp, SP, recomputation and schedule for a model on a cluster");
   auto t = std::make_shared<plan_text>();
   sub->add_option("--model", t->model, "model file (JSON; see docs/plan.md)")->type_name("FILE");
