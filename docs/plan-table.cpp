@@ -1,0 +1,70 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// Prints docs/plan.md's tables: `loom plan` on three published Megatron-LM layouts (the model and
+// cluster files in docs/plan/), once with everything loom searches and once restricted to what
+// Megatron-LM offered in 2021 (full recomputation, no sequence parallelism, 1F1B and interleaved
+// 1F1B), and where the published (dp, tp, pp) lands in each ranking. The ranking tables are
+// exactly what `loom plan --top 5` prints (tools/loom/plan_io.hpp formats both).
+//   g++ -std=c++20 -O2 -Iinclude -Itools/loom -DLOOM_SOURCE_DIR='"."' docs/plan-table.cpp -o /tmp/plan-table && /tmp/plan-table
+#include <cstdio>
+#include <string>
+
+#include "plan_io.hpp"
+
+namespace {
+
+struct study {
+  const char* model;
+  const char* cluster;
+  long long dp, tp, pp;  // the published layout
+};
+
+// Where the published layout first appears in `rep`, as a table cell.
+std::string published_cell(const loom::plan_report& rep, const study& s) {
+  for (std::size_t i = 0; i < rep.ranked.size(); ++i) {
+    const auto& r = rep.ranked[i];
+    if (r.config.dp == s.dp && r.config.tp == s.tp && r.config.pp == s.pp) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "rank %zu of %zu: %s, recompute %s, SP %s, %.2f s, %.0f TFLOP/s (first: %.2f s, %+.1f%%)", i + 1,
+                    rep.ranked.size(), loom::plan_io::schedule_label(r.config).c_str(), loom::to_string(r.config.recompute),
+                    r.config.sp ? "on" : "off", r.step_time, r.flops_per_gpu / 1e12, rep.ranked[0].step_time,
+                    100 * (r.step_time / rep.ranked[0].step_time - 1));
+      return buf;
+    }
+  }
+  return "does not fit";
+}
+
+}  // namespace
+
+int main() {
+  const study studies[] = {{"gpt3-175b", "selene-1024", 8, 8, 16}, {"mt-nlg-530b", "selene-2520", 9, 8, 35}, {"gpt-1t", "selene-3072", 6, 8, 64}};
+  std::string summary =
+      "| model | GPUs | published (dp, tp, pp) | in loom's full search | in the 2021-feature search | 2021 features, 18 bytes/parameter |\n"
+      "|:--|---:|:--|:--|:--|:--|\n";
+  std::string tables;
+  for (const study& s : studies) {
+    const std::string dir = std::string(LOOM_SOURCE_DIR) + "/docs/plan/";
+    const auto m = loom::plan_io::read_model(dir + s.model + ".model.json");
+    const auto c = loom::plan_io::read_cluster(dir + s.cluster + ".cluster.json");
+    const loom::plan_report full = loom::plan(m.desc, c.desc);
+    loom::plan_options o2021;
+    o2021.families = {"1f1b", "interleaved-1f1b"};
+    o2021.recompute = {loom::recompute_kind::full};
+    o2021.sp_on = false;
+    const loom::plan_report old = loom::plan(m.desc, c.desc, o2021);
+    // Megatron-LM's fp32 gradient buffer (bf16 forces it): 18 bytes of model state per parameter.
+    loom::model_desc m18 = m.desc;
+    m18.state_bytes_per_param = 18;
+    const loom::plan_report old18 = loom::plan(m18, c.desc, o2021);
+    summary += "| " + m.name + " | " + std::to_string(c.desc.gpus) + " | (" + std::to_string(s.dp) + ", " + std::to_string(s.tp) + ", " +
+               std::to_string(s.pp) + ") | " + published_cell(full, s) + " | " + published_cell(old, s) + " | " +
+               published_cell(old18, s) + " |\n";
+    tables += "\n" + m.name + ", full search (`loom plan --model docs/plan/" + s.model + ".model.json --cluster docs/plan/" + s.cluster +
+              ".cluster.json`):\n\n" + loom::plan_io::table(full, 5);
+    tables += "\n" + m.name + ", 2021 features (`... --recompute full --sp off --families 1f1b,interleaved-1f1b`):\n\n" +
+              loom::plan_io::table(old, 5);
+    tables += "\n" + m.name + ", 2021 features, `\"state_bytes_per_param\": 18` in the model file:\n\n" + loom::plan_io::table(old18, 3);
+  }
+  std::printf("%s%s", summary.c_str(), tables.c_str());
+}

@@ -1,0 +1,175 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The analytic pieces of `loom::plan`: a GPT-style model and a GPU cluster described by a few
+//! numbers, and the closed forms for FLOPs, activation memory, parameter/optimizer memory and
+//! communication that the planner turns into a `loom::cost_model`.
+//!
+//! Model: a decoder-only transformer of `layers` identical layers (attention + a 4h MLP), as in
+//! Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+//! Megatron-LM" (SC'21), §5.1 and appendix: `12 h^2 + 13 h` parameters per layer, a `V x h`
+//! word embedding tied with the output projection, an `s x h` position embedding. Everything is
+//! constexpr: a model's numbers can be checked in a `static_assert`.
+//!
+//! Units: FLOPs, bytes, seconds.
+
+#include <cstdint>
+
+#include "loom/schedule/cost_model.hpp"
+
+namespace loom {
+
+//! A GPT-style model and its batch (see the file comment for the architecture assumed).
+struct model_desc {
+  long long layers = 0;          //!< `l`: transformer layers
+  long long hidden = 0;          //!< `h`: hidden size
+  long long heads = 0;           //!< `a`: attention heads
+  long long seq = 0;             //!< `s`: sequence length
+  long long vocab = 0;           //!< `V`: vocabulary size
+  int bytes_per_element = 2;     //!< bytes of an activation, a parameter and a gradient (2: fp16/bf16)
+  long long micro_batch = 1;     //!< `b`: sequences per microbatch
+  long long global_batch = 0;    //!< `B`: sequences per optimizer step (all data-parallel replicas)
+  //! Bytes of model state per parameter: 16 for mixed-precision Adam without ZeRO (fp16 weight
+  //! and gradient, fp32 master weight, momentum and variance; Rajbhandari et al., "ZeRO", SC'20, §3.1).
+  double state_bytes_per_param = 16;
+  friend constexpr bool operator==(const model_desc&, const model_desc&) = default;
+};
+
+//! A homogeneous GPU cluster: `gpus` devices in nodes of `gpus_per_node`, two link classes.
+struct cluster_desc {
+  long long gpus = 0;              //!< GPUs in all
+  long long gpus_per_node = 0;     //!< GPUs per node (TP and SP groups stay inside one node)
+  double memory_bytes = 0;         //!< memory per GPU
+  //! Memory per GPU the model cannot use (CUDA context, NCCL buffers, allocator fragmentation):
+  //! a configuration fits when its model state and activations need at most `usable_bytes()`.
+  double reserved_bytes = 0;
+  double peak_flops = 0;           //!< peak FLOP/s per GPU for the element type (A100 bf16: 312e12)
+  double achievable_fraction = 1;  //!< fraction of the peak that a transformer layer's kernels reach
+  link_cost intra{};               //!< between GPUs of one node: alpha (s) + beta (s/byte) * bytes
+  link_cost inter{};               //!< between GPUs of different nodes
+  //! The memory a configuration may fill: `memory_bytes - reserved_bytes`.
+  constexpr double usable_bytes() const { return memory_bytes - reserved_bytes; }
+  friend constexpr bool operator==(const cluster_desc&, const cluster_desc&) = default;
+};
+
+//! Which activations are kept for the backward pass (Korthikanti et al., "Reducing Activation
+//! Recomputation in Large Transformer Models", MLSys 2023 (arXiv 2205.05198), §4–5).
+enum class recompute_kind {
+  none,       //!< keep everything: `s b h (34 + 5 a s / h)` bytes per layer (16-bit)
+  selective,  //!< recompute the attention core (softmax, dropout, scores x V): `34 s b h` kept
+  full,       //!< keep only each layer's input (`2 s b h`) and recompute the whole layer in the backward
+};
+
+//! The name of a recomputation mode as the CLI prints it.
+constexpr const char* to_string(recompute_kind r) {
+  return r == recompute_kind::none ? "none" : r == recompute_kind::selective ? "selective" : "full";
+}
+
+namespace plan_formulas {
+
+//! Parameters of one transformer layer: `12 h^2 + 13 h` (Narayanan et al. 2021, §5.1).
+constexpr double layer_params(const model_desc& m) {
+  const double h = static_cast<double>(m.hidden);
+  return 12 * h * h + 13 * h;
+}
+
+//! Parameters of the word (`V h`) and position (`s h`) embeddings; the output projection shares
+//! the word embedding (Narayanan et al. 2021, §5.1).
+constexpr double embedding_params(const model_desc& m) {
+  return static_cast<double>(m.vocab) * m.hidden + static_cast<double>(m.seq) * m.hidden;
+}
+
+//! All parameters: `l (12 h^2 + 13 h) + V h + s h` (the final layer norm's `2h` left out).
+constexpr double total_params(const model_desc& m) { return m.layers * layer_params(m) + embedding_params(m); }
+
+//! FLOPs of one optimizer step as Narayanan et al. 2021 count them (§5.1, eq. (3)):
+//! `96 B s l h^2 (1 + s / (6h) + V / (16 l h))`. It includes one recomputed forward of every
+//! layer (full activation recomputation) and the logit layer; their achieved teraFLOP/s use it.
+constexpr double narayanan_step_flops(const model_desc& m) {
+  const double B = static_cast<double>(m.global_batch), s = static_cast<double>(m.seq), l = static_cast<double>(m.layers),
+               h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
+  return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+}
+
+//! Forward FLOPs of one layer on one microbatch: `24 b s h^2 + 4 b s^2 h` (the GEMMs, and the
+//! attention scores and their product with V; Narayanan et al. 2021, §5.1: one layer's forward
+//! is a third of its `72 b s h^2 (1 + s/6h)` forward + backward).
+constexpr double layer_forward_flops(const model_desc& m) {
+  const double b = static_cast<double>(m.micro_batch), s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
+  return 24 * b * s * h * h + 4 * b * s * s * h;
+}
+//! FLOPs of a layer's input-gradient backward (`B`): the GEMMs' `24 b s h^2` and twice the
+//! attention core's `4 b s^2 h` (the score and value products each have two operand gradients).
+constexpr double layer_input_grad_flops(const model_desc& m) {
+  const double b = static_cast<double>(m.micro_batch), s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
+  return 24 * b * s * h * h + 8 * b * s * s * h;
+}
+//! FLOPs of a layer's weight-gradient backward (`W`): `24 b s h^2` (the attention core has no
+//! weights). `B + W = 2 F`, as in Narayanan et al. and the Zero Bubble paper (Qi et al., ICLR 2024, §2).
+constexpr double layer_weight_grad_flops(const model_desc& m) {
+  const double b = static_cast<double>(m.micro_batch), s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
+  return 24 * b * s * h * h;
+}
+//! FLOPs the backward recomputes per layer: a whole forward (`full`), the attention core's
+//! `4 b s^2 h` (`selective`, Korthikanti et al. 2022, §5), or nothing.
+constexpr double layer_recompute_flops(const model_desc& m, recompute_kind r) {
+  const double b = static_cast<double>(m.micro_batch), s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
+  return r == recompute_kind::full ? layer_forward_flops(m) : r == recompute_kind::selective ? 4 * b * s * s * h : 0;
+}
+//! Forward FLOPs of the logit layer on one microbatch: `2 b s h V` (its backward: the same again
+//! for `B` and for `W`); the `V / (16 l h)` term of Narayanan et al.'s eq. (3).
+constexpr double logit_forward_flops(const model_desc& m) {
+  return 2.0 * m.micro_batch * m.seq * m.hidden * m.vocab;
+}
+
+//! Activation bytes one layer keeps per microbatch, on one GPU of a tensor-parallel group of `t`
+//! (Korthikanti et al. 2022, §4.2, Table 2), for 16-bit activations and scaled by
+//! `bytes_per_element / 2` otherwise:
+//! - no recomputation: `s b h (34 + 5 a s / h) / t` with sequence parallelism, and
+//!   `s b h (10 + 24 / t + 5 a s / (h t))` with tensor parallelism alone;
+//! - selective: the `5 a s / h` term gone: `34 s b h / t`, or `s b h (10 + 24 / t)`;
+//! - full: the layer input, `2 s b h` (divided by `t` with sequence parallelism).
+constexpr double layer_activation_bytes(const model_desc& m, long long t, bool sp, recompute_kind r) {
+  const double s = static_cast<double>(m.seq), b = static_cast<double>(m.micro_batch), h = static_cast<double>(m.hidden),
+               a = static_cast<double>(m.heads), T = static_cast<double>(t);
+  const double sbh = s * b * h * (m.bytes_per_element / 2.0);
+  const double attn = r == recompute_kind::none ? 5 * a * s / h : 0;
+  if (r == recompute_kind::full) return sp ? 2 * sbh / T : 2 * sbh;
+  return sp ? sbh * (34 + attn) / T : sbh * (10 + 24 / T + attn / T);
+}
+
+//! Activation bytes of the logit layer and the cross-entropy per microbatch on one GPU: the
+//! fp32 logits, `4 s b V / t` (Korthikanti et al. 2022, §4.3).
+constexpr double logit_activation_bytes(const model_desc& m, long long t) {
+  return 4.0 * m.seq * m.micro_batch * m.vocab / static_cast<double>(t);
+}
+
+//! Time of a ring all-reduce of `bytes` over `n` GPUs on link `l`: `2 (n - 1)` steps of
+//! `alpha`, and `2 (n - 1) / n x bytes` through each GPU's link (Patarasuk and Yuan, "Bandwidth
+//! optimal all-reduce algorithms for clusters of workstations", JPDC 2009). 0 for `n = 1`. A
+//! reduce-scatter plus an all-gather (Megatron sequence parallelism) moves the same volume.
+constexpr double ring_allreduce_time(double bytes, long long n, const link_cost& l) {
+  if (n <= 1) return 0;
+  const double N = static_cast<double>(n);
+  return 2 * (N - 1) * l.alpha + 2 * (N - 1) / N * bytes * l.beta;
+}
+
+//! Bytes of one tensor-parallel collective: the layer's activation `s b h x bytes` (Narayanan
+//! et al. 2021, §3.3: two all-reduces in the forward and two in the backward of every layer;
+//! Korthikanti et al. 2022, §4.2.2: with sequence parallelism each becomes a reduce-scatter and
+//! an all-gather of the same total volume).
+constexpr double tp_collective_bytes(const model_desc& m) {
+  return static_cast<double>(m.seq) * m.micro_batch * m.hidden * m.bytes_per_element;
+}
+
+//! Bytes of the activation a pipeline stage sends to the next (and of the gradient sent back):
+//! `s b h x bytes`, divided by `t` with sequence parallelism (the activation is already
+//! scattered along the sequence; Narayanan et al. 2021, §4.1 scatter/gather does the same).
+constexpr double p2p_message_bytes(const model_desc& m, long long t, bool sp) {
+  return tp_collective_bytes(m) / static_cast<double>(sp ? t : 1);
+}
+
+}  // namespace plan_formulas
+}  // namespace loom

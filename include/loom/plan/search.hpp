@@ -1,0 +1,418 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! `loom::plan`: searches data x tensor x pipeline parallel degrees, Megatron sequence
+//! parallelism, activation recomputation, pipeline schedule family, chunks per rank and the
+//! microbatch count for a model on a cluster, and ranks the configurations that fit in memory by
+//! predicted step time, as the configuration studies of Narayanan et al. (SC'21, §3 and §5.4),
+//! Pipette (Yoon et al., 2023) and Hagemann et al., "Efficient Parallelization Layouts for
+//! Large-Scale Distributed Model Training" (2023) do by measurement.
+//!
+//! How one configuration is predicted:
+//! 1. The model is cut into `S = pp x chunks` virtual stages of `layers / S` layers; the first
+//!    stage holds the embeddings, the last the logit layer and the loss. Each stage gets
+//!    `f`, `b`, `w` in seconds: its FLOPs (`plan_formulas`) over
+//!    `tp x peak_flops x achievable_fraction`, plus its tensor-parallel collectives (2 per layer
+//!    in the forward, 2 in the backward, 2 more when the backward recomputes the forward) on the
+//!    intra-node link, not overlapped with compute; its `activation` in bytes per microbatch
+//!    (Korthikanti et al. 2022); its `message_bytes`; its parameter bytes.
+//! 2. That `loom::cost_model` (pipeline ranks on one node share the intra-node link, the others
+//!    the inter-node link) replays the family's schedule from the registry through
+//!    `loom::simulate`: the makespan is the pipeline time; the bubble is its `bubble_ratio`; the
+//!    peak live activation of each rank, in bytes, comes from the schedule's own order.
+//! 3. Step time = pipeline time + one ring all-reduce of the rank's gradients over the `dp`
+//!    replicas, after the pipeline drains (no overlap, as Megatron-LM 2021 did).
+//! 4. Memory per GPU (checked against `cluster_desc::usable_bytes`) = model state (`state_bytes_per_param`, 16 for mixed-precision Adam, no
+//!    ZeRO) of the rank's stages / `tp` + the rank's peak activation + with full recomputation
+//!    the working set of one layer being recomputed.
+//!
+//! Rank order on the cluster is Megatron-LM's: tensor-parallel ranks innermost (on one node),
+//! then data-parallel, then pipeline; so a data-parallel group leaves the node when
+//! `tp x dp > gpus_per_node`, and adjacent pipeline ranks share a node only when
+//! `tp x dp < gpus_per_node`.
+//!
+//! "SP" here is Megatron-LM sequence parallelism (Korthikanti et al. 2022, §4.2.2): it reuses the
+//! tensor-parallel group, so it adds no degree to the mesh; it divides activations (and the
+//! pipeline message) by `tp`. Ulysses / context parallelism is not modelled.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "loom/plan/formulas.hpp"
+#include "loom/schedule/error.hpp"
+#include "loom/schedule/registry.hpp"
+#include "loom/schedule/simulate.hpp"
+
+namespace loom {
+
+//! One point of the search space.
+struct plan_config {
+  long long dp = 1;                             //!< data-parallel degree
+  long long tp = 1;                             //!< tensor-parallel degree (inside one node)
+  long long pp = 1;                             //!< pipeline-parallel degree (ranks of the schedule)
+  bool sp = false;                              //!< Megatron sequence parallelism over the TP group
+  recompute_kind recompute = recompute_kind::none;  //!< which activations the backward recomputes
+  std::string family = "1f1b";                  //!< schedule family (registry name)
+  int chunks = 1;                               //!< model chunks per pipeline rank (virtual stages = pp x chunks)
+  bool v_placement = false;                     //!< for cost-aware families: V placement (chunks = 2)
+  long long microbatches = 1;                   //!< microbatches per step: global_batch / (dp x micro_batch)
+  friend bool operator==(const plan_config&, const plan_config&) = default;
+};
+
+//! The prediction for one configuration.
+struct plan_result {
+  plan_config config;
+  double step_time = 0;         //!< seconds per optimizer step: pipeline_time + dp_time
+  double pipeline_time = 0;     //!< makespan of the simulated schedule (compute, TP and p2p communication)
+  double dp_time = 0;           //!< gradient all-reduce over the data-parallel group (not overlapped)
+  double bubble = 0;            //!< `bubble_ratio` of the simulation: idle fraction of the pipeline time
+  double memory_bytes = 0;      //!< largest per-GPU memory over the pipeline ranks
+  double state_bytes = 0;       //!< model state (parameters, gradients, optimizer) on that GPU
+  double activation_bytes = 0;  //!< peak live activations on that GPU (and the recompute working set)
+  bool fits = false;            //!< memory_bytes <= the cluster's usable memory per GPU (`cluster_desc::usable_bytes`)
+  //! FLOP/s per GPU by Narayanan et al.'s eq. (3) (the numbers their Table 1 reports).
+  double flops_per_gpu = 0;
+};
+
+//! What to search (defaults: everything `plan` knows).
+struct plan_options {
+  //! Families tried (registry names). Cost-aware ones (zb-auto) run on the loop placement with
+  //! one chunk and on the V placement; interleaved-1f1b with every chunk count in
+  //! [2, max_chunks] that divides the layers per rank; V-placement families with 2 chunks.
+  std::vector<std::string> families{"1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-auto", "zb-v", "v-half", "v-min"};
+  std::vector<recompute_kind> recompute{recompute_kind::none, recompute_kind::selective, recompute_kind::full};
+  bool sp_off = true;  //!< try tensor parallelism without sequence parallelism
+  bool sp_on = true;   //!< try Megatron sequence parallelism (only where tp > 1)
+  int max_chunks = 8;  //!< largest interleaving degree tried
+  //! Shapes with more than this many ranks x microbatches are not given to cost-aware
+  //! auto-schedulers (zb-auto, zb-v), whose search grows faster than linearly; 0: no limit.
+  long long max_auto_cells = 4096;
+  //! Called after each evaluated configuration with (done, total); may be empty.
+  std::function<void(std::size_t, std::size_t)> progress;
+};
+
+//! The outcome of a search.
+struct plan_report {
+  std::vector<plan_result> ranked;  //!< configurations that fit, fastest first (dominated variants removed)
+  std::size_t evaluated = 0;        //!< configurations simulated
+  std::size_t over_memory = 0;      //!< configurations (simulated or pruned by model state alone) over the memory limit
+  std::size_t layouts = 0;          //!< (dp, tp, pp) layouts that divide the cluster and the model
+};
+
+namespace detail {
+
+//! The rule a model breaks, or "" (field names as in the JSON file).
+inline std::string check_model_desc(const model_desc& m) {
+  auto pos = [](const char* f, long long v) -> std::string {
+    return v > 0 ? std::string() : "field \"" + std::string(f) + "\" must be a positive integer (got " + std::to_string(v) + ")";
+  };
+  for (auto [f, v] : {std::pair<const char*, long long>{"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads},
+                      {"seq", m.seq}, {"vocab", m.vocab}, {"bytes_per_element", m.bytes_per_element},
+                      {"micro_batch", m.micro_batch}, {"global_batch", m.global_batch}})
+    if (auto r = pos(f, v); !r.empty()) return r;
+  if (m.layers > (1LL << 20)) return "field \"layers\" must be at most 1048576 (got " + std::to_string(m.layers) + ")";
+  if (m.hidden % m.heads != 0)
+    return "field \"heads\" must divide \"hidden\" (" + std::to_string(m.hidden) + " is not a multiple of " + std::to_string(m.heads) + ")";
+  if (m.global_batch % m.micro_batch != 0)
+    return "field \"global_batch\" must be a multiple of \"micro_batch\" (got " + std::to_string(m.global_batch) + " and " +
+           std::to_string(m.micro_batch) + ")";
+  if (!(std::isfinite(m.state_bytes_per_param) && m.state_bytes_per_param >= 0))
+    return "field \"state_bytes_per_param\" must be a finite number >= 0";
+  return {};
+}
+
+//! The rule a cluster breaks, or "" (field names as in the JSON file).
+inline std::string check_cluster_desc(const cluster_desc& c) {
+  // Caps keep a mistyped size from making the search loop for hours (a rule, never a clamp).
+  if (c.gpus > (1LL << 24)) return "field \"gpus\" must be at most 16777216 (got " + std::to_string(c.gpus) + ")";
+  if (c.gpus <= 0) return "field \"gpus\" must be a positive integer (got " + std::to_string(c.gpus) + ")";
+  if (c.gpus_per_node <= 0) return "field \"gpus_per_node\" must be a positive integer (got " + std::to_string(c.gpus_per_node) + ")";
+  if (c.gpus % c.gpus_per_node != 0 && c.gpus > c.gpus_per_node)
+    return "field \"gpus\" must be a multiple of \"gpus_per_node\" (got " + std::to_string(c.gpus) + " and " +
+           std::to_string(c.gpus_per_node) + ")";
+  auto positive = [](const char* f, double v) -> std::string {
+    return std::isfinite(v) && v > 0 ? std::string() : "field \"" + std::string(f) + "\" must be a finite number > 0 (got " + std::string(detail::real_text(v)) + ")";
+  };
+  if (auto r = positive("memory_bytes", c.memory_bytes); !r.empty()) return r;
+  if (auto r = positive("peak_flops", c.peak_flops); !r.empty()) return r;
+  if (auto r = positive("achievable_fraction", c.achievable_fraction); !r.empty()) return r;
+  if (!(std::isfinite(c.reserved_bytes) && c.reserved_bytes >= 0 && c.reserved_bytes < c.memory_bytes))
+    return "field \"reserved_gib\" must be a number >= 0 and below \"memory_gib\" (got " + std::string(detail::real_text(c.reserved_bytes / (1024.0 * 1024 * 1024))) + " GiB)";
+  if (c.achievable_fraction > 1) return "field \"achievable_fraction\" must be <= 1 (got " + detail::real_text(c.achievable_fraction) + ")";
+  for (auto [f, v] : {std::pair<const char*, double>{"intra.alpha", c.intra.alpha}, {"intra.beta", c.intra.beta},
+                      {"inter.alpha", c.inter.alpha}, {"inter.beta", c.inter.beta}})
+    if (!(std::isfinite(v) && v >= 0)) return "field \"" + std::string(f) + "\" must be a finite number >= 0 (got " + std::string(detail::real_text(v)) + ")";
+  return {};
+}
+
+//! Fraction of a stage's activation that lives until its `W` (the Zero Bubble paper's
+//! `M_W / M_B`, Qi et al. 2024, §2: `M_W = 32 s b h`, `M_B = 34 s b h + 5 a s^2 b`; the layer
+//! input kept under full recomputation is needed by `W` as well).
+constexpr double plan_mem_w_ratio(const model_desc& m, recompute_kind r) {
+  if (r == recompute_kind::full) return 1;
+  const double attn = r == recompute_kind::none ? 5.0 * m.heads * m.seq / m.hidden : 0;
+  return 32 / (34 + attn);
+}
+
+//! Parameters of virtual stage `st` of `S` (layers split evenly; embeddings on stage 0; the
+//! tied output projection on stage S - 1: Megatron-LM keeps a copy there).
+constexpr double stage_params(const model_desc& m, int st, int S) {
+  double p = static_cast<double>(m.layers / S) * plan_formulas::layer_params(m);
+  if (st == 0) p += plan_formulas::embedding_params(m);
+  if (st == S - 1) p += static_cast<double>(m.vocab) * m.hidden;
+  return p;
+}
+
+//! Pipeline ranks per node for `cost_model::ranks_per_node` (Megatron rank order: tp, dp, pp).
+constexpr int pipeline_ranks_per_node(const cluster_desc& c, const plan_config& k) {
+  const long long inner = k.tp * k.dp;
+  return inner >= c.gpus_per_node ? 1 : static_cast<int>(c.gpus_per_node / inner);
+}
+
+}  // namespace detail
+
+//! The `loom::cost_model` of configuration `k` (`pp x chunks` stages; see the file comment):
+//! times in seconds, `activation` in bytes per microbatch on one GPU, `param_bytes` the stage's
+//! parameters on one GPU (`bytes_per_element` each). Requires `layers % (pp x chunks) == 0`.
+inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, const plan_config& k) {
+  namespace pf = plan_formulas;
+  const int S = static_cast<int>(k.pp * k.chunks);
+  if (S < 1 || m.layers % S != 0)
+    throw config_error("plan: " + std::to_string(m.layers) + " layers cannot be split into " + std::to_string(S) + " stages");
+  const double L = static_cast<double>(m.layers / S);
+  const double rate = static_cast<double>(k.tp) * c.peak_flops * c.achievable_fraction;
+  const double coll = pf::ring_allreduce_time(pf::tp_collective_bytes(m), k.tp, c.intra);
+  const double act_layer = pf::layer_activation_bytes(m, k.tp, k.sp, k.recompute);
+  const double bwd_colls = k.recompute == recompute_kind::full ? 4 : 2;
+  cost_model out;
+  out.stages.resize(static_cast<std::size_t>(S));
+  for (int st = 0; st < S; ++st) {
+    stage_cost& x = out.stages[static_cast<std::size_t>(st)];
+    double f = L * pf::layer_forward_flops(m);
+    double b = L * (pf::layer_input_grad_flops(m) + pf::layer_recompute_flops(m, k.recompute));
+    double w = L * pf::layer_weight_grad_flops(m);
+    double act = L * act_layer;
+    if (st == S - 1) {
+      f += pf::logit_forward_flops(m);
+      b += pf::logit_forward_flops(m);
+      w += pf::logit_forward_flops(m);
+      act += pf::logit_activation_bytes(m, k.tp);
+    }
+    x.f = f / rate + L * 2 * coll;
+    x.b = b / rate + L * bwd_colls * coll;
+    x.w = w / rate;
+    x.activation = act;
+    x.message_bytes = pf::p2p_message_bytes(m, k.tp, k.sp);
+    x.param_bytes = detail::stage_params(m, st, S) * m.bytes_per_element / static_cast<double>(k.tp);
+  }
+  out.intra = c.intra;
+  out.inter = c.inter;
+  out.ranks_per_node = detail::pipeline_ranks_per_node(c, k);
+  out.mem_w_ratio = detail::plan_mem_w_ratio(m, k.recompute);
+  return out;
+}
+
+//! Predicts configuration `k` with the schedule `s` (generated for `pp` ranks, `microbatches`
+//! and `chunks`): simulates it under `plan_cost_model` and adds the data-parallel all-reduce and
+//! the model state. Throws `schedule_error` when the simulation fails.
+inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, const plan_config& k, const schedule& s) {
+  namespace pf = plan_formulas;
+  const cost_model cm = plan_cost_model(m, c, k);
+  const simulation sim = simulate(s, cm);
+  if (!sim.ok) throw schedule_error("plan: " + k.family + " did not simulate: " + std::string(sim.error));
+  plan_result r;
+  r.config = k;
+  r.pipeline_time = sim.makespan;
+  r.bubble = sim.bubble_ratio;
+  // Per rank: the parameters of its stages (direction 0 of the placement).
+  std::vector<double> params(static_cast<std::size_t>(s.ranks), 0.0);
+  for (int st = 0; st < s.stages; ++st)
+    params[static_cast<std::size_t>(s.stage_to_rank[static_cast<std::size_t>(st)])] += detail::stage_params(m, st, s.stages);
+  const double transient = k.recompute == recompute_kind::full
+                               ? pf::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
+                               : 0;
+  double max_params = 0;
+  for (int rk = 0; rk < s.ranks; ++rk) {
+    const double p = params[static_cast<std::size_t>(rk)] * s.param_copies;
+    max_params = std::max(max_params, p);
+    const double state = p * m.state_bytes_per_param / static_cast<double>(k.tp);
+    const double act = sim.peak_activation[static_cast<std::size_t>(rk)] + transient;
+    if (state + act > r.memory_bytes) {
+      r.memory_bytes = state + act;
+      r.state_bytes = state;
+      r.activation_bytes = act;
+    }
+  }
+  const bool dp_leaves_node = k.tp * k.dp > c.gpus_per_node;
+  r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / static_cast<double>(k.tp), k.dp,
+                                      dp_leaves_node ? c.inter : c.intra);
+  r.step_time = r.pipeline_time + r.dp_time;
+  r.fits = r.memory_bytes <= c.usable_bytes();
+  r.flops_per_gpu = pf::narayanan_step_flops(m) / (r.step_time * static_cast<double>(c.gpus));
+  return r;
+}
+
+//! Searches every configuration of `m` on `c` that `o` allows and ranks those that fit (see the
+//! file comment). Layouts: `tp` divides `gpus_per_node`, `heads` and `hidden`; `pp` divides
+//! `layers`; `dp = gpus / (tp x pp)` is an integer and divides `global_batch / micro_batch`.
+//! Within one (dp, tp, pp, family, chunks), a variant (sp, recompute) that is no faster and uses
+//! no less memory than one ranked before it is left out. Throws `config_error` for a model or
+//! cluster that breaks a rule (the message names the field).
+inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options& o = {}) {
+  if (auto r = detail::check_model_desc(m); !r.empty()) throw config_error(r);
+  if (auto r = detail::check_cluster_desc(c); !r.empty()) throw config_error(r);
+  plan_report rep;
+  struct candidate {
+    plan_config k;
+    const family_entry* e;
+  };
+  std::vector<candidate> todo;
+  const registry& reg = default_registry();
+  for (long long tp = 1; tp <= c.gpus_per_node && tp <= c.gpus; ++tp) {
+    if (c.gpus_per_node % tp != 0 || m.heads % tp != 0 || m.hidden % tp != 0) continue;
+    for (long long pp = 1; pp <= m.layers && tp * pp <= c.gpus; ++pp) {
+      if (m.layers % pp != 0 || c.gpus % (tp * pp) != 0) continue;
+      const long long dp = c.gpus / (tp * pp);
+      if ((m.global_batch / m.micro_batch) % dp != 0) continue;
+      if (pp > max_ranks) continue;
+      const long long mb = m.global_batch / (dp * m.micro_batch);
+      if (pp * mb > max_shape_cells) continue;  // no family runs it (loom/schedule/shape.hpp's limit)
+      ++rep.layouts;
+      // Model state of the layers alone already over the limit: nothing of this layout fits.
+      const double min_state = static_cast<double>(m.layers / pp) * plan_formulas::layer_params(m) *
+                               m.state_bytes_per_param / static_cast<double>(tp);
+      const long long per_rank = m.layers / pp;
+      for (bool sp : {false, true}) {
+        if (sp && tp == 1) continue;
+        if (tp > 1 && !(sp ? o.sp_on : o.sp_off)) continue;
+        for (recompute_kind rc : o.recompute) {
+          plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb};
+          for (const std::string& name : o.families) {
+            const family_entry* e = reg.find(name);
+            if (e == nullptr) throw config_error("plan: unknown schedule family '" + name + "'");
+            std::vector<std::pair<int, bool>> variants;  // chunks, v placement
+            if (e->cost_aware) {
+              variants.push_back({1, false});
+              variants.push_back({2, true});
+            } else if (e->default_chunks == 1) {
+              variants.push_back({1, false});
+            } else if (name == "interleaved-1f1b") {
+              for (int v = 2; v <= o.max_chunks; ++v) variants.push_back({v, false});
+            } else {
+              variants.push_back({e->default_chunks, e->default_chunks == 2});
+            }
+            for (auto [v, vee] : variants) {
+              if (per_rank % v != 0) continue;
+              if (pp == 1 && v > 1 && !vee) continue;  // interleaving needs a pipeline
+              if (e->cost_aware && o.max_auto_cells > 0 && pp * mb > o.max_auto_cells) continue;
+              if (!e->check({.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = v}).empty()) continue;
+              plan_config k = base;
+              k.family = name;
+              k.chunks = v;
+              k.v_placement = vee;
+              if (min_state > c.usable_bytes()) {
+                ++rep.over_memory;
+                continue;
+              }
+              todo.push_back({k, e});
+            }
+          }
+        }
+      }
+    }
+  }
+  // Schedules that do not depend on costs are generated once per shape.
+  std::map<std::tuple<std::string, long long, long long, int>, schedule> cache;
+  std::vector<plan_result> all;
+  std::size_t done = 0;
+  for (const candidate& cd : todo) {
+    const plan_config& k = cd.k;
+    const shape sh{.ranks = static_cast<int>(k.pp), .microbatches = static_cast<int>(k.microbatches), .chunks = k.chunks};
+    schedule s;
+    if (cd.e->cost_aware) {
+      // Auto-schedulers see the average stage (uniform costs per rank share) and the memory left
+      // after the model state, in units of one rank share's activation per microbatch.
+      const cost_model cm = plan_cost_model(m, c, k);
+      costs u{.f = 0, .b = 0, .w = 0};
+      double act = 0, max_params = 0;
+      for (auto const& x : cm.stages) {
+        u.f += x.f;
+        u.b += x.b;
+        u.w += x.w;
+        act += x.activation;
+      }
+      const double P = static_cast<double>(k.pp);
+      u.f /= P;
+      u.b /= P;
+      u.w /= P;
+      u.c = (cm.ranks_per_node == 1 ? c.inter : c.intra).time(cm.stages[0].message_bytes);
+      u.mem_w_ratio = cm.mem_w_ratio;
+      act /= P;
+      // The parameters of the rank holding the most (loop: stages r, r + P, ...; V: r and 2P-1-r).
+      const int S = static_cast<int>(cm.stages.size()), Pi = static_cast<int>(k.pp);
+      for (int rk = 0; rk < Pi; ++rk) {
+        double here = 0;
+        for (int j = 0; j < k.chunks; ++j) {
+          const int st = k.v_placement ? (j == 0 ? rk : 2 * Pi - 1 - rk) : rk + j * Pi;
+          here += detail::stage_params(m, st, S);
+        }
+        max_params = std::max(max_params, here);
+      }
+      const double transient = k.recompute == recompute_kind::full
+                                   ? plan_formulas::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
+                                   : 0;
+      const double room = c.usable_bytes() - max_params * m.state_bytes_per_param / static_cast<double>(k.tp) - transient;
+      const double limit = act > 0 ? std::floor(room / act) : 0;
+      if (limit < 1) {
+        ++rep.over_memory;
+        if (o.progress) o.progress(++done, todo.size());
+        continue;
+      }
+      generate_options go{.cost = u, .mem_limit = std::min(limit, 2.0 * P), .placement = k.v_placement ? placement_kind::v : placement_kind::loop};
+      try {
+        s = cd.e->make(sh, go);
+      } catch (const schedule_error&) {
+        ++rep.over_memory;  // the family cannot schedule within the memory left (e.g. zb-v needs >= pp units)
+        if (o.progress) o.progress(++done, todo.size());
+        continue;
+      }
+    } else {
+      auto key = std::make_tuple(k.family, k.pp, k.microbatches, k.chunks);
+      auto it = cache.find(key);
+      if (it == cache.end()) it = cache.emplace(key, cd.e->make(sh)).first;
+      s = it->second;
+    }
+    plan_result r = evaluate_plan(m, c, k, s);
+    ++rep.evaluated;
+    if (r.fits) all.push_back(r);
+    else ++rep.over_memory;
+    if (o.progress) o.progress(++done, todo.size());
+  }
+  auto label = [](const plan_config& k) {
+    return std::make_tuple(k.dp, k.tp, k.pp, k.family, k.chunks, k.v_placement, k.sp, static_cast<int>(k.recompute));
+  };
+  std::stable_sort(all.begin(), all.end(), [&](const plan_result& a, const plan_result& b) {
+    if (a.step_time != b.step_time) return a.step_time < b.step_time;
+    if (a.memory_bytes != b.memory_bytes) return a.memory_bytes < b.memory_bytes;
+    return label(a.config) < label(b.config);
+  });
+  std::map<std::tuple<long long, long long, long long, std::string, int, bool>, double> least_memory;
+  for (const plan_result& r : all) {
+    auto g = std::make_tuple(r.config.dp, r.config.tp, r.config.pp, r.config.family, r.config.chunks, r.config.v_placement);
+    auto it = least_memory.find(g);
+    if (it != least_memory.end() && it->second <= r.memory_bytes) continue;  // dominated by a faster variant
+    least_memory[g] = r.memory_bytes;
+    rep.ranked.push_back(r);
+  }
+  return rep;
+}
+
+}  // namespace loom

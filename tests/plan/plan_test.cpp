@@ -1,0 +1,213 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// loom::plan: the closed forms of loom/plan/formulas.hpp against values computed by hand, the
+// per-stage cost model against the whole-model FLOP count of Narayanan et al. (eq. 3), and the
+// search's rules (every ranked configuration divides the cluster and the batch, fits in memory,
+// and the ranking is sorted) over a grid of clusters.
+#include <doctest/doctest.h>
+
+#include <loom/plan.hpp>
+
+#include <cmath>
+#include <string>
+
+namespace {
+
+namespace pf = loom::plan_formulas;
+
+// A small model whose numbers are easy by hand: s b h = 128 x 1 x 64 = 8192.
+constexpr loom::model_desc tiny{.layers = 2, .hidden = 64, .heads = 4, .seq = 128, .vocab = 1024, .micro_batch = 1, .global_batch = 8};
+
+constexpr loom::model_desc small{.layers = 8, .hidden = 1024, .heads = 16, .seq = 1024, .vocab = 32000, .micro_batch = 1, .global_batch = 64};
+
+loom::cluster_desc small_cluster(long long gpus, long long per_node, double gib) {
+  return {.gpus = gpus, .gpus_per_node = per_node, .memory_bytes = gib * (1LL << 30), .peak_flops = 100e12,
+          .achievable_fraction = 0.5, .intra = {.alpha = 5e-6, .beta = 1 / 200e9}, .inter = {.alpha = 1e-5, .beta = 1 / 20e9}};
+}
+
+bool close(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::fmax(std::fabs(a), std::fabs(b)); }
+
+}  // namespace
+
+TEST_CASE("parameter counts follow Narayanan et al.'s 12 h^2 + 13 h per layer") {
+  static_assert(pf::layer_params(tiny) == 12 * 64 * 64 + 13 * 64);  // 49984
+  static_assert(pf::embedding_params(tiny) == 1024 * 64 + 128 * 64);
+  CHECK(pf::total_params(tiny) == 2 * 49984 + 65536 + 8192);
+  loom::model_desc gpt3{.layers = 96, .hidden = 12288, .heads = 96, .seq = 2048, .vocab = 51200, .global_batch = 1536};
+  CHECK(pf::layer_params(gpt3) == 1812099072.0);
+  CHECK(std::fabs(pf::total_params(gpt3) / 1e9 - 174.6) < 0.1);  // "GPT-3 175B"
+}
+
+TEST_CASE("per-layer FLOPs: forward 24bsh^2 + 4bs^2h, and B + W is twice the forward") {
+  // 24 * 128 * 64^2 = 12582912; 4 * 128^2 * 64 = 4194304.
+  static_assert(pf::layer_forward_flops(tiny) == 16777216.0);
+  static_assert(pf::layer_input_grad_flops(tiny) == 12582912.0 + 8388608.0);
+  static_assert(pf::layer_weight_grad_flops(tiny) == 12582912.0);
+  static_assert(pf::layer_input_grad_flops(tiny) + pf::layer_weight_grad_flops(tiny) == 2 * pf::layer_forward_flops(tiny));
+  static_assert(pf::logit_forward_flops(tiny) == 2.0 * 128 * 64 * 1024);
+  static_assert(pf::layer_recompute_flops(tiny, loom::recompute_kind::full) == 16777216.0);
+  static_assert(pf::layer_recompute_flops(tiny, loom::recompute_kind::selective) == 4194304.0);
+  static_assert(pf::layer_recompute_flops(tiny, loom::recompute_kind::none) == 0);
+}
+
+TEST_CASE("Narayanan et al.'s eq. (3) by hand, and the per-stage costs add up to it under full recomputation") {
+  // 96 B s l h^2 (1 + s/6h + V/16lh) = 96*8*128*2*4096 * (1 + 1/3 + 1/2) = 805306368 * 11/6.
+  CHECK(close(pf::narayanan_step_flops(tiny), 805306368.0 * 11 / 6));
+  // With tp = 1, free links and rate 1 FLOP/s, a stage's f + b + w is its FLOPs; summed over
+  // the stages, the microbatches and the replicas it is eq. (3) (recompute = full).
+  loom::cluster_desc c{.gpus = 4, .gpus_per_node = 4, .memory_bytes = 1e12, .peak_flops = 1, .achievable_fraction = 1};
+  for (long long pp : {1, 2}) {
+    loom::plan_config k{.dp = 4 / pp, .tp = 1, .pp = pp, .recompute = loom::recompute_kind::full, .chunks = 1,
+                        .microbatches = 8 / (4 / pp)};
+    auto cm = loom::plan_cost_model(tiny, c, k);
+    REQUIRE(cm.stages.size() == static_cast<std::size_t>(pp));
+    double sum = 0;
+    for (auto const& s : cm.stages) sum += s.f + s.b + s.w;
+    CHECK(close(sum * static_cast<double>(k.microbatches * k.dp), pf::narayanan_step_flops(tiny)));
+  }
+}
+
+TEST_CASE("activation bytes per layer follow Korthikanti et al. (34 + 5as/h with SP, 10 + 24/t + 5as/ht without)") {
+  using loom::recompute_kind;
+  // s b h = 8192; 5 a s / h = 5 * 4 * 128 / 64 = 40.
+  static_assert(pf::layer_activation_bytes(tiny, 1, false, recompute_kind::none) == 8192.0 * 74);
+  static_assert(pf::layer_activation_bytes(tiny, 1, true, recompute_kind::none) == 8192.0 * 74);  // same at t = 1
+  static_assert(pf::layer_activation_bytes(tiny, 2, true, recompute_kind::none) == 8192.0 * 74 / 2);
+  static_assert(pf::layer_activation_bytes(tiny, 2, false, recompute_kind::none) == 8192.0 * (10 + 12 + 20));
+  static_assert(pf::layer_activation_bytes(tiny, 2, true, recompute_kind::selective) == 8192.0 * 34 / 2);
+  static_assert(pf::layer_activation_bytes(tiny, 2, false, recompute_kind::selective) == 8192.0 * 22);
+  static_assert(pf::layer_activation_bytes(tiny, 2, true, recompute_kind::full) == 8192.0);
+  static_assert(pf::layer_activation_bytes(tiny, 2, false, recompute_kind::full) == 16384.0);
+  static_assert(pf::logit_activation_bytes(tiny, 2) == 4.0 * 128 * 1024 / 2);
+  // 4-byte elements double everything.
+  constexpr loom::model_desc wide{.layers = 2, .hidden = 64, .heads = 4, .seq = 128, .vocab = 1024, .bytes_per_element = 4, .global_batch = 8};
+  static_assert(pf::layer_activation_bytes(wide, 2, true, recompute_kind::none) == 8192.0 * 74);
+}
+
+TEST_CASE("communication: ring all-reduce 2(n-1) alpha + 2(n-1)/n bytes beta, p2p message s b h bytes (/t with SP)") {
+  constexpr loom::link_cost l{.alpha = 1e-6, .beta = 1e-9};
+  CHECK(close(pf::ring_allreduce_time(1e6, 4, l), 6e-6 + 1.5e-3));
+  CHECK(pf::ring_allreduce_time(1e6, 1, l) == 0);
+  static_assert(pf::tp_collective_bytes(tiny) == 8192.0 * 2);
+  static_assert(pf::p2p_message_bytes(tiny, 4, false) == 16384.0);
+  static_assert(pf::p2p_message_bytes(tiny, 4, true) == 4096.0);
+}
+
+TEST_CASE("the stage cost model holds every parameter once (plus the tied output copy) and the layers' activations") {
+  auto c = small_cluster(8, 4, 16);
+  loom::plan_config k{.dp = 1, .tp = 2, .pp = 4, .sp = true, .recompute = loom::recompute_kind::none, .chunks = 2, .microbatches = 64};
+  auto cm = loom::plan_cost_model(small, c, k);
+  REQUIRE(cm.stages.size() == 8);
+  double params = 0;
+  for (auto const& s : cm.stages) params += s.param_bytes;
+  CHECK(close(params, (pf::total_params(small) + 32000.0 * 1024) * 2 / 2));
+  CHECK(close(cm.stages[3].activation, pf::layer_activation_bytes(small, 2, true, loom::recompute_kind::none)));
+  CHECK(cm.stages[7].activation > cm.stages[3].activation);  // the logits live on the last stage
+  CHECK(cm.stages[7].f > cm.stages[3].f);
+  // tp x dp = 2 < 4 GPUs per node: 2 pipeline ranks share a node.
+  CHECK(cm.ranks_per_node == 2);
+  CHECK_THROWS_AS(loom::plan_cost_model(small, c, {.tp = 2, .pp = 3, .chunks = 1}), loom::config_error);
+}
+
+TEST_CASE("evaluate_plan: memory is the rank's model state (16 bytes per parameter / tp) plus its simulated peak") {
+  auto c = small_cluster(8, 4, 16);
+  loom::plan_config k{.dp = 1, .tp = 2, .pp = 4, .sp = true, .recompute = loom::recompute_kind::selective, .family = "1f1b", .chunks = 1,
+                      .microbatches = 64};
+  auto s = loom::default_registry().at("1f1b").make({.ranks = 4, .microbatches = 64, .chunks = 1});
+  auto r = loom::evaluate_plan(small, c, k, s);
+  auto sim = loom::simulate(s, loom::plan_cost_model(small, c, k));
+  CHECK(r.pipeline_time == sim.makespan);
+  CHECK(r.dp_time == 0);  // dp = 1
+  CHECK(r.step_time == r.pipeline_time);
+  CHECK(r.memory_bytes == doctest::Approx(r.state_bytes + r.activation_bytes));
+  // Rank 0 holds 2 layers and the embeddings; 1F1B keeps p = 4 microbatches of its 2 layers live.
+  const double rank0_state = (2 * pf::layer_params(small) + pf::embedding_params(small)) * 16 / 2;
+  const double rank0_act = 4 * 2 * pf::layer_activation_bytes(small, 2, true, loom::recompute_kind::selective);
+  CHECK(r.memory_bytes >= rank0_state + rank0_act - 1);
+  CHECK(r.fits);
+}
+
+TEST_CASE("the search keeps to GPU-count divisibility, the batch and the memory limit, over a grid of clusters") {
+  for (long long gpus : {4, 8, 16, 32}) {
+    for (long long per_node : {4, 8}) {
+      if (gpus % per_node != 0 && gpus > per_node) continue;
+      for (double gib : {2.0, 4.0, 16.0}) {
+        INFO("gpus=" << gpus << " per_node=" << per_node << " GiB=" << gib);
+        auto c = small_cluster(gpus, per_node, gib);
+        loom::plan_options o;
+        o.families = {"1f1b", "interleaved-1f1b", "zb-h1", "zb-auto", "zb-v", "v-half"};
+        auto rep = loom::plan(small, c, o);
+        double prev = 0;
+        for (auto const& r : rep.ranked) {
+          auto const& k = r.config;
+          CHECK(k.dp * k.tp * k.pp == gpus);
+          CHECK(per_node % k.tp == 0);
+          CHECK(small.heads % k.tp == 0);
+          CHECK(small.layers % (k.pp * k.chunks) == 0);
+          CHECK(k.microbatches * k.dp * small.micro_batch == small.global_batch);
+          CHECK(r.fits);
+          CHECK(r.memory_bytes <= c.memory_bytes);
+          CHECK(r.step_time >= prev);
+          CHECK((!k.sp || k.tp > 1));
+          prev = r.step_time;
+        }
+        CHECK(rep.ranked.size() <= rep.evaluated);
+      }
+    }
+  }
+}
+
+TEST_CASE("a tighter memory limit never adds configurations, and too little memory leaves none") {
+  loom::plan_options o;
+  o.families = {"1f1b", "zb-h1"};
+  auto roomy = loom::plan(small, small_cluster(8, 4, 64), o);
+  auto tight = loom::plan(small, small_cluster(8, 4, 1.2), o);
+  auto none = loom::plan(small, small_cluster(8, 4, 0.01), o);
+  CHECK(roomy.ranked.size() > 0);
+  CHECK(tight.ranked.size() < roomy.ranked.size());
+  for (auto const& r : tight.ranked) CHECK(r.memory_bytes <= 1.2 * (1LL << 30));
+  CHECK(none.ranked.empty());
+  CHECK(none.over_memory > 0);
+}
+
+TEST_CASE("a bad model or cluster is a config_error that names the field") {
+  auto msg = [](auto f) -> std::string {
+    try {
+      f();
+    } catch (const loom::config_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  loom::model_desc m = small;
+  m.hidden = -3;
+  CHECK(msg([&] { loom::plan(m, small_cluster(8, 4, 16)); }) == "field \"hidden\" must be a positive integer (got -3)");
+  m = small;
+  m.heads = 7;
+  CHECK(msg([&] { loom::plan(m, small_cluster(8, 4, 16)); }).find("\"heads\" must divide \"hidden\"") != std::string::npos);
+  auto c = small_cluster(8, 4, 16);
+  c.achievable_fraction = 1.5;
+  CHECK(msg([&] { loom::plan(small, c); }).find("\"achievable_fraction\"") != std::string::npos);
+  c = small_cluster(10, 4, 16);
+  CHECK(msg([&] { loom::plan(small, c); }).find("\"gpus\" must be a multiple of \"gpus_per_node\"") != std::string::npos);
+  c = small_cluster(8, 4, 16);
+  c.gpus = 1LL << 30;
+  CHECK(msg([&] { loom::plan(small, c); }).find("\"gpus\" must be at most 16777216") != std::string::npos);
+  loom::plan_options o;
+  o.families = {"no-such"};
+  CHECK(msg([&] { loom::plan(small, small_cluster(8, 4, 16), o); }).find("no-such") != std::string::npos);
+}
+
+TEST_CASE("reserved memory shrinks what fits: every ranked configuration fits in memory_bytes - reserved_bytes") {
+  loom::plan_options o;
+  o.families = {"1f1b", "zb-h1", "zb-auto"};
+  auto c = small_cluster(8, 4, 4);
+  auto all = loom::plan(small, c, o);
+  c.reserved_bytes = 2.5 * (1LL << 30);
+  CHECK(c.usable_bytes() == 1.5 * (1LL << 30));
+  auto less = loom::plan(small, c, o);
+  CHECK(less.ranked.size() < all.ranked.size());
+  for (auto const& r : less.ranked) CHECK(r.memory_bytes <= c.usable_bytes());
+  c.reserved_bytes = c.memory_bytes;
+  CHECK_THROWS_WITH_AS(loom::plan(small, c, o), doctest::Contains("\"reserved_gib\""), loom::config_error);
+}
