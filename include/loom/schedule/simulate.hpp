@@ -157,32 +157,6 @@ struct staged_cost_view {
   constexpr text describe() const { return text("the cost model's"); }
 };
 
-template <class View>
-constexpr simulation simulate_with(const schedule& s, const View& view);
-
-}  // namespace detail
-
-//! Simulates `s` under costs `k`. Works on generated and lowered programs alike (send/recv are
-//! instantaneous). Never throws for a malformed schedule: it reports `ok = false`. Throws
-//! `config_error` for costs outside their domain (`detail::check_costs`) and for costs so large
-//! that the makespan is not a finite number.
-constexpr simulation simulate(const schedule& s, const costs& k = {}) {
-  if (text rule = detail::check_costs(k); !rule.empty()) throw config_error(rule);
-  return detail::simulate_with(s, detail::uniform_cost_view(k, s.stages >= 1 ? s.stage_fraction() : 1.0));
-}
-
-//! Simulates `s` under the stage- and link-resolved model `m` (fitted to the schedule's stage
-//! count by `cost_model::fit`): an action of stage `st` takes that stage's time, a forward
-//! allocates its `activation`, and a dependency between ranks `a` and `b` across the boundary of
-//! stages `st` and `st + 1` adds `link(a, b).time(stages[st].message_bytes)`. Peaks are in the
-//! unit of `activation`. Throws `config_error` for a model that breaks a rule or does not fit.
-constexpr simulation simulate(const schedule& s, const cost_model& m) {
-  const cost_model fitted = m.fit(s.stages < 1 ? 1 : s.stages);
-  return detail::simulate_with(s, detail::staged_cost_view{fitted});
-}
-
-namespace detail {
-
 //! The replay shared by both cost models (see `simulate`).
 template <class View>
 constexpr simulation simulate_with(const schedule& s, const View& view) {
@@ -353,5 +327,24 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
 }
 
 }  // namespace detail
+
+//! Simulates `s` under costs `k`. Works on generated and lowered programs alike (send/recv are
+//! instantaneous). Never throws for a malformed schedule: it reports `ok = false`. Throws
+//! `config_error` for costs outside their domain (`detail::check_costs`) and for costs so large
+//! that the makespan is not a finite number.
+constexpr simulation simulate(const schedule& s, const costs& k = {}) {
+  if (text rule = detail::check_costs(k); !rule.empty()) throw config_error(rule);
+  return detail::simulate_with(s, detail::uniform_cost_view(k, s.stages >= 1 ? s.stage_fraction() : 1.0));
+}
+
+//! Simulates `s` under the stage- and link-resolved model `m` (fitted to the schedule's stage
+//! count by `cost_model::fit`): an action of stage `st` takes that stage's time, a forward
+//! allocates its `activation`, and a dependency between ranks `a` and `b` across the boundary of
+//! stages `st` and `st + 1` adds `link(a, b).time(stages[st].message_bytes)`. Peaks are in the
+//! unit of `activation`. Throws `config_error` for a model that breaks a rule or does not fit.
+constexpr simulation simulate(const schedule& s, const cost_model& m) {
+  const cost_model fitted = m.fit(s.stages < 1 ? 1 : s.stages);
+  return detail::simulate_with(s, detail::staged_cost_view{fitted});
+}
 
 }  // namespace loom
