@@ -105,6 +105,7 @@ struct plan_report {
   std::size_t evaluated = 0;        //!< configurations simulated
   std::size_t over_memory = 0;      //!< configurations (simulated or pruned by model state alone) over the memory limit
   std::size_t layouts = 0;          //!< (dp, tp, pp) layouts that divide the cluster and the model
+  long long cells = 0;              //!< forward passes (ranks x microbatches x chunks) of the configurations simulated
 };
 
 namespace detail {
@@ -260,6 +261,12 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   return r;
 }
 
+//! The most forward passes (ranks x microbatches x chunks, summed over the configurations) one
+//! `plan` call simulates: about ten seconds on one core (about 3 million a second were measured;
+//! the three searches of docs/plan.md simulate 4 to 7 million). `plan` refuses a larger search
+//! with a `config_error` before simulating anything.
+inline constexpr long long max_search_cells = 1LL << 25;
+
 //! Searches every configuration of `m` on `c` that `o` allows and ranks those that fit (see the
 //! file comment). Layouts: `tp` divides `gpus_per_node`, `heads` and `hidden`; `pp` divides
 //! `layers`; `dp = gpus / (tp x pp)` is an integer and divides `global_batch / micro_batch`.
@@ -329,6 +336,17 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
       }
     }
   }
+  // The search's work, bounded up front (a rule with a message, never a clamp or a hang): the
+  // forward passes (ranks x microbatches x chunks) of every configuration it would simulate.
+  long long cells = 0;
+  for (const candidate& cd : todo) {
+    cells += cd.k.pp * cd.k.microbatches * (cd.k.v_placement ? 2 : cd.k.chunks);
+    if (cells > max_search_cells)
+      throw config_error("plan: the search would simulate more than " + std::to_string(max_search_cells) +
+                         " forward passes in all (" + std::to_string(todo.size()) +
+                         " configurations); narrow it with fewer families, recomputation or SP choices, or a smaller cluster or batch");
+  }
+  rep.cells = cells;
   // Schedules that do not depend on costs are generated once per shape.
   std::map<std::tuple<std::string, long long, long long, int>, schedule> cache;
   std::vector<plan_result> all;
