@@ -38,7 +38,7 @@ std::string published_cell(const loom::plan_report& rep, const study& s) {
 }  // namespace
 
 int main() {
-  const study studies[] = {{"gpt3-175b", "selene-1024", 8, 8, 16}, {"mt-nlg-530b", "selene-2520", 9, 8, 35}, {"gpt-1t", "selene-3072", 6, 8, 64}};
+  const study studies[] = {{"gpt-310b", "selene-1920", 15, 8, 16}, {"mt-nlg-530b", "selene-2520", 9, 8, 35}, {"gpt-1t", "selene-3072", 6, 8, 64}};
   std::string summary =
       "| model | GPUs | published (dp, tp, pp) | in loom's full search | in the 2021-feature search | 2021 features, 18 bytes/parameter |\n"
       "|:--|---:|:--|:--|:--|:--|\n";

@@ -124,9 +124,9 @@ TEST_CASE("loom plan prints a markdown table of --top rows, and the restricted s
 }
 
 TEST_CASE("the example files in docs/plan read cleanly") {
-  for (const char* m : {"gpt3-175b", "mt-nlg-530b", "gpt-1t"})
+  for (const char* m : {"gpt3-175b", "gpt-145b", "gpt-310b", "mt-nlg-530b", "gpt-1t"})
     CHECK_NOTHROW(loom::plan_io::read_model(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + m + ".model.json"));
-  for (const char* c : {"selene-1024", "selene-2520", "selene-3072"})
+  for (const char* c : {"selene-1024", "selene-1536", "selene-1920", "selene-2520", "selene-3072"})
     CHECK_NOTHROW(loom::plan_io::read_cluster(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + c + ".cluster.json"));
 }
 
