@@ -211,3 +211,17 @@ TEST_CASE("reserved memory shrinks what fits: every ranked configuration fits in
   c.reserved_bytes = c.memory_bytes;
   CHECK_THROWS_WITH_AS(loom::plan(small, c, o), doctest::Contains("\"reserved_gib\""), loom::config_error);
 }
+
+TEST_CASE("a search larger than loom::max_search_cells is refused before it simulates anything") {
+  // 2^20 layers on 2^24 GPUs with a batch of 2^20: about 95 million forward passes (two minutes).
+  const loom::model_desc huge{.layers = 1 << 20, .hidden = 64, .heads = 8, .seq = 16, .vocab = 100, .micro_batch = 1,
+                              .global_batch = 1 << 20};
+  loom::cluster_desc c = small_cluster(1LL << 24, 8, 80000);
+  CHECK_THROWS_WITH_AS(loom::plan(huge, c),
+                       doctest::Contains("plan: the search would simulate more than 33554432 forward passes in all"),
+                       loom::config_error);
+  // A search within the bound reports the forward passes it simulated.
+  auto rep = loom::plan(small, small_cluster(8, 4, 64));
+  CHECK(rep.cells > 0);
+  CHECK(rep.cells <= loom::max_search_cells);
+}
