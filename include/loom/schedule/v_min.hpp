@@ -39,6 +39,10 @@ struct v_min {
   static constexpr std::string_view name = "v-min";
   static constexpr std::string_view summary = "V-Min: V-shape building block, ~1/3 of 1F1B's activation memory (Qi et al. 2024)";
   static constexpr int default_chunks = 2;
+  //! Size limit (see `loom::max_ranks`), as `v-half`'s (the same block placement, whose time grows
+  //! faster than linearly with microbatches): 3 ranks x 65402 microbatches ran 78 s at -O2 (found
+  //! by the engine fuzzer, `found-v-min-block-quadratic`).
+  static constexpr long long max_cells = 1LL << 15;
   constexpr text check(shape s) const { return detail::check_v_shape(name, s); }
   constexpr schedule generate(shape s) const {
     return detail::v_schedule_from_timetable(name, s, detail::v_block_timetable(detail::v_block_kind::min, s.ranks, s.microbatches));
