@@ -87,3 +87,9 @@ cli("torch-in", ["simulate", "--torch-csv", "in.csv"], b"0F0,0F1,0I0,0W0,0I1,0W1
 cli("costs", ["simulate", "-s", "zb-auto", "-p", "4", "-m", "8", "--f", "1", "--b", "2", "--w", "0.5", "--c", "0.1",
               "--mem-limit", "5"])
 cli("bad", ["simulate", "--schedule", "zb-h1", "--ranks", "-3", "--microbatches", "8"])
+cli("costs-file", ["best", "-p", "4", "-m", "8", "--costs", "in.csv", "--mem-limit", "6"],
+    b'{"stages": [{"f": 1, "b": 1.2, "w": 0.8, "activation": 1.5, "message_bytes": 4096}, {"f": 2, "b": 2.5, "w": 1.5}],'
+    b' "links": {"intra": {"alpha": 0.01, "beta": 1e-9}, "inter": {"alpha": 0.1, "beta": 1e-8}}, "ranks_per_node": 2,'
+    b' "mem_w_ratio": 0.5}')
+cli("plan", ["plan", "--model", "in.csv", "--cluster", "in.csv", "--top", "3"],
+    b'{"name": "m", "layers": 8, "hidden": 1024, "heads": 16, "seq": 1024, "vocab": 32000, "global_batch": 64}')
