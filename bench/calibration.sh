@@ -40,7 +40,10 @@ echo "# loom calibration accuracy: quickstart MLP, $RANKS MPI processes"
 echo "# date $(date -u '+%Y-%m-%d %H:%M UTC'), host $(uname -n), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "# width $WIDTH, layers 9, samples 2 per microbatch, microbatches $MICROBATCHES, steps $STEPS (step 0 warm-up, steps 1..$CALIBRATE calibrate, $((STEPS - CALIBRATE - 1)) measured)"
 echo "# command: ${mpirun[*]} $exe --backend mpi --schedule FAMILY --width $WIDTH --microbatches $MICROBATCHES --steps $STEPS --calibrate $CALIBRATE"
-echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# What else used the CPU (top's second 1 s sample, processes above 5 %): the figures mean what
+# they mean only on an otherwise idle machine.
+busy() { top -bn2 -d1 | awk '/^top -/{n++} n==2 && $1 ~ /^[0-9]+$/ && $9+0 > 5 {printf "%s%s %s%%", sep, $12, $9; sep=", "}'; }
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg); other busy processes: $(busy)"
 echo
 echo "| family | virtual stages | predicted (ms) | measured (ms) | error | link (ping-pong) | reference check |"
 echo "|---|---:|---:|---:|---:|---|---|"
@@ -63,4 +66,4 @@ for fam in $FAMILIES; do
   echo "| $fam | $stages | $pred | $meas | $err % | $link | ${check:-?} |"
 done
 echo
-echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg); other busy processes: $(busy)"
