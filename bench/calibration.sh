@@ -42,7 +42,10 @@ echo "# width $WIDTH, layers 9, samples 2 per microbatch, microbatches $MICROBAT
 echo "# command: ${mpirun[*]} $exe --backend mpi --schedule FAMILY --width $WIDTH --microbatches $MICROBATCHES --steps $STEPS --calibrate $CALIBRATE"
 # What else used the CPU (top's second 1 s sample, processes above 5 %): the figures mean what
 # they mean only on an otherwise idle machine.
-busy() { top -bn2 -d1 | awk '/^top -/{n++} n==2 && $1 ~ /^[0-9]+$/ && $9+0 > 5 {printf "%s%s %s%%", sep, $12, $9; sep=", "}'; }
+busy() {
+  top -bn2 -d1 | awk '/^top -/{n++} n==2 && $1 ~ /^[0-9]+$/ && $9+0 > 5 {printf "%s%s %s%%", sep, $12, $9; sep=", "}
+                      END {if (sep == "") printf "none above 5 %%"}'
+}
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg); other busy processes: $(busy)"
 echo
 echo "| family | virtual stages | predicted (ms) | measured (ms) | error | link (ping-pong) | reference check |"
