@@ -7,6 +7,12 @@
 //
 //   quickstart --schedule zb-h1 --ranks 4 --microbatches 8 --steps 5 --backend threads
 //   mpirun -np 4 quickstart --schedule 1f1b --microbatches 8 --backend mpi --deterministic
+//   mpirun -np 2 quickstart --schedule zb-h1 --backend mpi --width 512 --steps 20 --calibrate 5 --costs-out zb-h1.json
+//
+// With --calibrate N, steps 1..N (step 0 is a warm-up: handshake, first touch) are timed per
+// stage call, a ping-pong measures the link, and loom::calibrate turns both into a cost model;
+// the remaining steps are the measured ones, and the step time simulated from the calibrated
+// model is printed beside their mean (see docs/calibration.md).
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include <loom/comm/threads.hpp>
+#include <loom/exec/calibrate.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/render/ascii.hpp>
 #include <loom/schedule.hpp>
@@ -40,6 +47,8 @@ struct options {
   bool deterministic = false;
   int width = 8;   // hidden features
   int layers = 9;  // model layers (raised to the number of virtual stages if smaller)
+  int calibrate = 0;      // calibration steps after the warm-up step (0: no calibration)
+  std::string costs_out;  // where to write the calibrated cost file (JSON), if anywhere
 };
 
 //! What every rank computes about the run; rank 0 prints it.
@@ -76,10 +85,23 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
   }
   verdict v;
   double predicted = loom::simulate(s).bubble_ratio, measured_sum = 0;
+  // Calibration: steps 1..N are timed per stage call; the steps after them are the measured ones.
+  const bool calibrating = o.calibrate > 0;
+  std::vector<loom::action_timing> timings;
+  double step_sum = 0;
+  int step_count = 0;
   for (int st = 0; st < o.steps; ++st) {
     auto data = quickstart::make_batch(m, o.microbatches, st);
     targets = data.targets;
+    if (calibrating) comm.barrier();  // the ranks start each step together, as the simulation does
     auto r = p.step(data.inputs);
+    if (calibrating && st >= 1 && st <= o.calibrate) {
+      auto all = loom::gather_timings(comm, p.last_timings());
+      timings.insert(timings.end(), all.begin(), all.end());
+    } else if (calibrating && st > o.calibrate) {
+      step_sum += r.makespan;
+      ++step_count;
+    }
     double want = quickstart::reference_step(m, o.microbatches, data, scale, ref_params, ref_grads);
     double rel = std::abs(r.loss - want) / std::max(std::abs(want), 1e-300);
     v.max_rel_loss = std::max(v.max_rel_loss, rel);
@@ -99,6 +121,34 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
       }
       v.max_rel_params = std::max(v.max_rel_params, n > 0 ? d / n : d);
     }
+  if (calibrating) {
+    const auto sizes = loom::gather_stage_sizes(p, comm);
+    double msg = 8;
+    for (const auto& z : sizes) msg = std::max(msg, z.message_bytes);
+    const auto mb = static_cast<std::size_t>(msg);
+    const std::vector<std::size_t> link_sizes{8, mb, 2 * mb, 4 * mb};
+    const loom::link_cost link = loom::measure_link(comm, link_sizes);
+    const loom::cost_model model = loom::calibrate(s, timings, sizes, {.intra = link});
+    const double want = loom::simulate(s, model).makespan;
+    if (root) {
+      std::printf("calibrated costs (median of %d steps, ms):", o.calibrate);
+      for (std::size_t i = 0; i < model.stages.size(); ++i)
+        std::printf(" s%zu f %.3f b %.3f w %.3f;", i, 1e3 * model.stages[i].f, 1e3 * model.stages[i].b, 1e3 * model.stages[i].w);
+      std::printf(" link %.2f us + %.3f ns/B (ping-pong)\n", 1e6 * link.alpha, 1e9 * link.beta);
+      if (step_count > 0) {
+        const double got = step_sum / step_count;
+        std::printf("step time: predicted %.3f ms (calibrated costs), measured %.3f ms (mean of %d steps), error %+.1f %%\n",
+                    1e3 * want, 1e3 * got, step_count, 100 * (want - got) / got);
+      } else {
+        std::printf("step time: predicted %.3f ms (calibrated costs), measured: no step after the calibration steps (raise --steps)\n",
+                    1e3 * want);
+      }
+      if (!o.costs_out.empty()) {
+        loom::write_cost_file(o.costs_out, model);
+        std::printf("cost file: %s\n", o.costs_out.c_str());
+      }
+    }
+  }
   std::vector<double> worst{v.max_rel_params, v.max_rel_loss};
   comm.all_reduce(std::span<double>(worst), loom::reduce_op::max);
   std::vector<std::int64_t> bits{v.differing_bits};
@@ -130,6 +180,11 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}));
   app.add_option("--width", o.width, "hidden features of the MLP")->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "layers of the MLP")->check(CLI::PositiveNumber);
+  app.add_option("--calibrate", o.calibrate,
+                 "calibrate on steps 1..N, then print the step time predicted from the calibrated costs beside the "
+                 "measured mean of the remaining steps")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--costs-out", o.costs_out, "with --calibrate: write the calibrated cost file (JSON) here");
   app.add_flag("--deterministic", o.deterministic, "fold weight gradients in microbatch order (bitwise reproducible)");
   CLI11_PARSE(app, argc, argv);
 

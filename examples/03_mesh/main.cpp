@@ -43,12 +43,15 @@ struct options {
   bool zero = false;
   std::size_t bucket_bytes = std::size_t{25} << 20;
   bool lazy = false;
+  int calibrate = 0;
+  std::string costs_out;
   model_spec model;
 };
 
 run_options run(const options& o) {
   return {.layout = o.layout, .microbatches = o.microbatches, .steps = o.steps, .deterministic = o.deterministic,
-          .zero = o.zero, .bucket_bytes = o.bucket_bytes, .sync_after_step = o.lazy, .print = true};
+          .zero = o.zero, .bucket_bytes = o.bucket_bytes, .sync_after_step = o.lazy, .print = true,
+          .calibrate = o.calibrate, .costs_out = o.costs_out};
 }
 
 //! Parses and checks the options; returns the sentence of the first error, or "".
@@ -66,6 +69,7 @@ std::string configure(options& o) {
   s.ulysses = o.ulysses != 0 ? o.ulysses : loom::default_ulysses_degree(s.sp);
   if (o.microbatches < 1) return "--microbatches " + std::to_string(o.microbatches) + " must be at least 1";
   if (o.steps < 1) return "--steps " + std::to_string(o.steps) + " must be at least 1";
+  if (o.calibrate < 0) return "--calibrate " + std::to_string(o.calibrate) + " must be at least 0";
   if (o.bucket_bytes < sizeof(double)) return "--bucket-bytes " + std::to_string(o.bucket_bytes) + " is smaller than one value";
   for (auto [name, v] : {std::pair<const char*, int>{"--vocab", o.model.vocab}, {"--seq", o.model.seq},
                          {"--hidden", o.model.hidden}, {"--heads", o.model.heads}, {"--ffn", o.model.ffn}, {"--blocks", o.model.blocks}})
@@ -92,6 +96,10 @@ int main(int argc, char** argv) {
   app.add_flag("--deterministic", o.deterministic, "rank-ordered reductions: bitwise equal to the reference");
   app.add_flag("--zero", o.zero, "shard gradients and the update over the data-parallel group (ZeRO-2 style)");
   app.add_option("--bucket-bytes", o.bucket_bytes, "gradient bucket size in bytes (default 25 MB)");
+  app.add_option("--calibrate", o.calibrate,
+                 "calibrate on steps 1..N, then print the pipeline step time predicted from the calibrated costs beside "
+                 "the measured mean of the remaining steps");
+  app.add_option("--costs-out", o.costs_out, "with --calibrate: write the calibrated cost file (JSON) here");
   app.add_flag("--sync-after-step", o.lazy, "launch the gradient reductions after the step instead of as soon as ready");
   app.add_option("--vocab", o.model.vocab, "vocabulary size");
   app.add_option("--seq", o.model.seq, "tokens per sequence");

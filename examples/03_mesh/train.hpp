@@ -21,6 +21,7 @@
 
 #include <loom/comm/counting.hpp>
 #include <loom/comm/ordered.hpp>
+#include <loom/exec/calibrate.hpp>
 #include <loom/exec/data_parallel.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/mesh.hpp>
@@ -42,6 +43,12 @@ struct run_options {
   bool sync_after_step = false;                        //!< launch reductions after the step
   bool print = false;                                  //!< rank 0 prints losses and counters
   bool check = true;                                   //!< compare with the reference
+  //! Calibration steps after the warm-up step 0 (0: none): their stage calls are timed and turned
+  //! into a cost model (`loom::calibrate`) whose simulated step rank 0 prints beside the measured
+  //! mean of the later steps (the pipeline's step; the data-parallel reductions it overlaps are
+  //! not in the model).
+  int calibrate = 0;
+  std::string costs_out;                               //!< with `calibrate`: the cost file to write
 };
 
 //! What one rank saw: the counts of each of its communicators in each step, and the check.
@@ -106,7 +113,7 @@ run_report train(Comm& world, const run_options& o, const model_spec& m, const l
   loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
     auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
     return stage_t(m, s, tpr, spr, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale, &targets);
-  }, {.deterministic = det, .scaling = loom::loss_scaling::sum, .observer = &sync});
+  }, {.deterministic = det, .scaling = loom::loss_scaling::sum, .measure = o.calibrate > 0, .observer = &sync});
   sync.attach(p);
 
   // The communicators whose counts are reported, and the loss group (ranks holding other tokens).
@@ -124,6 +131,9 @@ run_report train(Comm& world, const run_options& o, const model_spec& m, const l
   const reduction_order order = det ? reduction_order::of(m, s) : reduction_order::plain();
   run_report rep;
   long long bad = 0;
+  std::vector<loom::action_timing> timings;  // calibration: every pipeline rank's stage calls, steps 1..calibrate
+  double step_sum = 0;
+  int step_count = 0;
   for (int step = 0; step < o.steps; ++step) {
     const batch data = make_batch(m, s.dp * M, step);
     std::vector<double> inputs;
@@ -136,11 +146,19 @@ run_report train(Comm& world, const run_options& o, const model_spec& m, const l
       }
     std::vector<loom::comm_counters> before;
     for (auto& c : comms) before.push_back(*c.second);
+    if (o.calibrate > 0) g.world().barrier();  // every rank starts the step together, as the simulation does
     const auto t0 = std::chrono::steady_clock::now();
     auto r = p.step(inputs);
     rep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto& counts = rep.steps.emplace_back();
     for (std::size_t i = 0; i < comms.size(); ++i) counts.push_back({comms[i].first, comms[i].second->since(before[i])});
+    if (o.calibrate > 0 && step >= 1 && step <= o.calibrate) {
+      auto all = loom::gather_timings(g.pp(), p.last_timings());
+      timings.insert(timings.end(), all.begin(), all.end());
+    } else if (o.calibrate > 0 && step > o.calibrate) {
+      step_sum += r.makespan;
+      ++step_count;
+    }
     std::vector<double> loss{r.loss};
     if (det) loom::ordered_all_reduce(loss_group, std::span<double>(loss));
     else if (loss_group.size() > 1) loss_group.all_reduce(std::span<double>(loss), loom::reduce_op::sum);
@@ -155,6 +173,34 @@ run_report train(Comm& world, const run_options& o, const model_spec& m, const l
     if (root && o.print) print_counters(step, counts);
   }
   sync.finish();
+  if (o.calibrate > 0) {
+    const auto sizes = loom::gather_stage_sizes(p, g.pp());
+    double msg = 8;
+    for (const auto& z : sizes) msg = std::max(msg, z.message_bytes);
+    const auto mb = static_cast<std::size_t>(msg);
+    const std::vector<std::size_t> link_sizes{8, mb, 2 * mb, 4 * mb};
+    const loom::link_cost link = loom::measure_link(g.pp(), link_sizes);
+    const loom::cost_model model = loom::calibrate(sched, timings, sizes, {.intra = link});
+    const double want = loom::simulate(sched, model).makespan;
+    if (root && o.print) {
+      std::printf("calibrated costs (median of %d steps, ms):", o.calibrate);
+      for (std::size_t i = 0; i < model.stages.size(); ++i)
+        std::printf(" s%zu f %.3f b %.3f w %.3f;", i, 1e3 * model.stages[i].f, 1e3 * model.stages[i].b, 1e3 * model.stages[i].w);
+      std::printf(" link %.2f us + %.3f ns/B (ping-pong)\n", 1e6 * link.alpha, 1e9 * link.beta);
+      if (step_count > 0) {
+        const double got = step_sum / step_count;
+        std::printf("step time: predicted %.3f ms (calibrated costs), measured %.3f ms (mean of %d steps), error %+.1f %%\n",
+                    1e3 * want, 1e3 * got, step_count, 100 * (want - got) / got);
+      } else {
+        std::printf("step time: predicted %.3f ms (calibrated costs), measured: no step after the calibration steps (raise --steps)\n",
+                    1e3 * want);
+      }
+      if (!o.costs_out.empty()) {
+        loom::write_cost_file(o.costs_out, model);
+        std::printf("cost file: %s\n", o.costs_out.c_str());
+      }
+    }
+  }
   // Every parameter this rank holds against the reference's.
   long long values = 0;
   if (o.check)

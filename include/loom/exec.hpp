@@ -5,10 +5,13 @@
 //! \file
 //! Umbrella header of the execution layer: `loom::pipeline`, which runs one training step of a
 //! rank's lowered program over the user's stages and any `loom::communicator`; the data-parallel
-//! gradient synchronisation that observes it; the tensor- and sequence-parallel building blocks.
+//! gradient synchronisation that observes it; the tensor- and sequence-parallel building blocks;
+//! calibration of a cost model from measured steps.
 //! Host compiler only; pair it with a backend ("loom/comm.hpp" for threads, "loom/comm/mpi.hpp"
 //! for MPI).
 
+#include "loom/exec/action_timing.hpp"
+#include "loom/exec/calibrate.hpp"
 #include "loom/exec/data_parallel.hpp"
 #include "loom/exec/pipeline.hpp"
 #include "loom/exec/sequence_parallel.hpp"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <loom/comm/mpi.hpp>
+#include <loom/exec/calibrate.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/schedule.hpp>
 
@@ -105,6 +106,56 @@ int mode_train(loom::mpi::comm& c) {
   return failures == 0 ? 0 : 1;
 }
 
+//! Calibration over MPI, every family that runs on P processes: a measured step records one timing
+//! per compute half on every rank, gather_timings hands every rank all of them, calibrate and
+//! simulate accept the result, and measure_link gives every rank the same link.
+int mode_calibrate(loom::mpi::comm& c) {
+  const int P = c.size();
+  int runs = 0, failures = 0;
+  auto fail = [&](const std::string& what) {
+    ++failures;
+    std::printf("CALIBRATE-MISMATCH rank %d: %s\n", c.rank(), what.c_str());
+  };
+  for (auto const& e : loom::default_registry().entries()) {
+    loom::shape sh = e.resolve({P, 2 * P, 0});
+    if (!e.check(sh).empty()) continue;
+    const loom::schedule s = e.make(sh);
+    trainer t(c, s, {.measure = true});
+    std::vector<loom::action_timing> all;
+    for (int st = 0; st < 2; ++st) {
+      auto data = quickstart::make_batch(t.m, s.microbatches, st);
+      t.targets = data.targets;
+      t.p.step(data.inputs);
+      std::size_t halves = 0;
+      for (const loom::action& a : t.p.lowered().programs[static_cast<std::size_t>(c.rank())])
+        halves += a.kind == loom::op::FB ? 2 : loom::is_compute(a.kind) ? 1 : 0;
+      if (t.p.last_timings().size() != halves) fail(e.name + ": " + std::to_string(t.p.last_timings().size()) + " timings");
+      auto g = loom::gather_timings(c, t.p.last_timings());
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    std::size_t total = 0;
+    for (auto const& prog : s.programs)
+      for (const loom::action& a : prog) total += a.kind == loom::op::FB ? 2 : loom::is_compute(a.kind) ? 1 : 0;
+    if (all.size() != 2 * total) fail(e.name + ": gathered " + std::to_string(all.size()) + " of " + std::to_string(2 * total));
+    const std::vector<std::size_t> sizes{8, 1024};
+    const loom::link_cost l = loom::measure_link(c, sizes);
+    std::vector<double> lo{l.alpha, l.beta}, hi{l.alpha, l.beta};
+    c.all_reduce(std::span<double>(lo), loom::reduce_op::min);
+    c.all_reduce(std::span<double>(hi), loom::reduce_op::max);
+    if (lo != hi) fail(e.name + ": the ranks measured different links");
+    const auto model = loom::calibrate(s, all, loom::gather_stage_sizes(t.p, c), {.intra = l});
+    if (!loom::simulate(s, model).ok) fail(e.name + ": the calibrated model does not simulate");
+    ++runs;
+  }
+  std::vector<std::int64_t> tally{failures};
+  c.all_reduce(std::span<std::int64_t>(tally), loom::reduce_op::sum);
+  if (c.rank() == 0) {
+    std::printf("%d families calibrated, %lld failures\n", runs, static_cast<long long>(tally[0]));
+    if (tally[0] == 0 && runs > 5) std::printf("EXEC-MPI-CALIBRATE-OK\n");
+  }
+  return tally[0] == 0 ? 0 : 1;
+}
+
 void expect(bool ok, int rank, const std::string& what) {
   std::printf("%s rank %d: %s\n", ok ? "EXEC-FAULT-OK" : "EXEC-FAULT-MISSED", rank, what.c_str());
   std::fflush(stdout);
@@ -187,6 +238,7 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "train";
   if (mode == "train") return mode_train(c);
   if (mode == "throw") return mode_throw(c);
+  if (mode == "calibrate") return mode_calibrate(c);
   if (mode == "mismatch") return mode_mismatch(c);
   if (mode == "exit") return mode_exit(c);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());

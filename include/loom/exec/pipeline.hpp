@@ -37,6 +37,14 @@
 //! Optimizer hooks (`update()`) run only after every rank agreed that the step succeeded, so a
 //! failed step leaves every weight as it was and can be retried.
 //!
+//! Measurement. With `pipeline_options::measure` the host space times every stage call
+//! (`steady_clock` around the user's function); `step_result::busy_seconds` is their sum and
+//! `last_timings()` lists each one of the last step (kind, microbatch, stage, seconds), the input
+//! of `loom::calibrate` (`loom/exec/calibrate.hpp`). The list is reserved when the pipeline is
+//! built (one entry per compute half of the rank's program), so a measured step allocates nothing
+//! either. On a device space the timings are CUDA events summed into `busy_seconds`;
+//! `last_timings()` is empty there for now (calibration is host-only).
+//!
 //! Execution spaces. Everything above is one code for the host and for CUDA devices. The
 //! communicator's type picks an *execution space* (`loom/exec/space.hpp`), the one place the
 //! pipeline consults for memory, stage calls, losses and transfers: over a host
@@ -89,6 +97,7 @@
 #include "loom/schedule/schedule.hpp"
 #include "loom/schedule/static_schedule.hpp"
 #include "loom/schedule/validate.hpp"
+#include "loom/exec/action_timing.hpp"
 #include "loom/exec/space.hpp"
 #include "loom/exec/step_observer.hpp"
 #include "loom/stage/buffer_plan.hpp"
@@ -383,6 +392,12 @@ class pipeline {
   std::span<const double> microbatch_losses() const { return {losses_.data(), static_cast<std::size_t>(M_)}; }
   //! This rank.
   int rank() const { return rank_; }
+  //! Measure mode on the host: the duration of every stage call of the last step on this rank,
+  //! in the order they ran (an `FB` action as its two halves, `action_timing::in_fb`); exactly one
+  //! entry per compute half of the rank's program after a successful step. Empty when not
+  //! measuring, on a device space (calibration is host-only for now), and after a step in which
+  //! this rank's stage threw (the calls after it were skipped). Valid until the next `step`.
+  std::span<const action_timing> last_timings() const { return timings_; }
   //! The execution space (on a device: `space().stream()` is the rank's compute stream).
   space_type& space() { return space_; }
   //! Bytes of activation, gradient, stash and send buffers the pipeline allocated for this rank
@@ -478,6 +493,7 @@ class pipeline {
     std::size_t halves = 0;
     for (auto const& a : program_) halves += a.kind == op::FB ? 2 : is_compute(a.kind) ? 1 : 0;
     space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last);
+    if (opt_.measure && !on_device) timings_.reserve(halves);  // once: a measured step appends without allocating
     make_labels();
     recv_reqs_.resize(plan_.recv_positions.size());
     send_reqs_.resize(sends);
@@ -626,6 +642,7 @@ class pipeline {
     failure_.clear();
     failed_rank_ = -1;
     busy_ = 0;
+    timings_.clear();  // keeps the capacity reserved in init
     recv_k_ = 0;
     nsend_ = 0;
     clock_ = 0;
@@ -712,8 +729,10 @@ class pipeline {
     else if constexpr (A.kind == op::B || A.kind == op::BW) backward_half<A.kind>(A.mb, A.stage);
     else if constexpr (A.kind == op::W) weight(A.mb, A.stage);
     else {
+      in_fb_ = true;
       forward_half(A.mb, A.stage);
       backward_half<A.bkind>(A.bmb, A.bstage);
+      in_fb_ = false;
     }
   }
 
@@ -731,9 +750,11 @@ class pipeline {
       case op::BW: backward_half<op::BW>(a.mb, a.stage); break;
       case op::W: weight(a.mb, a.stage); break;
       case op::FB:
+        in_fb_ = true;
         forward_half(a.mb, a.stage);
         if (a.bkind == op::B) backward_half<op::B>(a.bmb, a.bstage);
         else backward_half<op::BW>(a.bmb, a.bstage);
+        in_fb_ = false;
         break;
     }
   }
@@ -795,7 +816,11 @@ class pipeline {
     if (failed_rank_ >= 0) return;
     try {
       stage_context ctx = context(mb, s);
-      busy_ += space_.call(label(kind, mb, s), ctx, accesses, [&] { fn(ctx); });
+      const double d = space_.call(label(kind, mb, s), ctx, accesses, [&] { fn(ctx); });
+      busy_ += d;
+      if constexpr (!on_device)
+        if (opt_.measure && timings_.size() < timings_.capacity())
+          timings_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .in_fb = in_fb_, .seconds = d});
     } catch (const std::exception& e) {
       fail(std::string("stage ") + std::to_string(s) + " " + what + " of microbatch " + std::to_string(mb) + " threw: " + e.what());
     } catch (...) {
@@ -1072,6 +1097,8 @@ class pipeline {
   int failed_rank_ = -1;
   std::string failure_;
   double busy_ = 0;
+  std::vector<action_timing> timings_;  // measure mode (host): this step's stage calls; reserved in init
+  bool in_fb_ = false;                  // running the halves of an FB action
   std::vector<char> observed_use_;  // step observer: local stages used this step
   std::vector<int> observed_w_;     // step observer: weight-gradient actions run per local stage
 };

@@ -1,0 +1,29 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! `loom::action_timing`: the measured duration of one compute half of a pipeline step, as
+//! `loom::pipeline::last_timings()` reports it in measure mode (`pipeline_options::measure`) and
+//! `loom::calibrate` (`loom/exec/calibrate.hpp`) reads it. Std only, so that calibration and
+//! tools can use it without the executor.
+
+#include "loom/schedule/action.hpp"
+
+namespace loom {
+
+//! One stage call of a step, timed on the host (`host_space::call`: `steady_clock` around the
+//! user's stage function, nothing else: no communication, no buffer bookkeeping).
+//! An overlapped `FB` action is reported as its two halves, each with its own kind (`F`, then
+//! `B` or `BW`) and `in_fb = true`: the host runs them one after the other.
+struct action_timing {
+  op kind = op::F;     //!< `F`, `B`, `W` or `BW`
+  int microbatch = 0;  //!< the microbatch
+  int stage = 0;       //!< the virtual stage (0..S-1; both directions of a two-path schedule share indices)
+  int rank = 0;        //!< the rank that ran it
+  bool in_fb = false;  //!< a half of an overlapped `FB` action
+  double seconds = 0;  //!< wall-clock duration of the stage call
+  friend constexpr bool operator==(const action_timing&, const action_timing&) = default;
+};
+
+}  // namespace loom
