@@ -417,7 +417,9 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
   auto label = [](const plan_config& k) {
     return std::make_tuple(k.dp, k.tp, k.pp, k.family, k.chunks, k.v_placement, k.sp, static_cast<int>(k.recompute));
   };
-  std::stable_sort(all.begin(), all.end(), [&](const plan_result& a, const plan_result& b) {
+  // A total order (the label tells configurations apart), so std::sort is deterministic
+  // (libstdc++ 12's std::stable_sort warns under clang: deprecated get_temporary_buffer).
+  std::sort(all.begin(), all.end(), [&](const plan_result& a, const plan_result& b) {
     if (a.step_time != b.step_time) return a.step_time < b.step_time;
     if (a.memory_bytes != b.memory_bytes) return a.memory_bytes < b.memory_bytes;
     return label(a.config) < label(b.config);
