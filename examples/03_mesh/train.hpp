@@ -48,7 +48,7 @@ struct run_options {
   //! mean of the later steps (the pipeline's step; the data-parallel reductions it overlaps are
   //! not in the model).
   int calibrate = 0;
-  std::string costs_out;                               //!< with `calibrate`: the cost file to write
+  std::string costs_out{};                             //!< with `calibrate`: the cost file to write
 };
 
 //! What one rank saw: the counts of each of its communicators in each step, and the check.
