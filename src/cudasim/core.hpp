@@ -353,6 +353,9 @@ struct state {
   std::vector<stream_state*> legacy;  // per device
   int stream_counter = 0;
   std::unordered_set<event_state*> events;
+  // Destroyed events: graph nodes may still name them (external nodes), so they outlive
+  // cudaEventDestroy, owned here until the simulator ends (a few dozen bytes each).
+  std::vector<std::unique_ptr<event_state>> retired_events;
   std::unordered_set<graph_state*> graphs;
   std::unordered_set<exec_state*> execs;
   std::vector<capture_session*> captures;

@@ -676,8 +676,10 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
   auto* e = resolve_event(event, err);
   if (e == nullptr) return err;
   sim.events.erase(e);
-  // Graph nodes may still name it (external nodes): keep the object, forget its record.
+  // Graph nodes may still name it (external nodes): keep the object (owned by the simulator
+  // from now on), forget its record.
   e->rec.reset();
+  sim.retired_events.emplace_back(e);
   return cudaSuccess;
 }
 

@@ -407,12 +407,14 @@ class data_parallel final : public step_observer {
   void check_layout() {
     for (unsigned x = 0; x < 4; ++x) {
       std::vector<std::int64_t> sig{0, 0, 0};
+      std::uint64_t sizes = 0;  // a hash of the bucket sizes in order, wrapping (unsigned: defined)
       for (const bucket& b : buckets_)
         if (b.group == x) {
           ++sig[0];
           sig[1] += static_cast<std::int64_t>(b.elements);
-          sig[2] = sig[2] * 1000003 + static_cast<std::int64_t>(b.elements);
+          sizes = sizes * 1000003u + static_cast<std::uint64_t>(b.elements);
         }
+      sig[2] = static_cast<std::int64_t>(sizes);  // modular since C++20
       std::vector<std::int64_t> lo = sig, hi = sig;
       groups_[x]->all_reduce(std::span<std::int64_t>(lo), reduce_op::min);
       groups_[x]->all_reduce(std::span<std::int64_t>(hi), reduce_op::max);
