@@ -116,7 +116,8 @@ TEST_CASE("loom plan prints a markdown table of --top rows, and the restricted s
   CHECK(r.out.find("\n| 3 |") == std::string::npos);
   r = run("plan --model " + tmp("m.json") + " --cluster " + tmp("c.json") + " --json --top 100 --families 1f1b --recompute full --sp off");
   REQUIRE(r.status == 0);
-  for (auto const& x : nlohmann::json::parse(r.out).at("ranking")) {
+  const auto doc = nlohmann::json::parse(r.out);  // a range-for over a temporary's member would dangle
+  for (auto const& x : doc.at("ranking")) {
     CHECK(x.at("schedule") == "1f1b");
     CHECK(x.at("recompute") == "full");
     CHECK(x.at("sp") == false);
