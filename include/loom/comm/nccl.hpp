@@ -477,12 +477,12 @@ class comm {
       staging_ = cuda::device_buffer<std::byte>(bytes);
       pinned_ = cuda::pinned_buffer<std::byte>(bytes);
     }
-    std::memcpy(pinned_.data(), v.data(), bytes);
+    if (bytes != 0) std::memcpy(pinned_.data(), v.data(), bytes);  // an empty span may have no storage (memcpy's null is UB)
     LOOM_CUDA_TRY(cudaMemcpyAsync(staging_.data(), pinned_.data(), bytes, cudaMemcpyHostToDevice, agree_stream_));
     LOOM_NCCL_TRY(ncclAllReduce(staging_.data(), staging_.data(), v.size(), detail::dtype<T>(), detail::red(op), world_, agree_stream_));
     LOOM_CUDA_TRY(cudaMemcpyAsync(pinned_.data(), staging_.data(), bytes, cudaMemcpyDeviceToHost, agree_stream_));
     synchronize(agree_stream_);
-    std::memcpy(v.data(), pinned_.data(), bytes);
+    if (bytes != 0) std::memcpy(v.data(), pinned_.data(), bytes);
   }
 
   void release() noexcept {
