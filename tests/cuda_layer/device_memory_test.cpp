@@ -16,7 +16,8 @@ using namespace loom_device_test;
 namespace {
 
 //! Bytes the buffer plan predicts for `rank`: every slot of every local stage at the stages'
-//! sizes, the buffers received from the other copy, and the loss, seed and discard buffers.
+//! sizes, the buffers received from the other copy, the loss-term buffers (one per microbatch
+//! up to the space's limit), the loss seed and the discarded input gradient.
 std::size_t predicted_bytes(const loom::schedule& s, int rank, const quickstart::mlp_spec& m, bool det) {
   auto lowered = loom::lower(s);
   auto plan = loom::plan_buffers(lowered, rank);
@@ -34,7 +35,11 @@ std::size_t predicted_bytes(const loom::schedule& s, int rank, const quickstart:
     if (l.id.stage == s.stages - 1) out_last = std::max(out_last, out);
     if (l.id.stage == 0) in_first = std::max(in_first, in);
   }
-  return (elems + 2 * out_last + in_first) * sizeof(float);
+  // Loss terms: one buffer per microbatch on a device (copied to the host once per step) unless
+  // they would take more than the space's limit, then one for all.
+  const auto m_loss = static_cast<std::size_t>(s.microbatches);
+  const std::size_t loss_bufs = m_loss * out_last * sizeof(float) <= loom::detail::device_space<float, loom::nccl::comm>::max_kept_loss_bytes ? m_loss : 1;
+  return (elems + (loss_bufs + 1) * out_last + in_first) * sizeof(float);
 }
 
 }  // namespace
@@ -89,5 +94,41 @@ TEST_CASE("peak device memory of every rank equals the buffer plan's prediction 
         CHECK(peak_later[r] == after_first[r]);  // steps after the first allocate nothing
       }
     }
+}
+
+TEST_CASE("a step copies its losses to the host once, not once per microbatch") {
+  // Loss terms up to the space's limit stay on the device, one buffer per microbatch, until one
+  // copy at the step's end; above it one buffer serves every microbatch, copied as it is written.
+  // Both give the CPU reference's result bitwise (deterministic mode), eagerly and replayed.
+  using space = loom::detail::device_space<float, loom::cuda_local::comm>;
+  const int M = 8, steps = 2;
+  loom::schedule s = loom::generate(loom::zb_h1{}, {.ranks = 2, .microbatches = M});
+  for (int samples : {2, 16384}) {
+    auto m = spec_for(s.stages, samples);
+    const std::size_t width = static_cast<std::size_t>(samples) * m.width(m.layers());
+    const bool kept = space::loss_buffers(M, width) == static_cast<std::size_t>(M);
+    CHECK(kept == (samples == 2));  // 8 x 16384 x 3 floats are over the limit
+    for (bool graph : {false, true}) {
+      CAPTURE(samples);
+      CAPTURE(graph);
+      loom::cudasim::config c;
+      c.seed = 5;
+      c.trace = true;
+      c.races = loom::cudasim::race_policy::fail;
+      loom::cudasim::configure(c);
+      auto o = run(backend::cuda_local, s, m, steps, {.deterministic = true, .graph = graph});
+      REQUIRE_MESSAGE(o.ok(), o.errors());
+      int per_step = 0, per_microbatch = 0;
+      for (auto const& e : loom::cudasim::trace()) {
+        if (e.kind != "copy") continue;
+        per_step += e.label.starts_with("losses to host /");  // "region / call"
+        per_microbatch += e.label.starts_with("loss to host /");
+      }
+      // Each step runs once (the first is captured and launched, the second replayed).
+      CHECK(per_step == (kept ? steps : 0));
+      CHECK(per_microbatch == (kept ? 0 : steps * M));
+      CHECK(compare(o, reference(m, M, steps)).second == 0);
+    }
+  }
 }
 #endif

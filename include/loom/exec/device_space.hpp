@@ -22,8 +22,12 @@
 //! The compute stream waits for a receive's event before its consumer (`wait_recv`). Buffers are
 //! device memory from the same buffer plan as on the host.
 //!
-//! Losses are copied to pinned host memory by the compute stream and summed on the host after
-//! the step, in the same order as on the host. Measurement (`pipeline_options::measure`) records a
+//! Losses. Each microbatch's loss terms stay in their own device buffer (`loss_buffers`) and the
+//! end of the step copies them to pinned host memory at once: one copy per step rather than one
+//! per microbatch (each is an API call eagerly and a graph node in a captured step). When the
+//! terms of all microbatches would take more than `max_kept_loss_bytes`, one buffer serves them
+//! all and each microbatch's terms are copied as soon as they are written. The host sums them
+//! after the step, in the same order as on the host. Measurement (`pipeline_options::measure`) records a
 //! timing event before and after every stage call and sums the device time between them.
 //!
 //! Graphs (`pipeline_options::graph`): the first step is captured (the compute stream, the
@@ -32,6 +36,7 @@
 //! buffer the graph reads). Stage functions then run only during the capture: they must enqueue
 //! the same work every step (the CUDA graph contract).
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <tuple>
@@ -77,8 +82,16 @@ class device_space {
     if (n != 0) cuda::name_memory(b.data(), "r" + std::to_string(comm_->rank()) + " " + name);
     return b.span();
   }
-  //! Events for `actions` compute halves, pinned memory for the losses.
-  void reserve(std::size_t actions, std::size_t m, std::size_t loss_width) {
+  //! The most bytes of loss terms kept on the device until the step's end (see the file comment).
+  static constexpr std::size_t max_kept_loss_bytes = std::size_t{1} << 20;
+  //! Every microbatch's loss terms have their own buffer until the step's end, unless they would
+  //! take more than `max_kept_loss_bytes`.
+  static constexpr std::size_t loss_buffers(std::size_t m, std::size_t loss_width) {
+    return m * loss_width * sizeof(T) <= max_kept_loss_bytes ? m : 1;
+  }
+  //! Events for `actions` compute halves, pinned memory for the losses; `loss_terms` is where the
+  //! last stage writes microbatch `mb`'s terms (at `mb * loss_width`).
+  void reserve(std::size_t actions, std::size_t m, std::size_t loss_width, std::span<const T> loss_terms) {
     events_.resize(actions + 1);
     for (auto& e : events_) e = cuda::event();
     if (opt_.measure) {
@@ -86,6 +99,8 @@ class device_space {
       for (std::size_t i = 0; i < 2 * actions; ++i) timing_.emplace_back(true);
     }
     loss_width_ = loss_width;
+    loss_terms_ = loss_terms;
+    kept_losses_ = m > 1 && loss_terms.size() >= m * loss_width;
     losses_ = cuda::pinned_buffer<T>(m * loss_width);
     recorded_.assign(m, 0);
   }
@@ -135,13 +150,15 @@ class device_space {
     return 0;
   }
 
-  //! Enqueues the copy of microbatch `mb`'s loss terms `out` to pinned host memory.
+  //! Microbatch `mb`'s loss terms `out` are enqueued: `end` copies them to the host with the
+  //! others, or (one buffer for all) their copy to pinned host memory is enqueued now.
   void record_loss(std::span<const T> out, int mb, std::span<double> /*losses*/) {
+    recorded_[static_cast<std::size_t>(mb)] = out.size() + 1;
+    if (kept_losses_) return;
     T* dst = losses_.data() + static_cast<std::size_t>(mb) * loss_width_;
     const cuda::byte_access a[] = {cuda::reads(out), {dst, out.size_bytes(), true}};
     cuda::region r(compute_.get(), "loss to host", a);
     LOOM_CUDA_TRY(cudaMemcpyAsync(dst, out.data(), out.size_bytes(), cudaMemcpyDeviceToHost, compute_.get()));
-    recorded_[static_cast<std::size_t>(mb)] = out.size() + 1;
   }
   //! After the step: the losses of the microbatches this rank's last stage computed.
   void collect_losses(std::span<double> losses) {
@@ -190,6 +207,7 @@ class device_space {
   //! step's losses and is never captured.
   void begin(bool program = true) {
     last_event_ = -1;
+    program_ = program;
     if (program) {
       next_timing_ = 0;
       std::fill(recorded_.begin(), recorded_.end(), 0);
@@ -203,6 +221,7 @@ class device_space {
   //! Ends the step's program and waits for it (bounded): joins the communicator's streams,
   //! finishes a capture and replays it, then synchronises.
   void end() {
+    if (program_) losses_to_host();
     comm_->end_step(compute_.get());
     if (capturing_) {
       capturing_ = false;
@@ -242,6 +261,23 @@ class device_space {
     return cuda::stream();
   }
 
+  //! Enqueues one copy of the loss terms of every microbatch recorded this step (the range from
+  //! the first to the last; the ones between belong to other ranks and are not summed).
+  void losses_to_host() {
+    std::size_t lo = recorded_.size(), hi = 0;
+    for (std::size_t mb = 0; mb < recorded_.size(); ++mb)
+      if (recorded_[mb] != 0) {
+        lo = std::min(lo, mb);
+        hi = mb + 1;
+      }
+    if (!kept_losses_ || lo >= hi || loss_width_ == 0) return;
+    const auto src = loss_terms_.subspan(lo * loss_width_, (hi - lo) * loss_width_);
+    T* dst = losses_.data() + lo * loss_width_;
+    const cuda::byte_access a[] = {cuda::reads(src), {dst, src.size_bytes(), true}};
+    cuda::region r(compute_.get(), "losses to host", a);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(dst, src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, compute_.get()));
+  }
+
   //! An event recorded at a position >= `pos` (reusing the latest one when it is late enough;
   //! else recorded now, at `clock`); null when `pos` is 0 (nothing to wait for this step).
   cudaEvent_t event_covering(int pos, int clock) {
@@ -263,10 +299,13 @@ class device_space {
   std::size_t next_timing_ = 0;
   int last_event_ = -1;
   cuda::pinned_buffer<T> losses_;
+  std::span<const T> loss_terms_;  // the pipeline's loss-term buffers, microbatch-major
   cuda::device_buffer<T> batch_;  // graph mode: the batch the captured step reads
   std::size_t loss_width_ = 0;
-  std::vector<std::size_t> recorded_;  // per microbatch: 1 + the number of loss terms copied, 0 if none
+  std::vector<std::size_t> recorded_;  // per microbatch: 1 + the number of loss terms, 0 if not on this rank
   bool capturing_ = false, captured_ = false;
+  bool program_ = true;       // the phase between `begin` and `end` runs the step's program
+  bool kept_losses_ = false;  // one loss buffer per microbatch, copied at the step's end
 };
 
 //! Pipelines over a device communicator run in the device space.

@@ -401,8 +401,9 @@ class pipeline {
   //! The execution space (on a device: `space().stream()` is the rank's compute stream).
   space_type& space() { return space_; }
   //! Bytes of activation, gradient, stash and send buffers the pipeline allocated for this rank
-  //! (the buffer plan's slots times the stages' sizes, plus the loss, seed and discard buffers
-  //! and, on two-direction schedules, the buffers received from the other copy).
+  //! (the buffer plan's slots times the stages' sizes, plus the loss-term buffers (one on the
+  //! host, one per microbatch on a device unless they would exceed 1 MiB), the loss seed and the discarded input gradient and,
+  //! on two-direction schedules, the buffers received from the other copy).
   std::size_t buffer_bytes() const { return buffer_elements_ * sizeof(value_type); }
 
  private:
@@ -483,16 +484,18 @@ class pipeline {
       if (sl.id.stage == S_ - 1) max_out_last = std::max(max_out_last, l.out_size);
       if (sl.id.stage == 0) max_in_first = std::max(max_in_first, l.in_size);
     }
-    loss_out_ = space_.allocate(max_out_last, "loss terms");
+    const std::size_t loss_bufs = space_type::loss_buffers(static_cast<std::size_t>(M_), max_out_last);
+    loss_stride_ = loss_bufs > 1 ? max_out_last : 0;
+    loss_out_ = space_.allocate(loss_bufs * max_out_last, "loss terms");
     seed_ = space_.allocate(max_out_last, "loss seed");
     discard_ = space_.allocate(max_in_first, "discarded input gradient");
-    buffer_elements_ += 2 * max_out_last + max_in_first;
+    buffer_elements_ += (loss_bufs + 1) * max_out_last + max_in_first;
     const double scale = opt_.scaling == loss_scaling::mean ? 1.0 / M_ : 1.0;
     space_.fill(seed_, static_cast<value_type>(scale));
     scale_ = scale;
     std::size_t halves = 0;
     for (auto const& a : program_) halves += a.kind == op::FB ? 2 : is_compute(a.kind) ? 1 : 0;
-    space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last);
+    space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last, std::span<const value_type>(loss_out_));
     if (opt_.measure && !on_device) timings_.reserve(halves);  // once: a measured step appends without allocating
     make_labels();
     recv_reqs_.resize(plan_.recv_positions.size());
@@ -835,7 +838,7 @@ class pipeline {
     if (opt_.observer != nullptr) observe_use(li);
     std::span<value_type> stash = l.stash.take(mb);
     std::span<value_type> out;
-    if (s == S_ - 1) out = std::span<value_type>(loss_out_.data(), l.out_size);
+    if (s == S_ - 1) out = loss_out_.subspan(static_cast<std::size_t>(mb) * loss_stride_, l.out_size);
     else if (sched_.rank_of(mb, s + 1) == rank_) out = local(mb, s + 1).in.take(mb);
     else out = l.send_act.take(mb);
     guarded("forward", op::F, mb, s, [&] { return detail::accesses(detail::reads(in), detail::writes(out), detail::writes(stash)); },
@@ -1080,6 +1083,7 @@ class pipeline {
   std::vector<local_stage> locals_;
   space_type space_;
   std::span<value_type> loss_out_, seed_, discard_;
+  std::size_t loss_stride_ = 0;  // elements between two microbatches' loss terms (0: one buffer for all)
   std::size_t buffer_elements_ = 0;
   int clock_ = 0;  // compute halves enqueued (run) in this step: the slot pools' and the device space's clock
   std::vector<std::string> labels_;  // device: "F mb3 s2", ...

@@ -99,9 +99,13 @@ class host_space {
     storage_.emplace_back(n, T{});
     return storage_.back();
   }
+  //! How many microbatches' loss terms the pipeline keeps in separate buffers: the host sums a
+  //! microbatch's terms as soon as they are computed, so one buffer serves them all.
+  static constexpr std::size_t loss_buffers(std::size_t /*m*/, std::size_t /*loss_width*/) { return 1; }
   //! Sizes the space for a program of `actions` compute halves and `m` microbatches whose last
-  //! stage writes `loss_width` loss terms (device spaces preallocate from this).
-  void reserve(std::size_t /*actions*/, std::size_t /*m*/, std::size_t /*loss_width*/) {}
+  //! stage writes `loss_width` loss terms into `loss_terms` (`loss_buffers(m, loss_width)` buffers of
+  //! `loss_width`; device spaces preallocate from this).
+  void reserve(std::size_t /*actions*/, std::size_t /*m*/, std::size_t /*loss_width*/, std::span<const T> /*loss_terms*/) {}
   //! `s[i] = 0`.
   void zero(std::span<T> s) { std::fill(s.begin(), s.end(), T{}); }
   //! `s[i] = v` (used when the pipeline is built).
