@@ -14,6 +14,7 @@ int main() {
   costs eq{.f = 2, .b = 1, .w = 1}, dflt{};
   for (auto [d, n] : {std::pair{4, 4}, {8, 8}, {8, 32}, {16, 64}}) row(chimera{}, {d, n}, eq, double(d - 2) / (2 * n + d - 2), "(D-2)/(2N+D-2)");
   for (auto [d, n] : {std::pair{4, 4}, {8, 8}, {8, 32}}) row(chimera{}, {d, n}, dflt, double(d - 2) / (2 * n + d - 2), "(D-2)/(2N+D-2)");
+  for (auto [d, n] : {std::pair{4, 8}, {4, 16}, {8, 32}, {16, 64}}) row(chimera_fd{}, {d, n}, dflt, double(d - 2) / (2 * n + d - 2), "(D-2)/(2N+D-2)");
   for (auto [d, n] : {std::pair{4, 4}, {8, 8}, {8, 32}, {16, 64}}) row(bitpipe{}, {d, n}, eq, double(d - 2) / (4 * n + d - 2), "(D-2)/(4N+D-2)");
   row(bitpipe{}, {4, 4}, costs{.f = 2, .b = 2, .w = 2}, 4.0 / 28, "figure: 4 idle of 28");
   for (auto [d, n] : {std::pair{8, 8}, {8, 32}}) row(bitpipe{}, {d, n}, dflt, double(d - 2) / (4 * n + d - 2), "(D-2)/(4N+D-2)");

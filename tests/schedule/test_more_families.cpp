@@ -35,6 +35,9 @@ constexpr costs step_costs{.f = 2, .b = 1, .w = 1};
 constexpr costs odd_costs{.f = 1, .b = 2, .w = 1.5};
 
 constexpr double chimera_paper_ratio(int d, int n) { return double(d - 2) / double(2 * n + d - 2); }
+// Forward doubling's setting (Li & Hoefler sec. 3.5): a backward twice a forward (b + w = 2f), so
+// that a slot of two forwards is as long as a backward.
+constexpr costs doubling_costs{.f = 1, .b = 1, .w = 1};
 
 // Largest per-rank global bubble time.
 double max_bubble_time(const loom::simulation& sim, int ranks) {
@@ -89,6 +92,13 @@ static_assert(near(loom::summarize(loom::gpipe_2bp{}, shape{4, 8}, odd_costs).bu
 static_assert(near(loom::summarize(loom::one_f_one_b_2bp{}, shape{4, 8}, odd_costs).bubble_time,
                    loom::summarize(loom::one_f_one_b{}, shape{4, 8}, odd_costs).bubble_time - 3 * odd_costs.w));
 static_assert(loom::static_schedule<loom::chimera, shape{4, 8}>::ok);
+// Forward doubling: the basic unit's ratio at b + w = 2f, twice the activation memory.
+static_assert(near(loom::summarize(loom::chimera_fd{}, shape{4, 16}, doubling_costs).bubble_ratio, chimera_paper_ratio(4, 16)));
+static_assert(near(loom::summarize(loom::chimera_fd{}, shape{8, 32}, doubling_costs).bubble_ratio, chimera_paper_ratio(8, 32)));
+static_assert(loom::summarize(loom::chimera_fd{}, shape{8, 16}, doubling_costs).peak_activation == 16);
+static_assert(loom::summarize(loom::chimera_fd{}, shape{8, 16}, doubling_costs).peak_activation_rank0 == 13);
+static_assert(loom::static_schedule<loom::chimera_fd, shape{4, 8}>::ok);
+static_assert(!loom::check(loom::chimera_fd{}, shape{4, 12}).empty());
 static_assert(!loom::check(loom::chimera{}, shape{4, 8, 2}).empty());
 
 // ---------------------------------------------------------------------------------------------
@@ -96,6 +106,34 @@ static_assert(!loom::check(loom::chimera{}, shape{4, 8, 2}).empty());
 
 TEST_CASE("chimera is valid and deadlock-free after lowering on every shape of the grid") {
   check_grid<loom::chimera>({1});
+}
+
+TEST_CASE("chimera-fd is valid and deadlock-free after lowering for even D and N a multiple of 2D, and refuses other shapes") {
+  for (int d = 2; d <= 16; d += 2)
+    for (int k = 1; k <= 4; ++k) {
+      const shape s{d, 2 * d * k, 1};
+      CAPTURE(d);
+      CAPTURE(k);
+      REQUIRE(loom::check(loom::chimera_fd{}, s).empty());
+      loom::schedule sc = loom::generate(loom::chimera_fd{}, s);
+      CHECK(sc.directions == 2);
+      CHECK(sc.param_copies == 2);
+      auto plain = loom::validate(sc);
+      REQUIRE_MESSAGE(plain.ok, plain.message);
+      auto lowered = loom::validate(loom::lower(sc));
+      REQUIRE_MESSAGE(lowered.ok, lowered.message);
+      // The direct order's placement and microbatch split per basic unit: D per direction per
+      // doubling step.
+      int up = 0;
+      for (int dir : sc.mb_direction) up += dir;
+      CHECK(up == d * k);
+    }
+  CHECK(loom::check(loom::chimera_fd{}, shape{3, 12}) == "chimera-fd needs an even number of ranks >= 2 (got 3)");
+  CHECK(loom::check(loom::chimera_fd{}, shape{1, 2}) == "chimera-fd needs an even number of ranks >= 2 (got 1)");
+  CHECK(loom::check(loom::chimera_fd{}, shape{4, 12}) ==
+        "chimera-fd needs microbatches a multiple of 2 x ranks = 8 (a doubling step is two basic units; got 12); chimera takes any count");
+  CHECK(loom::check(loom::chimera_fd{}, shape{4, 8, 2}) == "chimera-fd runs exactly 1 chunk(s) per rank (got chunks=2)");
+  CHECK_THROWS_AS(loom::generate(loom::chimera_fd{}, shape{4, 4}), loom::schedule_error);
 }
 
 TEST_CASE("bitpipe is valid and deadlock-free after lowering for 1 to 4 chunks per direction") {
@@ -130,6 +168,56 @@ TEST_CASE("chimera's bubble ratio is (D-2)/(2N+D-2) for even D and N a multiple 
       // D-2 idle steps of one forward each on every rank.
       for (int r = 0; r < d; ++r) CHECK(sim.bubble_time(r) == doctest::Approx((d - 2) * step_costs.f));
     }
+}
+
+TEST_CASE("chimera-fd removes direct concatenation's intermediate bubbles: the basic unit's ratio (D-2)/(2N+D-2) at b+w = 2f") {
+  constexpr double slot = doubling_costs.f + doubling_costs.b + doubling_costs.w;  // one F and one BW
+  for (int d = 2; d <= 16; d += 2) {
+    double previous = 0;
+    for (int k = 1; k <= 4; ++k) {
+      const int n = 2 * d * k;
+      CAPTURE(d);
+      CAPTURE(n);
+      auto fd = loom::simulate(loom::generate(loom::chimera_fd{}, shape{d, n}), doubling_costs);
+      auto direct = loom::simulate(loom::generate(loom::chimera{}, shape{d, n}), doubling_costs);
+      REQUIRE(fd.ok);
+      REQUIRE(direct.ok);
+      CHECK(fd.bubble_ratio == doctest::Approx(chimera_paper_ratio(d, n)));
+      // Every further doubling step adds only its work, 2D microbatches of F + BW on each rank.
+      if (k > 1) CHECK(fd.makespan - previous == doctest::Approx(2 * d * slot));
+      previous = fd.makespan;
+      // Direct concatenation at the same costs leaves intermediate bubbles.
+      if (d >= 4) CHECK(direct.bubble_ratio > fd.bubble_ratio + 0.05);
+    }
+  }
+}
+
+TEST_CASE("chimera-fd holds D more activations than direct concatenation on every rank: twice its peak, 2D") {
+  for (int d = 2; d <= 16; d += 2)
+    for (int k = 1; k <= 3; ++k) {
+      CAPTURE(d);
+      CAPTURE(k);
+      auto fd = loom::simulate(loom::generate(loom::chimera_fd{}, shape{d, 2 * d * k}), odd_costs);
+      auto direct = loom::simulate(loom::generate(loom::chimera{}, shape{d, 2 * d * k}), odd_costs);
+      for (int r = 0; r < d; ++r) {
+        CAPTURE(r);
+        CHECK(fd.peak_activation[static_cast<std::size_t>(r)] == doctest::Approx(direct.peak_activation[static_cast<std::size_t>(r)] + d));
+      }
+      CHECK(fd.max_peak_activation() == doctest::Approx(2 * direct.max_peak_activation()));
+      CHECK(fd.max_peak_activation() == doctest::Approx(2 * d));
+    }
+}
+
+TEST_CASE("a user adds chimera-fd to a registry and selects it by name") {
+  loom::registry r = loom::default_registry();
+  CHECK(r.find("chimera-fd") == nullptr);  // not built in (see docs/schedules-more.md)
+  r.add<loom::chimera_fd>();
+  const auto& e = r.at("chimera-fd");
+  CHECK(e.check(e.resolve({4, 12})) ==
+        "chimera-fd needs microbatches a multiple of 2 x ranks = 8 (a doubling step is two basic units; got 12); chimera takes any count");
+  loom::schedule s = e.make({4, 16});
+  CHECK(s.name == "chimera-fd");
+  CHECK(loom::validate(loom::lower(s)).ok);
 }
 
 TEST_CASE("chimera holds D/2+1 activations on its end ranks and D in the middle, both replicas counted") {

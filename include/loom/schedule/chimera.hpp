@@ -30,11 +30,12 @@
 //!
 //! More micro-batches (§3.5): units are concatenated; the paper notes that direct concatenation
 //! leaves intermediate bubbles because a backward is longer than a forward, and proposes
-//! forward doubling (removes them, at twice the activation memory) and backward halving. loom
-//! implements direct concatenation only, as the authors' released generator does
+//! forward doubling (removes them, at twice the activation memory) and backward halving.
+//! `chimera` is direct concatenation, as the authors' released generator builds it
 //! (Shigangli/Chimera, `chimera_pipeline_rank.py`; `pipeline.py` asserts an even stage count
-//! and whole units of micro-batches). Forward doubling and backward halving are not implemented: their
-//! exact op order was not available to us (see docs/schedules-more.md).
+//! and whole units of micro-batches); `chimera_fd` below is forward doubling. Backward halving
+//! is not implemented: neither its op order nor its code was available to us (see
+//! docs/schedules-more.md).
 //!
 //! D = 4, N = 4, f = 2, b = w = 1, one character per step of 2 time units (mbs 0,1 down, 2,3 up;
 //! 4 idle steps of 20 per rank, ratio 2/10):
@@ -69,5 +70,115 @@ struct chimera {
   }
 };
 static_assert(schedule_family<chimera>);
+
+//! Chimera with forward doubling (`chimera-fd`; Li & Hoefler 2021, §3.5): every forward slot runs
+//! two microbatches of one direction back to back, so that a forward slot is as long as a
+//! backward (b + w = 2f) and basic units concatenate without the intermediate bubbles of direct
+//! concatenation, at twice the activation memory.
+//!
+//! The order is the authors' own, from their released runtime (Shigangli/Chimera, branch
+//! ChimeraBk, `chimera/chimera_bert/bert/main_with_runtime_forward_doubling.py`, the same in the
+//! GPT-2 runtime): D = P ranks, H = D/2; rank r holds stage r of the down pipeline and stage
+//! D-1-r of the up pipeline; its *own* direction is down for r < H, up otherwise, and with
+//! a = H - r (r < H) or r - H + 1 (r >= H), b = H - a, each doubling step of 2D microbatches (D
+//! per direction) runs
+//!   a x [B own (not in the first step), F own, F own]
+//!   b x [F other, F other, F own, F own]
+//!   a x [F other, F other, B other]
+//!   (b + H) x [B own, B other]
+//! and the iteration ends with a x [B own]. Each direction takes its microbatches in order (the
+//! runtime's queues); loom gives the first D of every 2D microbatches to the down direction.
+//! The runtime asserts an even number of basic units, so m must be a multiple of 2P, and P even.
+//!
+//! What the paper states and loom checks (tests/schedule/test_more_families.cpp): at b + w = 2f
+//! the bubble ratio is the basic unit's (D-2)/(2N+D-2) for every even D and N a multiple of 2D
+//! (direct concatenation at the same costs leaves more: 0.1724 against 0.0588 at D = 4, N = 16);
+//! each further doubling step adds exactly 2D (f + b + w) to the makespan (no intermediate bubble);
+//! every rank holds D more activations than under direct concatenation at its peak: 2D in the
+//! middle, twice direct concatenation's D, and 3D/2+1 on the end ranks.
+//!
+//! D = 4, N = 8, f = b = w = 1 (a BW takes two units): makespan 27, bubble ratio 1/9 =
+//! (4-2)/(16+4-2); microbatches 0-3 go down, 4-7 up (digit j: F of microbatch j; letter a+j: its
+//! fused backward BW; `.` idle; one character per time unit):
+//! ```
+//! r0 012345ee67ff.aaggbbhhcc..dd
+//! r1 .01452367eeaaffbbggcchhdd..
+//! r2 .45016723aaeebbffccggddhh..
+//! r3 456701aa23bb.eeccffddgg..hh
+//! ```
+struct chimera_fd {
+  static constexpr std::string_view name = "chimera-fd";
+  static constexpr std::string_view summary =
+      "Chimera with forward doubling: two forwards per slot, no intermediate bubbles at b+w = 2f (Li & Hoefler 2021, sec. 3.5)";
+  constexpr text check(shape s) const {
+    if (text rule = detail::check_basic(name, s, 1); !rule.empty()) return rule;
+    if (s.ranks < 2 || s.ranks % 2 != 0)
+      return text(name) + " needs an even number of ranks >= 2 (got " + detail::to_text(s.ranks) + ")";
+    if (s.microbatches % (2 * s.ranks) != 0)
+      return text(name) + " needs microbatches a multiple of 2 x ranks = " + detail::to_text(2 * s.ranks) +
+             " (a doubling step is two basic units; got " + detail::to_text(s.microbatches) + "); chimera takes any count";
+    return {};
+  }
+  constexpr schedule generate(shape sh) const {
+    const int D = sh.ranks, m = sh.microbatches, H = D / 2, steps = m / (2 * D);
+    schedule out;
+    out.name = text(name);
+    out.ranks = D;
+    out.microbatches = m;
+    out.chunks = 1;
+    out.stages = D;
+    out.directions = 2;
+    out.param_copies = 2;
+    out.placement = placement_kind::bidirectional;
+    out.stage_to_rank.resize(static_cast<std::size_t>(2 * D), 0);  // with a value: clang + libstdc++ 12 constexpr
+    for (int st = 0; st < D; ++st) {
+      out.stage_to_rank[static_cast<std::size_t>(st)] = st;
+      out.stage_to_rank[static_cast<std::size_t>(D + st)] = D - 1 - st;
+    }
+    out.mb_direction.resize(static_cast<std::size_t>(m), 0);
+    std::vector<int> order[2];  // each direction's microbatches, in the order it runs them
+    for (int j = 0; j < m; ++j) {
+      const int d = j % (2 * D) < D ? 0 : 1;
+      out.mb_direction[static_cast<std::size_t>(j)] = d;
+      order[d].push_back(j);
+    }
+    out.programs.resize(static_cast<std::size_t>(D));
+    for (int r = 0; r < D; ++r) {
+      const int own = r < H ? 0 : 1, other = 1 - own;
+      const int a = r < H ? H - r : r - H + 1, b = H - a;
+      const int stage[2] = {r, D - 1 - r};
+      std::size_t next_f[2] = {0, 0}, next_b[2] = {0, 0};
+      auto& prog = out.programs[static_cast<std::size_t>(r)];
+      prog.reserve(static_cast<std::size_t>(2 * m));
+      auto fwd = [&](int d) { prog.push_back(forward(order[d][next_f[d]++], stage[d])); };
+      auto bwd = [&](int d) { prog.push_back(backward(order[d][next_b[d]++], stage[d])); };
+      for (int k = 0; k < steps; ++k) {
+        for (int i = 0; i < a; ++i) {
+          if (k > 0) bwd(own);
+          fwd(own);
+          fwd(own);
+        }
+        for (int i = 0; i < b; ++i) {
+          fwd(other);
+          fwd(other);
+          fwd(own);
+          fwd(own);
+        }
+        for (int i = 0; i < a; ++i) {
+          fwd(other);
+          fwd(other);
+          bwd(other);
+        }
+        for (int i = 0; i < b + H; ++i) {
+          bwd(own);
+          bwd(other);
+        }
+      }
+      for (int i = 0; i < a; ++i) bwd(own);
+    }
+    return out;
+  }
+};
+static_assert(schedule_family<chimera_fd>);
 
 }  // namespace loom
