@@ -78,7 +78,7 @@ class stage {
   int first_, last_;
   bool is_last_;
   const float* targets_;
-  bool block_reductions_;
+  [[maybe_unused]] bool block_reductions_;  // read by the GPU build only (CUB block reductions)
   std::vector<std::size_t> offsets_, act_offsets_;
   std::size_t act_total_ = 0;
   loom::cuda::device_buffer<float> params_, grad_;

@@ -793,6 +793,7 @@ ncclResult_t ncclGroupEnd() {
   return flush_group();
 }
 
+}  // extern "C" (the helpers below return C++ types)
 namespace {
 std::shared_ptr<nccl_comm> comm_ptr(ncclComm_t c) {
   auto& s = S();
@@ -802,6 +803,7 @@ std::shared_ptr<nccl_comm> comm_ptr(ncclComm_t c) {
 }
 ncclResult_t bad_comm(const char* call) { return nfail(ncclInvalidArgument, std::string(call) + ": not a live communicator"); }
 }  // namespace
+extern "C" {
 
 ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t stream) {
   auto c = comm_ptr(comm);

@@ -31,6 +31,7 @@ struct row {
   long long transfers = 0;  // p2p sends after lowering
   bool fits = true;         // peak <= mem limit on every rank (always true without a limit)
   loom::cli::bound_report bound;  // certified lower bound on its placement, and its gap to it
+  std::size_t order = 0;          // position in the registry's order (ties keep it)
 };
 
 //! Number of point-to-point transfers in the lowered programs (sends; each has one receive).
@@ -108,18 +109,22 @@ void run_best(const best_text& t) {
       x.fits = limit <= 0 || x.peak <= limit + 1e-9;
       // A schedule over the limit is measured against the bound at its own peak (it is no order within the limit).
       x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0, r.model);
+      x.order = rows.size();
       rows.push_back(x);
     }
   }
   // Under a cost model, families differ in stage count (the model is fitted to each), so the
   // step time (makespan) ranks them; under uniform costs, the bubble rate (as before).
   const bool by_time = r.model.has_value();
-  std::stable_sort(rows.begin(), rows.end(), [by_time](const row& a, const row& b) {
+  // std::sort with the registry order as the last key (libstdc++ 12's std::stable_sort warns
+  // under clang: deprecated get_temporary_buffer).
+  std::sort(rows.begin(), rows.end(), [by_time](const row& a, const row& b) {
     if (a.fits != b.fits) return a.fits;
     if (by_time && a.makespan != b.makespan) return a.makespan < b.makespan;
     if (a.bubble_rate != b.bubble_rate) return a.bubble_rate < b.bubble_rate;
     if (a.peak != b.peak) return a.peak < b.peak;
-    return a.transfers < b.transfers;
+    if (a.transfers != b.transfers) return a.transfers < b.transfers;
+    return a.order < b.order;
   });
 
   if (t.json) {

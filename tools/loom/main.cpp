@@ -27,7 +27,9 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   try {
     auto cmds = cli::commands();
-    std::stable_sort(cmds.begin(), cmds.end(), [](auto const& a, auto const& b) {
+    // Names are unique, so std::sort orders them fully (libstdc++ 12's std::stable_sort warns
+    // under clang).
+    std::sort(cmds.begin(), cmds.end(), [](auto const& a, auto const& b) {
       return a.order != b.order ? a.order < b.order : a.name < b.name;
     });
     for (auto const& c : cmds) c.install(app);
