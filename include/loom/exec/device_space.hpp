@@ -100,7 +100,7 @@ class device_space {
     }
     loss_width_ = loss_width;
     loss_terms_ = loss_terms;
-    kept_losses_ = m > 1 && loss_terms.size() >= m * loss_width;
+    kept_losses_ = m > 1 && loss_buffers(m, loss_width) == m;  // as the pipeline allocated `loss_terms`
     losses_ = cuda::pinned_buffer<T>(m * loss_width);
     recorded_.assign(m, 0);
   }

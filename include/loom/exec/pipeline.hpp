@@ -402,8 +402,9 @@ class pipeline {
   space_type& space() { return space_; }
   //! Bytes of activation, gradient, stash and send buffers the pipeline allocated for this rank
   //! (the buffer plan's slots times the stages' sizes, plus the loss-term buffers (one on the
-  //! host, one per microbatch on a device unless they would exceed 1 MiB), the loss seed and the discarded input gradient and,
-  //! on two-direction schedules, the buffers received from the other copy).
+  //! host, one per microbatch on a device unless they would exceed 1 MiB), the loss seed and the
+  //! discarded input gradient and, on two-direction schedules, the buffers received from the
+  //! other copy).
   std::size_t buffer_bytes() const { return buffer_elements_ * sizeof(value_type); }
 
  private:

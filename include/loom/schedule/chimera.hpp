@@ -121,28 +121,13 @@ struct chimera_fd {
   }
   constexpr schedule generate(shape sh) const {
     const int D = sh.ranks, m = sh.microbatches, H = D / 2, steps = m / (2 * D);
-    schedule out;
-    out.name = text(name);
-    out.ranks = D;
-    out.microbatches = m;
-    out.chunks = 1;
-    out.stages = D;
-    out.directions = 2;
-    out.param_copies = 2;
-    out.placement = placement_kind::bidirectional;
-    out.stage_to_rank.resize(static_cast<std::size_t>(2 * D), 0);  // with a value: clang + libstdc++ 12 constexpr
-    for (int st = 0; st < D; ++st) {
-      out.stage_to_rank[static_cast<std::size_t>(st)] = st;
-      out.stage_to_rank[static_cast<std::size_t>(D + st)] = D - 1 - st;
-    }
-    out.mb_direction.resize(static_cast<std::size_t>(m), 0);
+    schedule out = detail::mirrored_frame(name, sh, 1);
     std::vector<int> order[2];  // each direction's microbatches, in the order it runs them
     for (int j = 0; j < m; ++j) {
       const int d = j % (2 * D) < D ? 0 : 1;
       out.mb_direction[static_cast<std::size_t>(j)] = d;
       order[d].push_back(j);
     }
-    out.programs.resize(static_cast<std::size_t>(D));
     for (int r = 0; r < D; ++r) {
       const int own = r < H ? 0 : 1, other = 1 - own;
       const int a = r < H ? H - r : r - H + 1, b = H - a;

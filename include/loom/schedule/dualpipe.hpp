@@ -69,23 +69,8 @@ struct dualpipe {
   constexpr schedule generate(shape s) const {
     const int P = s.ranks, m = s.microbatches, H = P / 2;
     const int n0 = (m + 1) / 2, n1 = m / 2;  // microbatches of direction 0 and 1
-    schedule out;
-    out.name = text(name);
-    out.ranks = P;
-    out.microbatches = m;
-    out.chunks = 2;
-    out.stages = P;
-    out.directions = 2;
-    out.param_copies = 2;
-    out.placement = placement_kind::bidirectional;
-    out.stage_to_rank.resize(static_cast<std::size_t>(2 * P), 0);
-    for (int st = 0; st < P; ++st) {
-      out.stage_to_rank[static_cast<std::size_t>(st)] = st;
-      out.stage_to_rank[static_cast<std::size_t>(P + st)] = P - 1 - st;
-    }
-    out.mb_direction.assign(static_cast<std::size_t>(m), 0);
+    schedule out = detail::mirrored_frame(name, s, 2);
     for (int i = n0; i < m; ++i) out.mb_direction[static_cast<std::size_t>(i)] = 1;
-    out.programs.resize(static_cast<std::size_t>(P));
     // Planned per phase: the shorter direction's count (at least the eight steps' minimum); the
     // longer direction's extra microbatch (odd m) runs as an unpaired steady-state step.
     const int planned = n1 > detail::dual_phase_min_planned(H) ? n1 : detail::dual_phase_min_planned(H);

@@ -135,6 +135,31 @@ constexpr shape resolve(shape s) {
 }
 
 namespace detail {
+//! The frame of a schedule of two mirrored paths over `s.ranks` ranks (Chimera's and DualPipe's
+//! placement): stage `st` of the down path (direction 0) on rank `st`, of the up path on rank
+//! P-1-`st`; S = P, two parameter copies, `chunks` recorded as given, every microbatch down
+//! (`mb_direction` of size m, zeros) and one empty program per rank.
+constexpr schedule mirrored_frame(std::string_view name, shape s, int chunks) {
+  const int P = s.ranks;
+  schedule out;
+  out.name = text(name);
+  out.ranks = P;
+  out.microbatches = s.microbatches;
+  out.chunks = chunks;
+  out.stages = P;
+  out.directions = 2;
+  out.param_copies = 2;
+  out.placement = placement_kind::bidirectional;
+  out.stage_to_rank.resize(static_cast<std::size_t>(2 * P), 0);  // with a value: clang + libstdc++ 12 constexpr
+  for (int st = 0; st < P; ++st) {
+    out.stage_to_rank[static_cast<std::size_t>(st)] = st;
+    out.stage_to_rank[static_cast<std::size_t>(P + st)] = P - 1 - st;
+  }
+  out.mb_direction.assign(static_cast<std::size_t>(s.microbatches), 0);
+  out.programs.resize(static_cast<std::size_t>(P));
+  return out;
+}
+
 //! The rules every family shares: positive ranks, microbatches and chunks; a family that runs
 //! one chunk per rank (`fixed_chunks`) rejects any other count.
 constexpr text check_basic(std::string_view family, shape s, int fixed_chunks = 0) {
