@@ -6,7 +6,8 @@
 // Built twice: against loom's CUDA simulator (device_overhead: the simulator's own API cost is
 // included, an upper bound) and against a GPU (device_overhead_gpu). Counters: actions per step
 // on rank 0 (its lowered program, transfers included) and host microseconds per action
-// (step_result::host_seconds / actions, mean over the timed steps).
+// (step_result::host_seconds / actions, mean over the timed steps). cuda_local runs eagerly twice:
+// with device flags (its default) and with the host hand-off it falls back to without them.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -38,7 +39,8 @@ struct noop_stage {
 };
 
 template <class Comm>
-void steps(Comm& c, const loom::schedule& s, bool graph, int warmup, int timed, double& host, std::size_t& actions) {
+void steps(Comm& c, const loom::schedule& s, bool graph, bool flags, int warmup, int timed, double& host, std::size_t& actions) {
+  if constexpr (requires { c.set_device_flags(flags); }) c.set_device_flags(flags);
   loom::cuda::device_buffer<float> in(static_cast<std::size_t>(s.microbatches));
   loom::pipeline p(s, c, [](loom::stage_id) { return noop_stage{}; }, {.graph = graph});
   for (int i = 0; i < warmup; ++i) p.step(std::span<const float>(in.span()));
@@ -50,7 +52,7 @@ void steps(Comm& c, const loom::schedule& s, bool graph, int warmup, int timed, 
   }
 }
 
-void run_case(benchmark::State& state, bool nccl, bool graph) {
+void run_case(benchmark::State& state, bool nccl, bool graph, bool flags = true) {
   const int P = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));
   auto avail = loom::cuda::available();
   if (!avail || (nccl && avail.devices < P)) {
@@ -66,16 +68,18 @@ void run_case(benchmark::State& state, bool nccl, bool graph) {
   double host = 0;
   std::size_t actions = 1;
   for (auto _ : state) {
-    if (nccl) loom::nccl::run(P, [&](loom::nccl::comm& c) { steps(c, s, graph, 3, 20, host, actions); });
-    else loom::cuda_local::run(P, [&](loom::cuda_local::comm& c) { steps(c, s, graph, 3, 20, host, actions); });
+    if (nccl) loom::nccl::run(P, [&](loom::nccl::comm& c) { steps(c, s, graph, flags, 3, 20, host, actions); });
+    else loom::cuda_local::run(P, [&](loom::cuda_local::comm& c) { steps(c, s, graph, flags, 3, 20, host, actions); });
     state.SetIterationTime(host);
   }
   state.counters["actions"] = static_cast<double>(actions);
   state.counters["host_us_per_action"] = host * 1e6 / static_cast<double>(actions);
-  state.SetLabel(std::string(nccl ? "nccl" : "cuda_local") + (graph ? " graph replay" : " eager") + ", zb-h1");
+  state.SetLabel(std::string(nccl ? "nccl" : "cuda_local") + (graph ? " graph replay" : " eager") +
+                 (!nccl && !graph && !flags ? " (host hand-off)" : "") + ", zb-h1");
 }
 
 void BM_cuda_local_eager(benchmark::State& s) { run_case(s, false, false); }
+void BM_cuda_local_eager_handoff(benchmark::State& s) { run_case(s, false, false, false); }
 void BM_cuda_local_graph(benchmark::State& s) { run_case(s, false, true); }
 void BM_nccl_eager(benchmark::State& s) { run_case(s, true, false); }
 void BM_nccl_graph(benchmark::State& s) { run_case(s, true, true); }
@@ -83,6 +87,7 @@ void BM_nccl_graph(benchmark::State& s) { run_case(s, true, true); }
 }  // namespace
 
 BENCHMARK(BM_cuda_local_eager)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cuda_local_eager_handoff)->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_cuda_local_graph)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_nccl_eager)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_nccl_graph)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);

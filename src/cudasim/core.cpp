@@ -46,6 +46,8 @@ const char* kind_name(kind k) {
     case kind::graph_end: return "graph";
     case kind::free_async: return "free";
     case kind::nop: return "nop";
+    case kind::value_wait: return "wait value";
+    case kind::value_write: return "write value";
   }
   return "?";
 }
@@ -463,6 +465,46 @@ cudaError_t report_findings_for_host(const char* call) {
 
 // ---- completion and the engine ---------------------------------------------------------------
 
+bool value_condition(const op& o) {
+  std::uint32_t v = 0;
+  std::memcpy(&v, o.dst, sizeof v);
+  switch (o.cond) {
+    case 0x1: return v == o.word;                                          // EQ
+    case 0x2: return (v & o.word) != 0;                                    // AND
+    case 0x3: return ~(v | o.word) != 0;                                   // NOR
+    default: return static_cast<std::int32_t>(v - o.word) >= 0;           // GEQ (cyclic, as CUDA)
+  }
+}
+
+namespace {
+
+//! After `w` (a write-value, copy or memset) completed: completes the parked value waits on the
+//! words it wrote whose condition now holds; they join the writers' clocks.
+void wake_value_waiters(op& w) {
+  auto& s = S();
+  const auto lo = reinterpret_cast<std::uintptr_t>(w.dst);
+  const auto hi = lo + (w.k == kind::value_write ? sizeof(std::uint32_t) : w.bytes);
+  std::vector<op_ptr> ready;
+  for (auto it = s.value_waiters.begin(); it != s.value_waiters.end();) {
+    if (it->first < lo || it->first >= hi) {
+      ++it;
+      continue;
+    }
+    auto& clk = s.value_clocks[it->first];
+    if (w.k != kind::value_write) clk.join(w.vc);
+    std::erase_if(it->second, [&](const op_ptr& p) {
+      if (!value_condition(*p)) return false;
+      p->extra.join(clk);
+      ready.push_back(p);
+      return true;
+    });
+    it = it->second.empty() ? s.value_waiters.erase(it) : std::next(it);
+  }
+  for (auto& p : ready) complete(*p);
+}
+
+}  // namespace
+
 void complete(op& o) {
   auto& s = S();
   o.state = op::st::done;
@@ -476,6 +518,8 @@ void complete(op& o) {
   o.succs.clear();
   o.fn = nullptr;
   --s.pending;
+  if (o.k == kind::value_write) s.value_clocks[reinterpret_cast<std::uintptr_t>(o.dst)].join(o.vc);
+  if (!s.value_waiters.empty() && (o.k == kind::value_write || o.k == kind::copy || o.k == kind::memset)) wake_value_waiters(o);
   s.last_progress = std::chrono::steady_clock::now();
   if (s.deadlocked) s.deadlocked = false;
   if (o.k == kind::free_async && o.free_ptr != nullptr) {
@@ -509,7 +553,15 @@ std::string deadlock_text() {
       break;
     }
     out << "\n  " << p->desc->describe();
-    if (p->state == op::st::active) {
+    if (p->state == op::st::active && p->k == kind::value_wait) {
+      std::uint32_t v = 0;
+      std::memcpy(&v, p->dst, sizeof v);
+      static const char* const conds[] = {">=", "==", "to share a bit with", "to miss a bit of"};
+      const auto* a = find_alloc(p->dst);
+      out << ": waits for the 32-bit word at " << (a != nullptr ? a->label() : hex(reinterpret_cast<std::uintptr_t>(p->dst)))
+          << (a != nullptr ? " + " + std::to_string(reinterpret_cast<std::uintptr_t>(p->dst) - a->base) : std::string())
+          << " to be " << conds[p->cond & 3u] << " " << p->word << " (it is " << v << ")";
+    } else if (p->state == op::st::active) {
       bool any = false;
       for (auto& part : p->p2p) {
         if (part->done) continue;
@@ -580,6 +632,9 @@ void run_payload(op& o) {
     case kind::record:
       o.when = std::chrono::steady_clock::now();
       break;
+    case kind::value_write:
+      std::memcpy(o.dst, &o.word, sizeof o.word);
+      break;
     default:
       break;
   }
@@ -617,6 +672,18 @@ void engine_loop() {
     switch (it.t) {
       case item::type::run: {
         op& o = *it.o;
+        if (o.k == kind::value_wait) {
+          // No payload: done when the word satisfies the condition, else parked until a write.
+          const auto addr = reinterpret_cast<std::uintptr_t>(o.dst);
+          if (value_condition(o)) {
+            if (auto c = s.value_clocks.find(addr); c != s.value_clocks.end()) o.extra.join(c->second);
+            complete(o);
+          } else {
+            o.state = op::st::active;
+            s.value_waiters[addr].push_back(it.o);
+          }
+          break;
+        }
         o.state = op::st::running;
         check_accesses(o);
         lk.unlock();

@@ -18,6 +18,14 @@
 //
 // Races. Per allocation, disjoint segments keep the last write and the reads since it (one per
 // agent, FastTrack-style). An access that is not ordered after a conflicting one is a race.
+//
+// Stream memory operations (cuStreamWaitValue32 / cuStreamWriteValue32, through
+// cudaGetDriverEntryPointByVersion). A value wait, once ready, compares the 32-bit word; if the
+// condition does not hold it parks (state active) until a write-value, copy or memset that covers
+// the word completes and makes it hold. Each word keeps the join of its writers' end clocks, and a
+// satisfied wait joins it: the writer happened before the waiter's stream continues.
+// Host hand-offs (`host_release` / `host_acquire`): a host-level release/acquire through a key,
+// so a thread's later work is ordered after what the releasing thread had synchronised with.
 
 #include <algorithm>
 #include <atomic>
@@ -72,7 +80,7 @@ struct op_desc {
 };
 using desc_ptr = std::shared_ptr<const op_desc>;
 
-enum class kind : unsigned char { kernel, host, copy, memset, record, wait, nccl, marker, graph_end, free_async, nop };
+enum class kind : unsigned char { kernel, host, copy, memset, record, wait, nccl, marker, graph_end, free_async, nop, value_wait, value_write };
 const char* kind_name(kind k);
 
 struct op;
@@ -152,6 +160,8 @@ struct op {
   event_state* timed_event = nullptr;  // record ops of timing events
   std::chrono::steady_clock::time_point when{};
   void* free_ptr = nullptr;  // free_async
+  unsigned cond = 0;         // value_wait: CU_STREAM_WAIT_VALUE_* (GEQ, EQ, AND, NOR)
+  std::uint32_t word = 0;    // value_wait / value_write: the operand
 };
 
 //! A graph node (a captured op).
@@ -375,6 +385,12 @@ struct state {
   std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now();
   bool deadlocked = false;
 
+  // Stream memory operations: parked value waits by word, and each word's writers' clocks.
+  std::unordered_map<std::uintptr_t, std::vector<op_ptr>> value_waiters;
+  std::unordered_map<std::uintptr_t, vclock> value_clocks;
+  // Host hand-offs: the clock released through each key.
+  std::unordered_map<std::uintptr_t, vclock> host_syncs;
+
   std::vector<report> reports;
   std::vector<finding> findings;
   std::vector<trace_entry> traces;
@@ -419,5 +435,7 @@ void nccl_activate(op& o);
 void nccl_transfer(p2p_part* s);
 void nccl_collective(const std::shared_ptr<coll_instance>& c);
 std::string deadlock_text();
+// Whether a value wait's condition holds for the word's current value.
+bool value_condition(const op& o);
 
 }  // namespace loom::cudasim::impl

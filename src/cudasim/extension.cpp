@@ -87,6 +87,18 @@ std::vector<report> reports() {
 
 std::string detail() { return H().detail; }
 
+void host_release(const void* key) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  s.host_syncs[reinterpret_cast<std::uintptr_t>(key)].join(H().vc);
+}
+
+void host_acquire(const void* key) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (auto it = s.host_syncs.find(reinterpret_cast<std::uintptr_t>(key)); it != s.host_syncs.end()) H().vc.join(it->second);
+}
+
 memory_use device_memory(int device) {
   auto& s = S();
   std::lock_guard lk(s.m);

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cuda.h>  // the driver API's types, for the stream memory operations (no libcuda is linked)
+
 #include "core.hpp"
 
 using namespace loom::cudasim::impl;
@@ -187,6 +189,60 @@ void fill_props(cudaDeviceProp* p, int d) {
   p->concurrentKernels = 1;
   p->asyncEngineCount = 2;
   p->pciDeviceID = d;
+}
+
+//! cuStreamWaitValue32 / cuStreamWriteValue32 (the driver API, reached through
+//! cudaGetDriverEntryPointByVersion): a wait parks its stream until the word satisfies the
+//! condition (see core.hpp); a write stores the word in stream order.
+CUresult value_op(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned flags, bool wait) {
+  const char* call = wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32";
+  auto& sim = S();
+  std::unique_lock lk(sim.m);
+  // The runtime codes used here equal the driver's.
+  static_assert(int{cudaErrorInvalidValue} == int{CUDA_ERROR_INVALID_VALUE} &&
+                int{cudaErrorNotPermitted} == int{CUDA_ERROR_NOT_PERMITTED} &&
+                int{cudaErrorStreamCaptureUnsupported} == int{CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED});
+  auto as_driver = [](cudaError_t e) { return static_cast<CUresult>(static_cast<int>(e)); };
+  if (H().in_host_fn) {
+    add_report(report_kind::api, std::string(call) + " was called inside a kernel or host function run by the simulator (CUDA forbids CUDA calls there)");
+    return as_driver(fail(cudaErrorNotPermitted, std::string(call) + " called inside a host function"));
+  }
+  cudaError_t err = cudaSuccess;
+  stream_state* st = resolve_stream(reinterpret_cast<cudaStream_t>(stream), err);
+  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr));
+  const unsigned allowed = wait ? (0x3u | static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH))
+                                : static_cast<unsigned>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+  if ((flags & ~allowed) != 0) return as_driver(fail(cudaErrorInvalidValue, std::string(call) + ": unknown flags " + std::to_string(flags)));
+  std::string why;
+  if (addr % 4 != 0) why = "address " + hexp(p) + " is not 4-byte aligned";
+  if (why.empty() && find_alloc(p) == nullptr) why = "address " + hexp(p) + " is not in any device or pinned allocation";
+  if (why.empty() && !check_range(p, sizeof(cuuint32_t), true, why)) why = why.empty() ? "bad address" : why;
+  if (!why.empty()) {
+    add_report(report_kind::bad_pointer, std::string(call) + ": " + why);
+    return as_driver(fail(cudaErrorInvalidValue, std::string(call) + ": " + why));
+  }
+  if (st->cap != nullptr) {
+    std::string w = std::string(call) + " on stream '" + st->name +
+                    "', which is capturing: loom's simulator does not capture stream memory operations";
+    invalidate_capture(st->cap, w);
+    add_report(report_kind::capture, w);
+    return as_driver(fail(cudaErrorStreamCaptureUnsupported, w));
+  }
+  auto o = std::make_shared<op>();
+  o->k = wait ? kind::value_wait : kind::value_write;
+  o->desc = make_desc(*st, call);
+  o->dst = p;
+  o->word = value;
+  o->cond = wait ? (flags & 0x3u) : 0u;
+  return as_driver(enqueue(*st, o));
+}
+
+CUresult CUDAAPI sim_wait_value32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  return value_op(stream, addr, value, flags, true);
+}
+CUresult CUDAAPI sim_write_value32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  return value_op(stream, addr, value, flags, false);
 }
 
 }  // namespace
@@ -889,6 +945,24 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(cudaPointerAttributes* attr, cons
   attr->device = a->device;
   attr->devicePointer = const_cast<void*>(p);
   attr->hostPointer = a->pinned ? const_cast<void*>(p) : nullptr;
+  return cudaSuccess;
+}
+
+// ---- the driver API's entry points ---------------------------------------------------------
+
+cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr, unsigned int cudaVersion,
+                                                       unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  (void)flags;
+  if (symbol == nullptr || funcPtr == nullptr)
+    return fail(cudaErrorInvalidValue, "cudaGetDriverEntryPointByVersion: null symbol or output");
+  void* f = nullptr;
+  // The simulator provides the stream memory operations (their v2 form, CUDA >= 12.0).
+  if (cudaVersion >= 12000 && std::strcmp(symbol, "cuStreamWaitValue32") == 0) f = reinterpret_cast<void*>(&sim_wait_value32);
+  if (cudaVersion >= 12000 && std::strcmp(symbol, "cuStreamWriteValue32") == 0) f = reinterpret_cast<void*>(&sim_write_value32);
+  *funcPtr = f;
+  if (status != nullptr) *status = f != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  if (f == nullptr && status == nullptr)
+    return fail(cudaErrorSymbolNotFound, std::string("cudaGetDriverEntryPointByVersion: the simulator has no driver entry point '") + symbol + "'");
   return cudaSuccess;
 }
 

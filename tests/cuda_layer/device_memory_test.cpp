@@ -5,6 +5,7 @@
 // (the memory model) on ranks holding one stage, and steps allocate nothing more.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -131,4 +132,46 @@ TEST_CASE("a step copies its losses to the host once, not once per microbatch") 
     }
   }
 }
+TEST_CASE("cuda_local orders its transfers by device flags, with no host hand-off, or by the hand-off when told") {
+  // With device flags each transfer is one copy, one flag raised on the sender's stream and one
+  // wait on the receiver's; without them there is no stream memory operation at all. Both give
+  // the CPU reference's result bitwise, eagerly (a captured step uses the hand-off either way).
+  for (const char* family : {"1f1b", "zb-v", "dualpipe"}) {
+    auto s = loom::default_registry().at(family).make({4, 8, 0});
+    auto m = spec_for(s.stages);
+    std::size_t sends = 0;
+    for (auto const& prog : loom::lower(s).programs)
+      for (auto const& a : prog) sends += a.kind == loom::op::send;
+    for (bool flags : {true, false}) {
+      CAPTURE(std::string(family));
+      CAPTURE(flags);
+      loom::cudasim::config c;
+      c.seed = 3;
+      c.trace = true;
+      loom::cudasim::configure(c);
+      hooks h;
+      std::atomic<int> used{0};
+      h.on_local = [&](loom::cuda_local::comm& lc) {
+        lc.set_device_flags(flags);
+        lc.open_channels({});  // the agreement (collective): no channel of its own
+        used += lc.device_flags();
+      };
+      const int steps = 2;
+      auto o = run(backend::cuda_local, s, m, steps, {.deterministic = true}, h);
+      REQUIRE_MESSAGE(o.ok(), o.errors());
+      CHECK(used == (flags ? 4 : 0));
+      std::size_t waits = 0, writes = 0;
+      for (auto const& e : loom::cudasim::trace()) {
+        waits += e.kind == "wait value";
+        writes += e.kind == "write value";
+      }
+      // Two steps' transfers, plus (dualpipe) the two parameter copies' exchange after each step.
+      CHECK(waits == writes);
+      CHECK(waits >= (flags ? steps * sends : 0));
+      if (!flags) CHECK(waits == 0);
+      CHECK(compare(o, reference(m, 8, steps)).second == 0);
+    }
+  }
+}
+
 #endif

@@ -94,6 +94,7 @@ struct outcome {
 struct hooks {
   std::function<void(int, cuda_mlp::stage&)> adjust;
   std::function<void(int, ncclComm_t)> on_comm;
+  std::function<void(loom::cuda_local::comm&)> on_local;  //!< before the pipeline is built
   std::chrono::milliseconds timeout{20000};
 };
 
@@ -143,7 +144,10 @@ inline outcome run(backend b, const loom::schedule& s, const quickstart::mlp_spe
     me.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   if (b == backend::cuda_local) {
-    loom::cuda_local::run(s.ranks, [&](loom::cuda_local::comm& c) { body(c); }, 0, h.timeout);
+    loom::cuda_local::run(s.ranks, [&](loom::cuda_local::comm& c) {
+      if (h.on_local) h.on_local(c);
+      body(c);
+    }, 0, h.timeout);
   } else {
     loom::nccl::run(s.ranks, [&](loom::nccl::comm& c) {
       if (h.on_comm) h.on_comm(c.rank(), c.get());

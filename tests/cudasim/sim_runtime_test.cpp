@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <cuda.h>  // the driver API's types for the stream memory operations
+
 #include <loom/cuda.hpp>
 #include <loom/cudasim/sim.hpp>
 
@@ -302,4 +304,109 @@ TEST_CASE("the operation trace lists what ran, in order per stream, with labels"
   for (auto& t : sim::trace())
     if (t.stream == "traced") seen.push_back(t.kind + ":" + t.label);
   CHECK(seen == std::vector<std::string>{"memset:cudaMemsetAsync", "region:F mb0 s0", "kernel:F mb0 s0", "copy:cudaMemcpyAsync"});
+}
+
+namespace {
+
+using value_fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+value_fn driver_entry(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  REQUIRE(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) == cudaSuccess);
+  REQUIRE(q == cudaDriverEntryPointSuccess);
+  return reinterpret_cast<value_fn>(p);
+}
+CUdeviceptr word(const std::uint32_t* p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+}  // namespace
+
+TEST_CASE("a stream waiting on a flag (cuStreamWaitValue32) runs after the write that raises it, ordered for the race detector") {
+  const value_fn wait = driver_entry("cuStreamWaitValue32"), write = driver_entry("cuStreamWriteValue32");
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    CAPTURE(seed);
+    for (bool flagged : {true, false}) {
+      fresh(seed);
+      loom::cuda::stream p, q;
+      loom::cuda::name_stream(p.get(), "p");
+      loom::cuda::name_stream(q.get(), "q");
+      loom::cuda::device_buffer<float> a(16), b(16), c(16);
+      loom::cuda::device_buffer<std::uint32_t> flag(1);
+      std::vector<float> ones(16, 1.f), out(16);
+      LOOM_CUDA_TRY(cudaMemcpy(a.data(), ones.data(), a.bytes(), cudaMemcpyHostToDevice));
+      LOOM_CUDA_TRY(cudaMemset(flag.data(), 0, flag.bytes()));
+      if (flagged) REQUIRE(wait(q.get(), word(flag.data()), 3, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS);  // enqueued first
+      doubler(q.get(), b.data(), c.data(), 16, "read b");
+      doubler(p.get(), a.data(), b.data(), 16, "write b");
+      REQUIRE(write(p.get(), word(flag.data()), 3, 0) == CUDA_SUCCESS);
+      q.synchronize();
+      p.synchronize();
+      LOOM_CUDA_TRY(cudaMemcpy(out.data(), c.data(), c.bytes(), cudaMemcpyDeviceToHost));
+      if (flagged) {
+        CHECK(sim::reports().empty());
+        CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 4.f; }));
+      } else {
+        CHECK(of_kind(sim::report_kind::race).size() == 1);  // the flag is what orders them
+      }
+    }
+  }
+}
+
+TEST_CASE("a flag nobody raises is a deadlock naming the wait and the word, and a later write ends it") {
+  const value_fn wait = driver_entry("cuStreamWaitValue32"), write = driver_entry("cuStreamWriteValue32");
+  fresh(1, sim::race_policy::record, 300);
+  loom::cuda::stream q, r;
+  loom::cuda::name_stream(q.get(), "q");
+  loom::cuda::device_buffer<std::uint32_t> flag(2);
+  loom::cuda::name_memory(flag.data(), "flags");
+  LOOM_CUDA_TRY(cudaMemset(flag.data(), 0, flag.bytes()));
+  REQUIRE(write(q.get(), word(flag.data() + 1), 1, 0) == CUDA_SUCCESS);
+  REQUIRE(wait(q.get(), word(flag.data() + 1), 5, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS);
+  CHECK(cudaStreamSynchronize(q.get()) == cudaErrorLaunchTimeout);
+  CHECK(sim::detail().find("cuStreamWaitValue32 on stream 'q'") != std::string::npos);
+  CHECK(sim::detail().find("the 32-bit word at 'flags'") != std::string::npos);
+  CHECK(sim::detail().find("+ 4 to be >= 5 (it is 1)") != std::string::npos);
+  (void)cudaGetLastError();
+  REQUIRE(write(r.get(), word(flag.data() + 1), 5, 0) == CUDA_SUCCESS);
+  r.synchronize();  // the wait, reported stuck, completes with the write
+  q.synchronize();
+  // A cyclic comparison, as CUDA's: 2 is after 0xfffffffe.
+  REQUIRE(write(r.get(), word(flag.data()), 2, 0) == CUDA_SUCCESS);
+  REQUIRE(wait(q.get(), word(flag.data()), 0xfffffffeu, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS);
+  q.synchronize();
+  // Refused: a misaligned word, a word outside device memory, capture.
+  CHECK(write(q.get(), word(flag.data()) + 2, 1, 0) == CUDA_ERROR_INVALID_VALUE);
+  std::uint32_t host = 0;
+  CHECK(wait(q.get(), word(&host), 1, 0) == CUDA_ERROR_INVALID_VALUE);
+  LOOM_CUDA_TRY(cudaStreamBeginCapture(q.get(), cudaStreamCaptureModeRelaxed));
+  CHECK(write(q.get(), word(flag.data()), 1, 0) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  cudaGraph_t g = nullptr;
+  CHECK(cudaStreamEndCapture(q.get(), &g) != cudaSuccess);
+  (void)cudaGetLastError();
+  void* none = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  CHECK(cudaGetDriverEntryPointByVersion("cuMemAlloc", &none, 12000, cudaEnableDefault, &status) == cudaSuccess);
+  CHECK(status == cudaDriverEntryPointSymbolNotFound);
+  CHECK(none == nullptr);
+}
+
+TEST_CASE("a host hand-off between threads, told to the simulator, orders their streams' work") {
+  for (bool told : {true, false}) {
+    CAPTURE(told);
+    fresh(2);
+    loom::cuda::device_buffer<float> b(8);
+    int key = 0;
+    std::thread([&] {
+      loom::cuda::stream s;
+      LOOM_CUDA_TRY(cudaMemsetAsync(b.data(), 0, b.bytes(), s.get()));
+      s.synchronize();
+      if (told) loom::cuda::host_release(&key);
+    }).join();
+    std::thread([&] {  // the join above orders the threads, which the simulator cannot see
+      if (told) loom::cuda::host_acquire(&key);
+      loom::cuda::stream s;
+      LOOM_CUDA_TRY(cudaMemsetAsync(b.data(), 1, b.bytes(), s.get()));
+      s.synchronize();
+    }).join();
+    CHECK(of_kind(sim::report_kind::race).size() == (told ? 0u : 1u));
+  }
 }

@@ -7,18 +7,29 @@
 //! host thread, exchanging through device-to-device copies. For developing and profiling a
 //! pipeline on one GPU (every rank's kernels share it, so timings show overlap, not speed-up).
 //!
-//! Transfers. A send posts a small descriptor (source address, size, the producer's event, and
-//! where to acknowledge) to the receiver through an in-process `loom::threads` communicator
-//! (per-peer FIFO, as everywhere in loom). The receiver, when its program reaches the receive,
-//! takes the descriptor (its host waits for the sender's host to have posted it, bounded by the
-//! timeout: hosts run ahead of the device, so this is a hand-off between threads, never a wait
-//! for the GPU) and enqueues the copy on its receive stream for that peer, after the producer's
-//! event and after the event that freed its buffer; its compute stream then waits for the copy's
-//! event. That event is the sender's (it travels in the descriptor, so it outlives the copy
-//! whatever the receiver does next), and the receiver raises the sender's acknowledgement flag
-//! once it is recorded. So the copy starts as soon as both buffers are ready on the device, and
-//! `wait(send, stream)` makes the sender's stream wait for the copy before the buffer is written
-//! again.
+//! Transfers, eagerly (device flags). The receiver pushes nothing and never waits on its host:
+//! each receive is published in a per-channel mailbox (destination, size, the event after which
+//! the destination is free), and its compute stream waits on the device for a 32-bit flag of that
+//! mailbox slot (`cuStreamWaitValue32`). The sender, when it reaches the send (or, if the receive
+//! is not posted yet, at its next communication call), enqueues the copy on its send stream for
+//! that peer after the producer's event and the receiver's free event, then raises the flag
+//! (`cuStreamWriteValue32`). So no host thread waits for another's progress inside a step: the
+//! receiver's host runs on, and a sender waits only when it is a whole mailbox (1024 receives)
+//! ahead of the receiver, or at the end of the step for receives not posted yet. Flags count laps
+//! of the mailbox, so they never need resetting. The stream memory operations come from the driver
+//! through `cudaGetDriverEntryPointByVersion` (no link to libcuda); where the driver lacks them,
+//! or `set_device_flags(false)`, every rank uses the hand-off below.
+//!
+//! Transfers inside a capture (and without device flags): a send posts a small descriptor
+//! (source address, size, the producer's event, and where to acknowledge) to the receiver through
+//! an in-process `loom::threads` communicator (per-peer FIFO, as everywhere in loom). The
+//! receiver, when its program reaches the receive, takes the descriptor (its host waits for the
+//! sender's host to have posted it, bounded by the timeout) and enqueues the copy on its receive
+//! stream for that peer, after the producer's event and after the event that freed its buffer;
+//! its compute stream then waits for the copy's event. That event is the sender's, and the
+//! receiver raises the sender's acknowledgement flag once it is recorded, so `wait(send, stream)`
+//! makes the sender's stream wait for the copy before the buffer is written again. In a captured
+//! step the host hand-off happens once, at capture; replays have none.
 //!
 //! Graphs. `begin_capture` / `end_capture` capture the whole step of every rank into one graph:
 //! rank 0 begins a relaxed-mode capture on an origin stream, every rank's stream forks from it,
@@ -31,13 +42,18 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <cuda.h>  // the driver API's types for the stream memory operations (no libcuda is linked)
 
 #include "loom/comm/device.hpp"
 #include "loom/comm/threads.hpp"
@@ -63,8 +79,60 @@ struct transfer_slot {
   std::atomic<bool> ack{false};
 };
 
-//! Shared by the ranks of one world: the whole-step graph.
+//! One receive published for its sender (the device-flag path).
+struct posted_recv {
+  std::byte* dst = nullptr;
+  std::size_t bytes = 0;
+  cudaEvent_t free = nullptr;           // the receiver's; null: free since the step began
+  std::atomic<std::uint64_t> seq{0};    // 1 + the transfer's number once published
+};
+
+//! The mailbox of one channel (sender -> receiver) on the device-flag path: a ring of published
+//! receives and, in device memory, one flag per slot that the sender raises to the slot's lap.
+struct mailbox {
+  static constexpr std::uint64_t capacity = 1024;  //!< receives published ahead of the sender, at most
+  std::unique_ptr<posted_recv[]> slots = std::make_unique<posted_recv[]>(capacity);
+  std::uint32_t* flags = nullptr;          // device memory, `capacity` words, zero at first
+  std::atomic<std::uint64_t> taken{0};     // transfers the sender has enqueued
+  //! The value the flag of transfer `n` is raised to (the slot's lap, from 1).
+  static std::uint32_t lap(std::uint64_t n) { return static_cast<std::uint32_t>(n / capacity + 1); }
+  mailbox() = default;
+  mailbox(const mailbox&) = delete;
+  mailbox& operator=(const mailbox&) = delete;
+  ~mailbox() {
+    if (flags != nullptr) (void)cudaFree(flags);
+  }
+};
+
+//! The driver's stream memory operations, looked up once (null where the driver lacks them).
+struct stream_memops {
+  using fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  fn wait = nullptr, write = nullptr;
+  static const stream_memops& get() {
+    static const stream_memops m = [] {
+      stream_memops r;
+      auto find = [](const char* name) -> fn {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+          (void)cudaGetLastError();
+          return nullptr;
+        }
+        return reinterpret_cast<fn>(p);
+      };
+      r.wait = find("cuStreamWaitValue32");
+      r.write = find("cuStreamWriteValue32");
+      return r;
+    }();
+    return m;
+  }
+};
+
+//! Shared by the ranks of one world: the whole-step graph and the channels' mailboxes.
 struct shared_graph {
+  explicit shared_graph(int n) : boxes(static_cast<std::size_t>(n) * static_cast<std::size_t>(n)) {}
+  std::vector<std::unique_ptr<mailbox>> boxes;  // [from * n + to], made by the receiver
   std::mutex m;
   cudaStream_t origin = nullptr;
   cudaEvent_t fork = nullptr, done = nullptr;
@@ -94,6 +162,9 @@ class comm {
     cudaEvent_t free = nullptr;             //!< receive: the destination is free after this event
     int peer = -1;                          //!< the other rank
     bool is_recv = false;                   //!< receive (else send)
+    bool flagged = false;                   //!< on the device-flag path (else the hand-off)
+    std::uint64_t seq = 0;                  //!< device flags: the transfer's number on its channel
+    std::uint32_t* flag = nullptr;          //!< device flags, receive: the flag raised after the copy
   };
 
   //! Rank `host.rank()` of a world whose host side is `host`, running on `device`; `graph` is
@@ -106,6 +177,8 @@ class comm {
   ~comm() {
     for (auto& s : recv_streams_)
       if (s != nullptr) (void)cudaStreamDestroy(s);
+    for (auto& s : send_streams_)
+      if (s != nullptr) (void)cudaStreamDestroy(s);
   }
 
   //! This rank.
@@ -117,21 +190,68 @@ class comm {
   //! The host-side communicator (collectives over host memory, barrier, abort).
   threads::comm& host() { return host_; }
 
-  //! Creates a receive stream for every channel into this rank (collective).
+  //! Chooses between device flags and the host hand-off for eager steps (`true`, the default,
+  //! uses flags where the driver has them). Takes effect at the next `open_channels`, where the
+  //! ranks agree: one rank without flags makes every rank use the hand-off.
+  void set_device_flags(bool on) { want_flags_ = on; }
+  //! Whether eager transfers use device flags (decided by `open_channels`).
+  bool device_flags() const { return flags_; }
+
+  //! Opens every channel of `chans` that involves this rank (collective): a receive stream and a
+  //! mailbox with its device flags for each channel into it, a send stream for each out of it.
   void open_channels(std::span<const channel> chans) {
-    recv_streams_.assign(static_cast<std::size_t>(size()), nullptr);
+    const auto n = static_cast<std::size_t>(size());
+    recv_streams_.resize(n, nullptr);
+    send_streams_.resize(n, nullptr);
+    next_send_.resize(n, 0);
+    next_recv_.resize(n, 0);
+    pending_.resize(n);
+    joined_.resize(n, 0);
+    auto stream = [&](cudaStream_t& st, const std::string& name) {
+      if (st != nullptr) return;
+      LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      cuda::name_stream(st, name);
+    };
+    const auto& ops = detail::stream_memops::get();
+    std::int64_t ok = want_flags_ && ops.wait != nullptr && ops.write != nullptr ? 1 : 0;
     for (auto const& c : chans) {
-      if (c.to != rank() || c.from < 0 || c.from >= size() || c.from == rank()) continue;
-      auto& s = recv_streams_[static_cast<std::size_t>(c.from)];
-      if (s != nullptr) continue;
-      LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      cuda::name_stream(s, "r" + std::to_string(rank()) + " recv<-" + std::to_string(c.from));
+      if (c.from < 0 || c.from >= size() || c.to < 0 || c.to >= size() || c.from == c.to) continue;
+      if (c.from == rank())
+        stream(send_streams_[static_cast<std::size_t>(c.to)], "r" + std::to_string(rank()) + " send->" + std::to_string(c.to));
+      if (c.to != rank()) continue;
+      stream(recv_streams_[static_cast<std::size_t>(c.from)], "r" + std::to_string(rank()) + " recv<-" + std::to_string(c.from));
+      auto& box = graph_->boxes[static_cast<std::size_t>(c.from) * n + static_cast<std::size_t>(rank())];
+      if (box) continue;
+      auto b = std::make_unique<detail::mailbox>();
+      const std::size_t bytes = detail::mailbox::capacity * sizeof(std::uint32_t);
+      LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&b->flags), bytes));
+      cuda::name_memory(b->flags, "r" + std::to_string(rank()) + " flags<-" + std::to_string(c.from));
+      LOOM_CUDA_TRY(cudaMemset(b->flags, 0, bytes));
+      if (ok != 0) {  // the driver takes both operations on this device (a flag of 0 is already 0)
+        cudaStream_t st = recv_streams_[static_cast<std::size_t>(c.from)];
+        const auto addr = reinterpret_cast<CUdeviceptr>(b->flags);
+        ok = ops.write(st, addr, 0, 0) == CUDA_SUCCESS && ops.wait(st, addr, 0, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS &&
+             cudaStreamSynchronize(st) == cudaSuccess;
+        (void)cudaGetLastError();
+      }
+      box = std::move(b);
     }
-    host_.barrier();
+    host_.all_reduce(std::span<std::int64_t>(&ok, 1), reduce_op::min);  // also the barrier: every mailbox exists
+    flags_ = ok != 0;
   }
 
   //! Sends `bytes` (device memory) to `peer` once `ready` has completed.
   request isend(int peer, std::span<const std::byte> bytes, cudaEvent_t ready) {
+    if (flags_ && !capturing_) {
+      box_of(rank(), peer, "to");
+      request r;
+      r.peer = peer;
+      r.flagged = true;
+      r.seq = next_send_[static_cast<std::size_t>(peer)]++;
+      pending_[static_cast<std::size_t>(peer)].push_back({bytes.data(), bytes.size(), ready, r.seq});
+      progress();
+      return r;
+    }
     auto* t = next_slot();
     t->ack.store(false, std::memory_order_relaxed);
     t->d = {bytes.data(), bytes.size(), ready, events_.next(), &t->ack};
@@ -144,6 +264,27 @@ class comm {
 
   //! Receives into `bytes` (device memory) from `peer`, not before `free` (may be null).
   request irecv(int peer, std::span<std::byte> bytes, cudaEvent_t free) {
+    if (flags_ && !capturing_) {
+      auto& box = box_of(peer, rank(), "from");
+      const std::uint64_t n = next_recv_[static_cast<std::size_t>(peer)]++;
+      if (n >= box.taken.load(std::memory_order_acquire) + detail::mailbox::capacity)  // the ring is full
+        wait_host([&] { return n < box.taken.load(std::memory_order_acquire) + detail::mailbox::capacity; },
+                  "waiting for rank " + std::to_string(peer) + " to take a receive");
+      auto& slot = box.slots[n % detail::mailbox::capacity];
+      slot.dst = bytes.data();
+      slot.bytes = bytes.size();
+      slot.free = free;
+      cuda::host_release(&slot);
+      slot.seq.store(n + 1, std::memory_order_release);
+      request r;
+      r.peer = peer;
+      r.is_recv = true;
+      r.flagged = true;
+      r.seq = n;
+      r.flag = box.flags + n % detail::mailbox::capacity;
+      progress();
+      return r;
+    }
     if (peer < 0 || peer >= static_cast<int>(recv_streams_.size()) || recv_streams_[static_cast<std::size_t>(peer)] == nullptr)
       throw comm_error(host_.world_rank(), "cuda_local: no channel from rank " + std::to_string(peer) + " to rank " +
                                                std::to_string(rank()) + " was opened (open_channels)");
@@ -162,6 +303,25 @@ class comm {
   //! Receive: enqueues the copy (once the sender posted) and makes `stream` wait for it. Send:
   //! makes `stream` wait for the receiver's copy (once the receiver enqueued it).
   void wait(request& r, cudaStream_t stream) {
+    if (r.flagged) {
+      const auto p = static_cast<std::size_t>(r.peer);
+      if (r.is_recv) {
+        host_.check();
+        progress();
+        const auto& ops = detail::stream_memops::get();
+        try_driver(ops.wait(stream, reinterpret_cast<CUdeviceptr>(r.flag), detail::mailbox::lap(r.seq), CU_STREAM_WAIT_VALUE_GEQ),
+                   "cuStreamWaitValue32");
+        return;
+      }
+      flush(p);  // the copy is enqueued
+      if (joined_[p] <= r.seq) {  // one event covers every copy enqueued to the peer so far
+        cudaEvent_t e = events_.next();
+        LOOM_CUDA_TRY(cudaEventRecord(e, send_streams_[p]));
+        LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));
+        joined_[p] = next_send_[p];
+      }
+      return;
+    }
     host_.wait(r.host);
     r.host = threads::request{};
     if (!r.is_recv) {
@@ -197,20 +357,24 @@ class comm {
   void begin_step(cudaStream_t stream) {
     events_.rewind();
     next_desc_ = 0;
+    std::fill(joined_.begin(), joined_.end(), 0);
     cudaEvent_t e = events_.next();
     LOOM_CUDA_TRY(cudaEventRecord(e, stream));
-    for (auto s : recv_streams_)
-      if (s != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(s, e, 0));
+    for (auto* v : {&recv_streams_, &send_streams_})
+      for (auto s : *v)
+        if (s != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(s, e, 0));
   }
 
   //! Ends a step: `stream` joins the receive streams.
   void end_step(cudaStream_t stream) {
-    for (auto s : recv_streams_) {
-      if (s == nullptr) continue;
-      cudaEvent_t e = events_.next();
-      LOOM_CUDA_TRY(cudaEventRecord(e, s));
-      LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));
-    }
+    for (std::size_t p = 0; p < pending_.size(); ++p) flush(p);
+    for (auto* v : {&recv_streams_, &send_streams_})
+      for (auto s : *v) {
+        if (s == nullptr) continue;
+        cudaEvent_t e = events_.next();
+        LOOM_CUDA_TRY(cudaEventRecord(e, s));
+        LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));
+      }
   }
 
   //! Waits on the host until `stream`'s work has finished, bounded by the timeout; an abort by
@@ -239,11 +403,13 @@ class comm {
       LOOM_CUDA_TRY(cudaEventRecord(graph_->fork, graph_->origin));
     }
     host_.barrier();
+    capturing_ = true;  // a captured step uses the hand-off: a flag's value would be frozen into the graph
     LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, graph_->fork, 0));
   }
 
   //! Ends the capture begun by `begin_capture` and instantiates the graph (collective).
   void end_capture(cudaStream_t stream) {
+    capturing_ = false;
     LOOM_CUDA_TRY(cudaEventRecord(graph_->joins[static_cast<std::size_t>(rank())], stream));
     host_.barrier();
     std::int64_t ok = 1;
@@ -292,7 +458,10 @@ class comm {
   //! Sum/max/min over ranks of host memory (blocking, bounded).
   void all_reduce(std::span<double> v, reduce_op op) { host_.all_reduce(v, op); }
   //! Aborts every rank's pending and later calls, naming this rank and `reason`.
-  void abort(std::string reason) { host_.abort(std::move(reason)); }
+  void abort(std::string reason) {
+    release_flags();
+    host_.abort(std::move(reason));
+  }
   //! Bounds every later wait.
   void set_timeout(std::chrono::milliseconds t) {
     host_.set_timeout(t);
@@ -314,6 +483,101 @@ class comm {
     return labels_[static_cast<std::size_t>(peer)].c_str();
   }
 
+  //! A send waiting for its receive to be published (device flags).
+  struct pending_send {
+    const std::byte* src = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t ready = nullptr;
+    std::uint64_t seq = 0;
+  };
+
+  //! The mailbox of the channel `from` -> `to` (one of them is this rank); `dir` says which
+  //! ("to": this rank sends).
+  detail::mailbox& box_of(int from, int to, const char* dir) {
+    const int peer = from == rank() ? to : from;
+    if (peer < 0 || peer >= size() || peer == rank() || !graph_->boxes[static_cast<std::size_t>(from * size() + to)])
+      throw comm_error(host_.world_rank(), "cuda_local: no channel " + std::string(dir) + " rank " + std::to_string(peer) +
+                                               (dir[0] == 't' ? " from" : " to") + " rank " + std::to_string(rank()) +
+                                               " was opened (open_channels)");
+    return *graph_->boxes[static_cast<std::size_t>(from * size() + to)];
+  }
+  void try_driver(CUresult r, const char* call) {
+    if (r != CUDA_SUCCESS)
+      throw comm_error(host_.world_rank(), "cuda_local: " + std::string(call) + " failed (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+  }
+  //! Waits on the host until `ready()`, bounded by the timeout; an abort by any rank ends it.
+  template <class Ready>
+  void wait_host(Ready&& ready, const std::string& what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    loom::detail::poll_until(ready, [&] {
+      host_.check();
+      if (std::chrono::steady_clock::now() > deadline) host_.timed_out(what);
+    });
+  }
+  //! Enqueues the pending sends whose receives are published, in order per peer.
+  void progress() {
+    for (std::size_t p = 0; p < pending_.size(); ++p)
+      while (!pending_[p].empty() && push(p, false)) {}
+  }
+  //! Enqueues every pending send to `p`, waiting on the host for their receives to be published.
+  void flush(std::size_t p) {
+    while (!pending_[p].empty()) push(p, true);
+  }
+  //! Enqueues the oldest pending send to `p` if its receive is published (or, with `block`, once
+  //! it is): the copy on the send stream after the producer's and the receiver's events, then the
+  //! flag. Returns whether it was enqueued.
+  bool push(std::size_t p, bool block) {
+    host_.check();  // after an abort the receiver may have freed its buffers: push nothing more
+    auto& box = *graph_->boxes[static_cast<std::size_t>(rank()) * static_cast<std::size_t>(size()) + p];
+    const pending_send s = pending_[p].front();
+    auto& slot = box.slots[s.seq % detail::mailbox::capacity];
+    auto published = [&] { return slot.seq.load(std::memory_order_acquire) == s.seq + 1; };
+    if (!published()) {
+      if (!block) return false;
+      wait_host(published, "waiting for rank " + std::to_string(p) + " to post the receive of a send");
+    }
+    cuda::host_acquire(&slot);
+    if (slot.bytes != s.bytes)
+      throw comm_error(host_.world_rank(), "cuda_local: rank " + std::to_string(rank()) + " sent " + std::to_string(s.bytes) +
+                                               " bytes to rank " + std::to_string(p) + ", whose matching receive expects " +
+                                               std::to_string(slot.bytes) + " bytes");
+    cudaStream_t st = send_streams_[p];
+    if (s.ready != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(st, s.ready, 0));
+    if (slot.free != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(st, slot.free, 0));
+    {
+      const cuda::byte_access acc[] = {{s.src, s.bytes, false}, {slot.dst, slot.bytes, true}};
+      cuda::region reg(st, copy_label_to(static_cast<int>(p)), acc);
+      LOOM_CUDA_TRY(cudaMemcpyAsync(slot.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, st));
+    }
+    const auto flag = reinterpret_cast<CUdeviceptr>(box.flags + s.seq % detail::mailbox::capacity);
+    try_driver(detail::stream_memops::get().write(st, flag, detail::mailbox::lap(s.seq), 0), "cuStreamWriteValue32");
+    box.taken.store(s.seq + 1, std::memory_order_release);  // the slot may be published again
+    pending_[p].pop_front();
+    return true;
+  }
+  //! After a failure: raises every flag of the channels into this rank, so that no stream of the
+  //! world waits forever on one (the data is garbage; the world is aborted).
+  void release_flags() noexcept {
+    const auto n = static_cast<std::size_t>(size());
+    for (std::size_t from = 0; from < n && from * n < graph_->boxes.size(); ++from) {
+      auto& b = graph_->boxes[from * n + static_cast<std::size_t>(rank())];
+      if (!b || b->flags == nullptr) continue;
+      try {
+        if (!release_stream_) release_stream_.emplace();
+      } catch (...) {
+        break;
+      }
+      // 0x7f7f7f7f is at or after every lap in the flags' cyclic order.
+      (void)cudaMemsetAsync(b->flags, 0x7f, detail::mailbox::capacity * sizeof(std::uint32_t), release_stream_->get());
+    }
+    (void)cudaGetLastError();
+  }
+  const char* copy_label_to(int peer) {
+    if (labels_to_.empty())
+      for (int p = 0; p < size(); ++p) labels_to_.push_back("copy r" + std::to_string(rank()) + " -> r" + std::to_string(p));
+    return labels_to_[static_cast<std::size_t>(peer)].c_str();
+  }
+
   threads::comm host_;
   int device_ = 0;
   std::shared_ptr<detail::shared_graph> graph_;
@@ -321,8 +585,15 @@ class comm {
   loom::detail::event_pool events_;
   std::vector<std::unique_ptr<detail::transfer_slot[]>> descs_;
   std::size_t next_desc_ = 0;
-  std::vector<std::string> labels_;
+  std::vector<std::string> labels_, labels_to_;
   std::chrono::milliseconds timeout_ = default_comm_timeout;
+  // Device flags.
+  bool want_flags_ = true, flags_ = false, capturing_ = false;
+  std::vector<cudaStream_t> send_streams_;
+  std::optional<cuda::stream> release_stream_;  // raises the flags after a failure
+  std::vector<std::uint64_t> next_send_, next_recv_;  // per peer: transfers so far
+  std::vector<std::deque<pending_send>> pending_;     // per peer: sends whose receive is not published yet
+  std::vector<std::uint64_t> joined_;                 // per peer: sends the compute stream waited for this step
 };
 
 static_assert(device_communicator<comm>);
@@ -330,7 +601,7 @@ static_assert(device_communicator<comm>);
 //! The `n` ranks of a new world on `device` (rank i at index i).
 inline std::vector<comm> world(int n, int device = 0) {
   auto hosts = threads::world(n);
-  auto g = std::make_shared<detail::shared_graph>();
+  auto g = std::make_shared<detail::shared_graph>(n);
   std::vector<comm> out;
   out.reserve(static_cast<std::size_t>(n));
   for (auto& h : hosts) out.emplace_back(std::move(h), device, g);
@@ -344,7 +615,7 @@ inline std::vector<comm> world(int n, int device = 0) {
 template <class F>
   requires std::invocable<F&, comm&>
 void run(int n, F f, int device = 0, std::chrono::milliseconds timeout = default_comm_timeout) {
-  auto g = std::make_shared<detail::shared_graph>();
+  auto g = std::make_shared<detail::shared_graph>(n);
   loom::run_threads(n, [&](threads::comm& h) {
     LOOM_CUDA_TRY(cudaSetDevice(device));
     cuda::name_thread("rank " + std::to_string(h.rank()));

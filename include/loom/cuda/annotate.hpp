@@ -100,6 +100,22 @@ inline void name_memory([[maybe_unused]] const void* ptr, [[maybe_unused]] const
 #endif
 }
 
+//! A host-level hand-off through `key`, release side: work that another thread enqueues after
+//! `host_acquire(key)` is ordered after what this thread has synchronised with. On a GPU the
+//! hand-off itself (an atomic) orders them and this does nothing; the simulator's race detector
+//! cannot see host synchronisation between threads, so it is told (see `cudasim::host_release`).
+inline void host_release([[maybe_unused]] const void* key) {
+#if defined(LOOM_CUDA_SIM)
+  cudasim::host_release(key);
+#endif
+}
+//! The acquire side of `host_release`.
+inline void host_acquire([[maybe_unused]] const void* key) {
+#if defined(LOOM_CUDA_SIM)
+  cudasim::host_acquire(key);
+#endif
+}
+
 //! Names the calling thread in Nsight Systems (and the simulator's memory accounting).
 inline void name_thread(const std::string& name) {
 #if !defined(LOOM_NO_NVTX)

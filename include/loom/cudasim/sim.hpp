@@ -154,6 +154,15 @@ void name_memory(const void* ptr, std::string_view name);
 //! Labels the calling thread: reports mention it and its allocations count for `owner_memory`.
 void name_thread(std::string_view name);
 
+//! A host-level hand-off through `key` (an address): the calling thread publishes what it has
+//! synchronised with so far (every operation it waited for, and what it acquired). The race
+//! detector cannot see host synchronisation between threads (an atomic flag, a mutex), so code
+//! that hands work between host threads tells it: `host_release` before publishing, `host_acquire`
+//! after observing. Operations the acquiring thread enqueues afterwards are ordered after them.
+void host_release(const void* key);
+//! The other half of `host_release`: the calling thread acquires what was released through `key`.
+void host_acquire(const void* key);
+
 //! After `operations` more NCCL operations of `comm` complete, `comm` reports `error` from
 //! `ncclCommGetAsyncError` and its later operations never complete (until it is aborted):
 //! an injected asynchronous NCCL failure.
