@@ -194,40 +194,28 @@ void fill_props(cudaDeviceProp* p, int d) {
 //! cuStreamWaitValue32 / cuStreamWriteValue32 (the driver API, reached through
 //! cudaGetDriverEntryPointByVersion): a wait parks its stream until the word satisfies the
 //! condition (see core.hpp); a write stores the word in stream order.
-CUresult value_op(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned flags, bool wait) {
+cudaError_t value_op(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned flags, bool wait) {
   const char* call = wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32";
-  auto& sim = S();
-  std::unique_lock lk(sim.m);
-  // The runtime codes used here equal the driver's.
-  static_assert(int{cudaErrorInvalidValue} == int{CUDA_ERROR_INVALID_VALUE} &&
-                int{cudaErrorNotPermitted} == int{CUDA_ERROR_NOT_PERMITTED} &&
-                int{cudaErrorStreamCaptureUnsupported} == int{CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED});
-  auto as_driver = [](cudaError_t e) { return static_cast<CUresult>(static_cast<int>(e)); };
-  if (H().in_host_fn) {
-    add_report(report_kind::api, std::string(call) + " was called inside a kernel or host function run by the simulator (CUDA forbids CUDA calls there)");
-    return as_driver(fail(cudaErrorNotPermitted, std::string(call) + " called inside a host function"));
-  }
-  cudaError_t err = cudaSuccess;
-  stream_state* st = resolve_stream(reinterpret_cast<cudaStream_t>(stream), err);
-  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  LOOM_SIM_ENTER(call);
+  LOOM_SIM_STREAM(st, reinterpret_cast<cudaStream_t>(stream));
   void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr));
   const unsigned allowed = wait ? (0x3u | static_cast<unsigned>(CU_STREAM_WAIT_VALUE_FLUSH))
                                 : static_cast<unsigned>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
-  if ((flags & ~allowed) != 0) return as_driver(fail(cudaErrorInvalidValue, std::string(call) + ": unknown flags " + std::to_string(flags)));
+  if ((flags & ~allowed) != 0) return fail(cudaErrorInvalidValue, std::string(call) + ": unknown flags " + std::to_string(flags));
   std::string why;
   if (addr % 4 != 0) why = "address " + hexp(p) + " is not 4-byte aligned";
   if (why.empty() && find_alloc(p) == nullptr) why = "address " + hexp(p) + " is not in any device or pinned allocation";
   if (why.empty() && !check_range(p, sizeof(cuuint32_t), true, why)) why = why.empty() ? "bad address" : why;
   if (!why.empty()) {
     add_report(report_kind::bad_pointer, std::string(call) + ": " + why);
-    return as_driver(fail(cudaErrorInvalidValue, std::string(call) + ": " + why));
+    return fail(cudaErrorInvalidValue, std::string(call) + ": " + why);
   }
   if (st->cap != nullptr) {
     std::string w = std::string(call) + " on stream '" + st->name +
                     "', which is capturing: loom's simulator does not capture stream memory operations";
     invalidate_capture(st->cap, w);
     add_report(report_kind::capture, w);
-    return as_driver(fail(cudaErrorStreamCaptureUnsupported, w));
+    return fail(cudaErrorStreamCaptureUnsupported, w);
   }
   auto o = std::make_shared<op>();
   o->k = wait ? kind::value_wait : kind::value_write;
@@ -235,14 +223,24 @@ CUresult value_op(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned 
   o->dst = p;
   o->word = value;
   o->cond = wait ? (flags & 0x3u) : 0u;
-  return as_driver(enqueue(*st, o));
+  return enqueue(*st, o);
+}
+
+//! The driver's code for a runtime one: equal for every code `value_op` returns.
+CUresult as_driver(cudaError_t e) {
+  static_assert(int{cudaErrorInvalidValue} == int{CUDA_ERROR_INVALID_VALUE} &&
+                int{cudaErrorInvalidResourceHandle} == int{CUDA_ERROR_INVALID_HANDLE} &&
+                int{cudaErrorNotPermitted} == int{CUDA_ERROR_NOT_PERMITTED} &&
+                int{cudaErrorStreamCaptureUnsupported} == int{CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED} &&
+                int{cudaSuccess} == int{CUDA_SUCCESS});
+  return static_cast<CUresult>(static_cast<int>(e));
 }
 
 CUresult CUDAAPI sim_wait_value32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  return value_op(stream, addr, value, flags, true);
+  return as_driver(value_op(stream, addr, value, flags, true));
 }
 CUresult CUDAAPI sim_write_value32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  return value_op(stream, addr, value, flags, false);
+  return as_driver(value_op(stream, addr, value, flags, false));
 }
 
 }  // namespace

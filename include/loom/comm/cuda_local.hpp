@@ -243,7 +243,7 @@ class comm {
   //! Sends `bytes` (device memory) to `peer` once `ready` has completed.
   request isend(int peer, std::span<const std::byte> bytes, cudaEvent_t ready) {
     if (flags_ && !capturing_) {
-      box_of(rank(), peer, "to");
+      box_of(rank(), peer);
       request r;
       r.peer = peer;
       r.flagged = true;
@@ -265,7 +265,7 @@ class comm {
   //! Receives into `bytes` (device memory) from `peer`, not before `free` (may be null).
   request irecv(int peer, std::span<std::byte> bytes, cudaEvent_t free) {
     if (flags_ && !capturing_) {
-      auto& box = box_of(peer, rank(), "from");
+      auto& box = box_of(peer, rank());
       const std::uint64_t n = next_recv_[static_cast<std::size_t>(peer)]++;
       if (n >= box.taken.load(std::memory_order_acquire) + detail::mailbox::capacity)  // the ring is full
         wait_host([&] { return n < box.taken.load(std::memory_order_acquire) + detail::mailbox::capacity; },
@@ -300,8 +300,9 @@ class comm {
     return r;
   }
 
-  //! Receive: enqueues the copy (once the sender posted) and makes `stream` wait for it. Send:
-  //! makes `stream` wait for the receiver's copy (once the receiver enqueued it).
+  //! Makes `stream` wait for the transfer. Device flags: a receive waits for its flag, a send for
+  //! its copy (enqueued now if its receive was not yet published). Hand-off: a receive enqueues
+  //! the copy (once the sender posted) and waits for it; a send waits for the receiver's copy.
   void wait(request& r, cudaStream_t stream) {
     if (r.flagged) {
       const auto p = static_cast<std::size_t>(r.peer);
@@ -326,34 +327,19 @@ class comm {
     r.host = threads::request{};
     if (!r.is_recv) {
       auto* ack = &r.slot->ack;
-      const auto deadline = std::chrono::steady_clock::now() + timeout_;
-      loom::detail::poll_until([&] { return ack->load(std::memory_order_acquire); }, [&] {
-        host_.check();
-        if (std::chrono::steady_clock::now() > deadline)
-          host_.timed_out("waiting for rank " + std::to_string(r.peer) + " to copy a send");
-      });
+      wait_host([&] { return ack->load(std::memory_order_acquire); }, "waiting for rank " + std::to_string(r.peer) + " to copy a send");
       LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, r.slot->d.done, 0));
       return;
     }
     const detail::descriptor d = r.slot->d;
-    if (d.bytes != r.bytes)
-      throw comm_error(host_.world_rank(), "cuda_local: rank " + std::to_string(r.peer) + " sent " + std::to_string(d.bytes) +
-                                               " bytes to rank " + std::to_string(rank()) + ", whose matching receive expects " +
-                                               std::to_string(r.bytes) + " bytes");
     cudaStream_t s = recv_streams_[static_cast<std::size_t>(r.peer)];
-    if (d.ready != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(s, d.ready, 0));
-    if (r.free != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(s, r.free, 0));
-    {
-      const cuda::byte_access acc[] = {{d.src, d.bytes, false}, {r.dst, r.bytes, true}};
-      cuda::region reg(s, copy_label(r.peer), acc);
-      LOOM_CUDA_TRY(cudaMemcpyAsync(r.dst, d.src, d.bytes, cudaMemcpyDeviceToDevice, s));
-    }
+    copy(s, r.peer, rank(), d.src, d.bytes, d.ready, r.dst, r.bytes, r.free);
     LOOM_CUDA_TRY(cudaEventRecord(d.done, s));
     LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, d.done, 0));
     d.ack->store(true, std::memory_order_release);  // the sender may wait for the copy now
   }
 
-  //! Starts a step: the receive streams fork from `stream`.
+  //! Starts a step: the send and receive streams fork from `stream`.
   void begin_step(cudaStream_t stream) {
     events_.rewind();
     next_desc_ = 0;
@@ -365,7 +351,7 @@ class comm {
         if (s != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(s, e, 0));
   }
 
-  //! Ends a step: `stream` joins the receive streams.
+  //! Ends a step: the pending sends are enqueued and `stream` joins the send and receive streams.
   void end_step(cudaStream_t stream) {
     for (std::size_t p = 0; p < pending_.size(); ++p) flush(p);
     for (auto* v : {&recv_streams_, &send_streams_})
@@ -380,11 +366,7 @@ class comm {
   //! Waits on the host until `stream`'s work has finished, bounded by the timeout; an abort by
   //! any rank ends the wait.
   void synchronize(cudaStream_t stream) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    loom::detail::poll_until([&] { return loom::detail::stream_done(stream); }, [&] {
-      host_.check();
-      if (std::chrono::steady_clock::now() > deadline) host_.timed_out("waiting for its CUDA stream to finish the step");
-    });
+    wait_host([&] { return loom::detail::stream_done(stream); }, "waiting for its CUDA stream to finish the step");
   }
 
   //! Begins capturing the whole step of every rank into one graph (collective).
@@ -477,10 +459,26 @@ class comm {
     if (i / chunk >= descs_.size()) descs_.push_back(std::make_unique<detail::transfer_slot[]>(chunk));
     return &descs_[i / chunk][i % chunk];
   }
-  const char* copy_label(int peer) {
-    if (labels_.empty())
-      for (int p = 0; p < size(); ++p) labels_.push_back("copy r" + std::to_string(p) + " -> r" + std::to_string(rank()));
-    return labels_[static_cast<std::size_t>(peer)].c_str();
+  //! Enqueues on `st` the copy of a transfer `from` -> `to` (one of them is this rank): after the
+  //! producer's event `ready` and the event `free` that frees the destination (either may be
+  //! null), as one region the race detector sees. Sizes must match.
+  void copy(cudaStream_t st, int from, int to, const std::byte* src, std::size_t bytes, cudaEvent_t ready, std::byte* dst,
+            std::size_t expected, cudaEvent_t free) {
+    if (bytes != expected)
+      throw comm_error(host_.world_rank(), "cuda_local: rank " + std::to_string(from) + " sent " + std::to_string(bytes) +
+                                               " bytes to rank " + std::to_string(to) + ", whose matching receive expects " +
+                                               std::to_string(expected) + " bytes");
+    if (ready != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(st, ready, 0));
+    if (free != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(st, free, 0));
+    if (labels_.empty())  // "copy rF -> rT" for every peer, into this rank then out of it
+      for (int in : {1, 0})
+        for (int p = 0; p < size(); ++p)
+          labels_.push_back("copy r" + std::to_string(in ? p : rank()) + " -> r" + std::to_string(in ? rank() : p));
+    const int peer = from == rank() ? to : from;
+    const auto label = labels_[static_cast<std::size_t>((from == rank() ? size() : 0) + peer)].c_str();
+    const cuda::byte_access acc[] = {{src, bytes, false}, {dst, bytes, true}};
+    cuda::region reg(st, label, acc);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
   }
 
   //! A send waiting for its receive to be published (device flags).
@@ -491,14 +489,12 @@ class comm {
     std::uint64_t seq = 0;
   };
 
-  //! The mailbox of the channel `from` -> `to` (one of them is this rank); `dir` says which
-  //! ("to": this rank sends).
-  detail::mailbox& box_of(int from, int to, const char* dir) {
+  //! The mailbox of the channel `from` -> `to` (one of them is this rank).
+  detail::mailbox& box_of(int from, int to) {
     const int peer = from == rank() ? to : from;
     if (peer < 0 || peer >= size() || peer == rank() || !graph_->boxes[static_cast<std::size_t>(from * size() + to)])
-      throw comm_error(host_.world_rank(), "cuda_local: no channel " + std::string(dir) + " rank " + std::to_string(peer) +
-                                               (dir[0] == 't' ? " from" : " to") + " rank " + std::to_string(rank()) +
-                                               " was opened (open_channels)");
+      throw comm_error(host_.world_rank(), "cuda_local: no channel from rank " + std::to_string(from) + " to rank " +
+                                               std::to_string(to) + " was opened (open_channels)");
     return *graph_->boxes[static_cast<std::size_t>(from * size() + to)];
   }
   void try_driver(CUresult r, const char* call) {
@@ -528,7 +524,7 @@ class comm {
   //! flag. Returns whether it was enqueued.
   bool push(std::size_t p, bool block) {
     host_.check();  // after an abort the receiver may have freed its buffers: push nothing more
-    auto& box = *graph_->boxes[static_cast<std::size_t>(rank()) * static_cast<std::size_t>(size()) + p];
+    auto& box = box_of(rank(), static_cast<int>(p));
     const pending_send s = pending_[p].front();
     auto& slot = box.slots[s.seq % detail::mailbox::capacity];
     auto published = [&] { return slot.seq.load(std::memory_order_acquire) == s.seq + 1; };
@@ -537,18 +533,8 @@ class comm {
       wait_host(published, "waiting for rank " + std::to_string(p) + " to post the receive of a send");
     }
     cuda::host_acquire(&slot);
-    if (slot.bytes != s.bytes)
-      throw comm_error(host_.world_rank(), "cuda_local: rank " + std::to_string(rank()) + " sent " + std::to_string(s.bytes) +
-                                               " bytes to rank " + std::to_string(p) + ", whose matching receive expects " +
-                                               std::to_string(slot.bytes) + " bytes");
     cudaStream_t st = send_streams_[p];
-    if (s.ready != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(st, s.ready, 0));
-    if (slot.free != nullptr) LOOM_CUDA_TRY(cudaStreamWaitEvent(st, slot.free, 0));
-    {
-      const cuda::byte_access acc[] = {{s.src, s.bytes, false}, {slot.dst, slot.bytes, true}};
-      cuda::region reg(st, copy_label_to(static_cast<int>(p)), acc);
-      LOOM_CUDA_TRY(cudaMemcpyAsync(slot.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, st));
-    }
+    copy(st, rank(), static_cast<int>(p), s.src, s.bytes, s.ready, slot.dst, slot.bytes, slot.free);
     const auto flag = reinterpret_cast<CUdeviceptr>(box.flags + s.seq % detail::mailbox::capacity);
     try_driver(detail::stream_memops::get().write(st, flag, detail::mailbox::lap(s.seq), 0), "cuStreamWriteValue32");
     box.taken.store(s.seq + 1, std::memory_order_release);  // the slot may be published again
@@ -559,7 +545,7 @@ class comm {
   //! world waits forever on one (the data is garbage; the world is aborted).
   void release_flags() noexcept {
     const auto n = static_cast<std::size_t>(size());
-    for (std::size_t from = 0; from < n && from * n < graph_->boxes.size(); ++from) {
+    for (std::size_t from = 0; from < n; ++from) {
       auto& b = graph_->boxes[from * n + static_cast<std::size_t>(rank())];
       if (!b || b->flags == nullptr) continue;
       try {
@@ -572,11 +558,6 @@ class comm {
     }
     (void)cudaGetLastError();
   }
-  const char* copy_label_to(int peer) {
-    if (labels_to_.empty())
-      for (int p = 0; p < size(); ++p) labels_to_.push_back("copy r" + std::to_string(rank()) + " -> r" + std::to_string(p));
-    return labels_to_[static_cast<std::size_t>(peer)].c_str();
-  }
 
   threads::comm host_;
   int device_ = 0;
@@ -585,7 +566,7 @@ class comm {
   loom::detail::event_pool events_;
   std::vector<std::unique_ptr<detail::transfer_slot[]>> descs_;
   std::size_t next_desc_ = 0;
-  std::vector<std::string> labels_, labels_to_;
+  std::vector<std::string> labels_;  // copy labels: from each peer, then to each peer
   std::chrono::milliseconds timeout_ = default_comm_timeout;
   // Device flags.
   bool want_flags_ = true, flags_ = false, capturing_ = false;
