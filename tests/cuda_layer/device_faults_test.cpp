@@ -26,6 +26,14 @@ loom::schedule make(const char* family, int P, int m) {
 
 bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
+// cuda_local's transfer paths the fault tests run: the host hand-off (the default) and, against the
+// simulator, device flags (opt-in; on real GPUs they hang, see cuda_local.hpp).
+#if defined(LOOM_CUDA_SIM)
+constexpr bool flag_modes[] = {false, true};
+#else
+constexpr bool flag_modes[] = {false};
+#endif
+
 }  // namespace
 
 #if defined(LOOM_CUDA_SIM)
@@ -159,56 +167,68 @@ TEST_CASE("a synchronisation inside a captured step is a capture error that ends
   if (ran == 0) std::cout << "SKIPPED: " << missing_devices(backend::cuda_local, 1) << "\n";
 }
 
+// The fault comes in the first step or the second: with device flags, cuda_local's first step
+// uses the host hand-off and later ones flags, and both must release every rank.
 TEST_CASE("a stage that throws on one rank ends every rank's step naming that rank and the cause") {
   int ran = 0;
   for (const char* family : {"1f1b", "zb-h1", "dualpipe-v", "chimera"})
-    for (backend b : {backend::cuda_local, backend::nccl}) {
-      if (!missing_devices(b, 4).empty()) continue;
-      ++ran;
-      CAPTURE(std::string(family));
-      CAPTURE(std::string(name(b)));
-      auto s = make(family, 4, 8);
-      auto spec = spec_for(s.stages);
-      simulate_with(2);
-      hooks h;
-      h.adjust = [](int rank, cuda_mlp::stage& st) { st.fail_on = rank == 1 ? 2 : -1; };
-      auto out = run(b, s, spec, 1, {}, h);
-      for (int r = 0; r < 4; ++r) {
-        auto const& x = out.ranks[static_cast<std::size_t>(r)];
-        CAPTURE(r);
-        CAPTURE(x.error);
-        CHECK(x.error_rank == 1);
-        CHECK(contains(x.error, "injected failure"));
-        CHECK(contains(x.error, "microbatch 2"));
-        CHECK(x.seconds < 4.0);
-      }
-    }
+    for (backend b : {backend::cuda_local, backend::nccl})
+      for (int fault_step : {0, 1})
+        for (bool flags : flag_modes) {
+          if (!missing_devices(b, 4).empty() || (flags && b != backend::cuda_local)) continue;
+          ++ran;
+          CAPTURE(std::string(family));
+          CAPTURE(std::string(name(b)));
+          CAPTURE(fault_step);
+          CAPTURE(flags);
+          auto s = make(family, 4, 8);
+          auto spec = spec_for(s.stages);
+          simulate_with(2);
+          hooks h;
+          h.on_local = [=](loom::cuda_local::comm& lc) { lc.set_device_flags(flags); };
+          h.before_step = [=](int step, int rank, cuda_mlp::stage& st) { st.fail_on = rank == 1 && step == fault_step ? 2 : -1; };
+          auto out = run(b, s, spec, 2, {}, h);
+          for (int r = 0; r < 4; ++r) {
+            auto const& x = out.ranks[static_cast<std::size_t>(r)];
+            CAPTURE(r);
+            CAPTURE(x.error);
+            CHECK(x.error_rank == 1);
+            CHECK(contains(x.error, "injected failure"));
+            CHECK(contains(x.error, "microbatch 2"));
+            CHECK(x.seconds < 4.0);
+          }
+        }
   if (ran == 0) std::cout << "SKIPPED: " << missing_devices(backend::cuda_local, 1) << "\n";
 }
 
 TEST_CASE("a rank that hangs makes every rank end within seconds with the timeout as the cause") {
   int ran = 0;
   for (const char* family : {"1f1b", "zb-v"})
-    for (backend b : {backend::cuda_local, backend::nccl}) {
-      if (!missing_devices(b, 2).empty()) continue;
-      ++ran;
-      CAPTURE(std::string(family));
-      CAPTURE(std::string(name(b)));
-      auto s = make(family, 2, 4);
-      auto spec = spec_for(s.stages);
-      simulate_with(1, 10000);
-      hooks h;
-      h.timeout = std::chrono::milliseconds(400);
-      h.adjust = [](int rank, cuda_mlp::stage& st) { st.hang_ms = rank == 1 ? 1500 : 0; };
-      auto out = run(b, s, spec, 1, {}, h);
-      for (int r = 0; r < 2; ++r) {
-        auto const& x = out.ranks[static_cast<std::size_t>(r)];
-        CAPTURE(r);
-        CAPTURE(x.error);
-        CHECK(contains(x.error, "timed out"));
-        CHECK(x.seconds < 4.0);
-      }
-    }
+    for (backend b : {backend::cuda_local, backend::nccl})
+      for (int fault_step : {0, 1})
+        for (bool flags : flag_modes) {
+          if (!missing_devices(b, 2).empty() || (flags && b != backend::cuda_local)) continue;
+          ++ran;
+          CAPTURE(std::string(family));
+          CAPTURE(std::string(name(b)));
+          CAPTURE(fault_step);
+          CAPTURE(flags);
+          auto s = make(family, 2, 4);
+          auto spec = spec_for(s.stages);
+          simulate_with(1, 10000);
+          hooks h;
+          h.timeout = std::chrono::milliseconds(400);
+          h.on_local = [=](loom::cuda_local::comm& lc) { lc.set_device_flags(flags); };
+          h.before_step = [=](int step, int rank, cuda_mlp::stage& st) { st.hang_ms = rank == 1 && step == fault_step ? 1500 : 0; };
+          auto out = run(b, s, spec, 2, {}, h);
+          for (int r = 0; r < 2; ++r) {
+            auto const& x = out.ranks[static_cast<std::size_t>(r)];
+            CAPTURE(r);
+            CAPTURE(x.error);
+            CHECK(contains(x.error, "timed out"));
+            CHECK(x.seconds < 4.0);
+          }
+        }
   if (ran == 0) std::cout << "SKIPPED: " << missing_devices(backend::cuda_local, 1) << "\n";
 }
 

@@ -95,6 +95,7 @@ struct hooks {
   std::function<void(int, cuda_mlp::stage&)> adjust;
   std::function<void(int, ncclComm_t)> on_comm;
   std::function<void(loom::cuda_local::comm&)> on_local;  //!< before the pipeline is built
+  std::function<void(int step, int rank, cuda_mlp::stage&)> before_step;  //!< before each step, on each stage of the rank
   std::chrono::milliseconds timeout{20000};
 };
 
@@ -128,6 +129,8 @@ inline outcome run(backend b, const loom::schedule& s, const quickstart::mlp_spe
         auto& inputs = batches[i % 2];
         loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
         loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
+        if (h.before_step)
+          for (auto& st : p.stages()) h.before_step(i, c.rank(), st);
         auto r = p.step(std::span<const float>(inputs.span()));
         if (c.rank() == 0) out.losses[static_cast<std::size_t>(i)] = r.loss;
       }

@@ -7,7 +7,8 @@
 //! host thread, exchanging through device-to-device copies. For developing and profiling a
 //! pipeline on one GPU (every rank's kernels share it, so timings show overlap, not speed-up).
 //!
-//! Transfers, eagerly (device flags). The receiver pushes nothing and never waits on its host:
+//! Transfers, eagerly, with device flags (opt-in: `set_device_flags(true)` or
+//! `LOOM_CUDA_LOCAL_DEVICE_FLAGS=1`; off by default since they hang on real GPUs, see below). The receiver pushes nothing and never waits on its host:
 //! each receive is published in a per-channel mailbox (destination, size, the event after which
 //! the destination is free), and its compute stream waits on the device for a 32-bit flag of that
 //! mailbox slot (`cuStreamWaitValue32`). The sender, when it reaches the send (or, if the receive
@@ -19,6 +20,18 @@
 //! of the mailbox, so they never need resetting. The stream memory operations come from the driver
 //! through `cudaGetDriverEntryPointByVersion` (no link to libcuda); where the driver lacks them,
 //! or `set_device_flags(false)`, every rank uses the hand-off below.
+//!
+//! Why flags are off by default. On an H100 and an H200 (CUDA 13.0, 2026-11-25) eager steps with
+//! flags hung: every rank's host thread stopped inside `cuLaunchKernel` (one deep in the driver,
+//! the others on its lock) while streams were parked on flags whose writers were still to be
+//! launched (a 2-rank step whose rank 1 sleeps, a 4-rank step whose rank 1 throws), and even
+//! without a fault a 2-rank V-Half step never finished after many families had passed. Two causes
+//! fit and the CUDA documentation warns of both: a kernel's first launch loads its module (lazy
+//! loading) and may wait for the whole context, and a parked stream blocks the hardware queue it
+//! shares with other streams (`CUDA_DEVICE_MAX_CONNECTIONS`), so a flag's writer can queue behind
+//! its own waiter. The first eager step of a world with flags uses the hand-off (it loads every
+//! kernel the step launches), which fixed the sleeping-rank hang on the H200 but not the others.
+//! The simulator checks the flags' ordering and failure release; the hand-off is the default.
 //!
 //! Transfers inside a capture (and without device flags): a send posts a small descriptor
 //! (source address, size, the producer's event, and where to acknowledge) to the receiver through
@@ -43,6 +56,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -50,6 +64,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -134,6 +149,7 @@ struct shared_graph {
   explicit shared_graph(int n) : boxes(static_cast<std::size_t>(n) * static_cast<std::size_t>(n)) {}
   std::vector<std::unique_ptr<mailbox>> boxes;  // [from * n + to], made by the receiver
   std::mutex m;
+  cudaStream_t release = nullptr;  // raises every flag after a failure (made with the first mailbox)
   cudaStream_t origin = nullptr;
   cudaEvent_t fork = nullptr, done = nullptr;
   std::vector<cudaEvent_t> joins;
@@ -145,6 +161,7 @@ struct shared_graph {
     if (fork != nullptr) (void)cudaEventDestroy(fork);
     if (done != nullptr) (void)cudaEventDestroy(done);
     if (origin != nullptr) (void)cudaStreamDestroy(origin);
+    if (release != nullptr) (void)cudaStreamDestroy(release);
   }
 };
 
@@ -190,11 +207,13 @@ class comm {
   //! The host-side communicator (collectives over host memory, barrier, abort).
   threads::comm& host() { return host_; }
 
-  //! Chooses between device flags and the host hand-off for eager steps (`true`, the default,
-  //! uses flags where the driver has them). Takes effect at the next `open_channels`, where the
-  //! ranks agree: one rank without flags makes every rank use the hand-off.
+  //! Chooses between device flags and the host hand-off for eager steps (`true` uses flags where
+  //! the driver has them; the default is the hand-off unless `LOOM_CUDA_LOCAL_DEVICE_FLAGS=1`).
+  //! Takes effect at the next `open_channels`, where the ranks agree: one rank without flags makes
+  //! every rank use the hand-off.
   void set_device_flags(bool on) { want_flags_ = on; }
-  //! Whether eager transfers use device flags (decided by `open_channels`).
+  //! Whether eager transfers use device flags (decided by `open_channels`; they start with the
+  //! second eager step, see the file's notes on lazy loading).
   bool device_flags() const { return flags_; }
 
   //! Opens every channel of `chans` that involves this rank (collective): a receive stream and a
@@ -214,6 +233,15 @@ class comm {
     };
     const auto& ops = detail::stream_memops::get();
     std::int64_t ok = want_flags_ && ops.wait != nullptr && ops.write != nullptr ? 1 : 0;
+    {
+      // Made now, not at a failure: creating a stream then could wait behind the device work
+      // that the release must unblock.
+      std::lock_guard lk(graph_->m);
+      if (graph_->release == nullptr) {
+        LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&graph_->release, cudaStreamNonBlocking));
+        cuda::name_stream(graph_->release, "cuda_local flag release");
+      }
+    }
     for (auto const& c : chans) {
       if (c.from < 0 || c.from >= size() || c.to < 0 || c.to >= size() || c.from == c.to) continue;
       if (c.from == rank())
@@ -242,7 +270,7 @@ class comm {
 
   //! Sends `bytes` (device memory) to `peer` once `ready` has completed.
   request isend(int peer, std::span<const std::byte> bytes, cudaEvent_t ready) {
-    if (flags_ && !capturing_) {
+    if (flagged_now()) {
       box_of(rank(), peer);
       request r;
       r.peer = peer;
@@ -264,7 +292,7 @@ class comm {
 
   //! Receives into `bytes` (device memory) from `peer`, not before `free` (may be null).
   request irecv(int peer, std::span<std::byte> bytes, cudaEvent_t free) {
-    if (flags_ && !capturing_) {
+    if (flagged_now()) {
       auto& box = box_of(peer, rank());
       const std::uint64_t n = next_recv_[static_cast<std::size_t>(peer)]++;
       if (n >= box.taken.load(std::memory_order_acquire) + detail::mailbox::capacity)  // the ring is full
@@ -361,6 +389,7 @@ class comm {
         LOOM_CUDA_TRY(cudaEventRecord(e, s));
         LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));
       }
+    if (!capturing_) warmed_ = true;  // every kernel of the step is loaded: flags from now on
   }
 
   //! Waits on the host until `stream`'s work has finished, bounded by the timeout; an abort by
@@ -541,22 +570,24 @@ class comm {
     pending_[p].pop_front();
     return true;
   }
-  //! After a failure: raises every flag of the channels into this rank, so that no stream of the
-  //! world waits forever on one (the data is garbage; the world is aborted).
+  //! After a failure: raises every flag of every channel of the world, so that no stream waits
+  //! forever on one (the data is garbage; the world is aborted). The rank that aborts first does
+  //! it for all ranks before the abort is published, so no rank depends on another rank's host
+  //! thread still making CUDA calls (one may already be freeing memory, which waits for the whole
+  //! device); the ranks that abort after it repeat it harmlessly.
   void release_flags() noexcept {
-    const auto n = static_cast<std::size_t>(size());
-    for (std::size_t from = 0; from < n; ++from) {
-      auto& b = graph_->boxes[from * n + static_cast<std::size_t>(rank())];
-      if (!b || b->flags == nullptr) continue;
-      try {
-        if (!release_stream_) release_stream_.emplace();
-      } catch (...) {
-        break;
-      }
-      // 0x7f7f7f7f is at or after every lap in the flags' cyclic order.
-      (void)cudaMemsetAsync(b->flags, 0x7f, detail::mailbox::capacity * sizeof(std::uint32_t), release_stream_->get());
-    }
+    if (graph_->release == nullptr || !flags_) return;  // no stream waits on a flag
+    for (auto& b : graph_->boxes)
+      if (b && b->flags != nullptr)  // 0x7f7f7f7f is at or after every lap in the flags' cyclic order
+        (void)cudaMemsetAsync(b->flags, 0x7f, detail::mailbox::capacity * sizeof(std::uint32_t), graph_->release);
     (void)cudaGetLastError();
+  }
+  //! Whether this transfer uses device flags: decided, eager, and not the world's first step.
+  bool flagged_now() const { return flags_ && warmed_ && !capturing_; }
+  //! `LOOM_CUDA_LOCAL_DEVICE_FLAGS=1` makes device flags every world's default.
+  static bool flags_requested_by_environment() {
+    const char* v = std::getenv("LOOM_CUDA_LOCAL_DEVICE_FLAGS");
+    return v != nullptr && std::string_view(v) == "1";
   }
 
   threads::comm host_;
@@ -569,9 +600,8 @@ class comm {
   std::vector<std::string> labels_;  // copy labels: from each peer, then to each peer
   std::chrono::milliseconds timeout_ = default_comm_timeout;
   // Device flags.
-  bool want_flags_ = true, flags_ = false, capturing_ = false;
+  bool want_flags_ = flags_requested_by_environment(), flags_ = false, capturing_ = false, warmed_ = false;
   std::vector<cudaStream_t> send_streams_;
-  std::optional<cuda::stream> release_stream_;  // raises the flags after a failure
   std::vector<std::uint64_t> next_send_, next_recv_;  // per peer: transfers so far
   std::vector<std::deque<pending_send>> pending_;     // per peer: sends whose receive is not published yet
   std::vector<std::uint64_t> joined_;                 // per peer: sends the compute stream waited for this step
