@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <span>
@@ -296,4 +297,26 @@ TEST_CASE("the cost file is the JSON the CLI reads, field for field") {
         "}\n");
   m.stages[1].f = -1;
   CHECK_THROWS_AS((void)loom::cost_file_json(m), loom::config_error);
+}
+
+TEST_CASE("write_cost_file writes exactly cost_file_json, and names the path it cannot write") {
+  loom::cost_model m;
+  m.stages = {{.f = 1, .b = 2, .w = 0.5, .fb = -1, .activation = 1, .message_bytes = 16, .param_bytes = 8}};
+  const std::string path = "loom_test_write_cost_file.json";
+  loom::write_cost_file(path, m);
+  std::string back;
+  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+    char buf[256];
+    for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) back.append(buf, got);
+    std::fclose(f);
+  }
+  std::remove(path.c_str());
+  CHECK(back == loom::cost_file_json(m));
+  const std::string nowhere = "loom-no-such-directory/costs.json";
+  try {
+    loom::write_cost_file(nowhere, m);
+    FAIL("write_cost_file wrote into a directory that does not exist");
+  } catch (const loom::config_error& e) {
+    CHECK(std::string(e.what()).find(nowhere) != std::string::npos);
+  }
 }

@@ -29,7 +29,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -310,8 +309,11 @@ inline std::string cost_file_json(const cost_model& m) {
 //! Writes `cost_file_json(m)` to `path`; throws `config_error` naming the path when it cannot.
 inline void write_cost_file(const std::string& path, const cost_model& m) {
   const std::string json = cost_file_json(m);
-  std::ofstream f(path, std::ios::binary);
-  if (!f || !(f << json) || !f.flush()) throw config_error("write_cost_file: cannot write " + path);
+  // <cstdio> rather than <fstream>: the stream classes cost every includer of loom/exec.hpp.
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  bool ok = f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  if (f != nullptr && std::fclose(f) != 0) ok = false;
+  if (!ok) throw config_error("write_cost_file: cannot write " + path);
 }
 
 }  // namespace loom
