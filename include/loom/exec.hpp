@@ -17,3 +17,4 @@
 #include "loom/exec/sequence_parallel.hpp"
 #include "loom/exec/step_observer.hpp"
 #include "loom/exec/tensor_parallel.hpp"
+#include "loom/exec/timeline.hpp"

@@ -4,9 +4,11 @@
 
 //! \file
 //! Umbrella header of the rendering layer: ASCII grid, SVG timeline and Chrome/Perfetto trace
-//! of a simulated schedule. Host compiler only, std only.
+//! of a simulated schedule, and of a measured step beside its prediction. Host compiler only,
+//! std only.
 
 #include "loom/render/ascii.hpp"
 #include "loom/render/common.hpp"
+#include "loom/render/measured.hpp"
 #include "loom/render/svg.hpp"
 #include "loom/render/trace.hpp"

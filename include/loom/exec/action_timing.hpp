@@ -26,4 +26,26 @@ struct action_timing {
   friend constexpr bool operator==(const action_timing&, const action_timing&) = default;
 };
 
+//! One executed action of a measured step on one rank, placed on the rank's clock: what
+//! `loom::pipeline::last_timeline()` reports in measure mode, and what the measured renderers
+//! (`loom/render/measured.hpp`) draw beside the predicted timeline of the same step.
+//! - `F`, `B`, `W`, `BW`: a stage call (an `FB` action is its two halves, `in_fb = true`), timed
+//!   as in `action_timing`.
+//! - `recv`: the wait for a received item before its consumer (on the host, the time blocked in
+//!   the communicator's wait: the communication wait the prediction does not see).
+//! - `send`: posting a send (non-blocking: its duration is the host's cost of posting it).
+//! For transfers, (`microbatch`, `stage`) name the item by the stage that produced it (as in the
+//! lowered program) and `peer` is the other rank.
+struct measured_action {
+  op kind = op::F;     //!< `F`, `B`, `W`, `BW`, `send` or `recv`
+  int microbatch = 0;  //!< the microbatch
+  int stage = 0;       //!< the virtual stage
+  int rank = 0;        //!< the rank that ran it
+  int peer = -1;       //!< `send` / `recv`: the other rank
+  bool in_fb = false;  //!< a half of an overlapped `FB` action
+  double start = 0;    //!< seconds from the start of the rank's step (`pipeline::step` entry)
+  double seconds = 0;  //!< its duration
+  friend constexpr bool operator==(const measured_action&, const measured_action&) = default;
+};
+
 }  // namespace loom

@@ -43,7 +43,10 @@
 //! of `loom::calibrate` (`loom/exec/calibrate.hpp`). The list is reserved when the pipeline is
 //! built (one entry per compute half of the rank's program), so a measured step allocates nothing
 //! either. On a device space the timings are CUDA events summed into `busy_seconds`;
-//! `last_timings()` is empty there for now (calibration is host-only).
+//! `last_timings()` is empty there for now (calibration is host-only). `last_timeline()` places
+//! every executed action of the step on the rank's clock (start and duration of each stage call,
+//! each posted send and each wait for a receive), the input of the measured renderers
+//! (`loom/render/measured.hpp`); it is reserved the same way.
 //!
 //! Execution spaces. Everything above is one code for the host and for CUDA devices. The
 //! communicator's type picks an *execution space* (`loom/exec/space.hpp`), the one place the
@@ -330,6 +333,7 @@ class pipeline {
   step_result step(std::span<const value_type> inputs) {
     step_result res;
     auto t0 = std::chrono::steady_clock::now();
+    step_t0_ = t0;
     try {
       if (!handshaken_) handshake();
       inputs = space_.stage_batch(inputs);  // graph mode: the batch goes to the buffer the graph reads
@@ -398,6 +402,13 @@ class pipeline {
   //! measuring, on a device space (calibration is host-only for now), and after a step in which
   //! this rank's stage threw (the calls after it were skipped). Valid until the next `step`.
   std::span<const action_timing> last_timings() const { return timings_; }
+  //! Measure mode on the host: every executed action of the last step on this rank, in the order
+  //! it ran, with its start (seconds from this rank's `step` entry) and duration: each compute half
+  //! (an `FB` action as its two halves), each send posted and each receive waited for (the wait).
+  //! One entry per action of the rank's program (two per `FB`) after a successful step. Empty when
+  //! not measuring and on a device space; collect every rank's with `gather_timeline`
+  //! (`loom/exec/timeline.hpp`). Valid until the next `step`.
+  std::span<const measured_action> last_timeline() const { return timeline_; }
   //! The execution space (on a device: `space().stream()` is the rank's compute stream).
   space_type& space() { return space_; }
   //! Bytes of activation, gradient, stash and send buffers the pipeline allocated for this rank
@@ -497,7 +508,12 @@ class pipeline {
     std::size_t halves = 0;
     for (auto const& a : program_) halves += a.kind == op::FB ? 2 : is_compute(a.kind) ? 1 : 0;
     space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last, std::span<const value_type>(loss_out_));
-    if (opt_.measure && !on_device) timings_.reserve(halves);  // once: a measured step appends without allocating
+    if (opt_.measure && !on_device) {  // once: a measured step appends without allocating
+      timings_.reserve(halves);
+      std::size_t transfers = 0;
+      for (auto const& a : program_) transfers += a.kind == op::send || a.kind == op::recv ? 1 : 0;
+      timeline_.reserve(halves + transfers);
+    }
     make_labels();
     recv_reqs_.resize(plan_.recv_positions.size());
     send_reqs_.resize(sends);
@@ -647,6 +663,7 @@ class pipeline {
     failed_rank_ = -1;
     busy_ = 0;
     timings_.clear();  // keeps the capacity reserved in init
+    timeline_.clear();
     recv_k_ = 0;
     nsend_ = 0;
     clock_ = 0;
@@ -779,14 +796,31 @@ class pipeline {
   }
   void on_recv() {
     const std::size_t k = recv_k_++;
-    space_.wait_recv(recv_reqs_[k]);
+    timed(program_[plan_.recv_positions[k]], [&] { space_.wait_recv(recv_reqs_[k]); });
     recv_reqs_[k] = request_type{};
     post(k + static_cast<std::size_t>(opt_.recv_ahead));
   }
   void on_send(const action& a) {
     auto& l = local(a.mb, a.stage);
     std::span<value_type> buf = a.what == payload::activation ? l.send_act.get(a.mb) : l.send_grad.get(a.mb);
-    send_reqs_[nsend_++] = space_.isend(a.peer, buf, clock_);
+    timed(a, [&] { send_reqs_[nsend_++] = space_.isend(a.peer, buf, clock_); });
+  }
+  //! Runs the transfer `fn` of action `a`; in measure mode on the host, places it on the timeline.
+  template <class Fn>
+  void timed(const action& a, Fn&& fn) {
+    if (opt_.measure && !on_device) {
+      const auto t = std::chrono::steady_clock::now();
+      fn();
+      if (timeline_.size() < timeline_.capacity())
+        timeline_.push_back({.kind = a.kind, .microbatch = a.mb, .stage = a.stage, .rank = rank_, .peer = a.peer,
+                             .start = seconds_since(step_t0_, t),
+                             .seconds = seconds_since(t, std::chrono::steady_clock::now())});
+    } else {
+      fn();
+    }
+  }
+  static double seconds_since(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+    return std::chrono::duration<double>(to - from).count();
   }
 
   local_stage& local(int mb, int s) { return locals_[local_index(mb, s)]; }
@@ -823,8 +857,13 @@ class pipeline {
       const double d = space_.call(label(kind, mb, s), ctx, accesses, [&] { fn(ctx); });
       busy_ += d;
       if constexpr (!on_device)
-        if (opt_.measure && timings_.size() < timings_.capacity())
-          timings_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .in_fb = in_fb_, .seconds = d});
+        if (opt_.measure) {
+          if (timings_.size() < timings_.capacity())
+            timings_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .in_fb = in_fb_, .seconds = d});
+          if (timeline_.size() < timeline_.capacity())  // the call ended now and lasted d
+            timeline_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .in_fb = in_fb_,
+                                 .start = seconds_since(step_t0_, std::chrono::steady_clock::now()) - d, .seconds = d});
+        }
     } catch (const std::exception& e) {
       fail(std::string("stage ") + std::to_string(s) + " " + what + " of microbatch " + std::to_string(mb) + " threw: " + e.what());
     } catch (...) {
@@ -1103,6 +1142,8 @@ class pipeline {
   std::string failure_;
   double busy_ = 0;
   std::vector<action_timing> timings_;  // measure mode (host): this step's stage calls; reserved in init
+  std::vector<measured_action> timeline_;  // measure mode (host): this step's actions on the rank's clock
+  std::chrono::steady_clock::time_point step_t0_{};  // the current step's start (`step` entry)
   bool in_fb_ = false;                  // running the halves of an FB action
   std::vector<char> observed_use_;  // step observer: local stages used this step
   std::vector<int> observed_w_;     // step observer: weight-gradient actions run per local stage
