@@ -3,6 +3,10 @@
 // The executor under MPI (run by ctest under mpiexec, see CMakeLists.txt). Modes:
 //   train    - every registered family, several shapes, deterministic (bitwise) and default
 //              (1e-12) against the single-rank reference; rank 0 prints EXEC-MPI-TRAIN-OK.
+//   calibrate - every family's measured steps: timings calibrate a cost model, and each rank's
+//              measured timeline runs its program in order; gathered, it renders as a trace (checked
+//              against the Trace Event Format's fields, one event per executed action per rank)
+//              beside the calibrated prediction; rank 0 prints EXEC-MPI-CALIBRATE-OK.
 //   throw    - rank 1's stage throws: every rank must get the pipeline_error naming rank 1, and the
 //              retried step must match the reference.
 //   mismatch - the last rank holds another schedule: every rank must get the mismatch error.
@@ -19,7 +23,11 @@
 #include <loom/comm/mpi.hpp>
 #include <loom/exec/calibrate.hpp>
 #include <loom/exec/pipeline.hpp>
+#include <loom/exec/timeline.hpp>
+#include <loom/render/measured.hpp>
 #include <loom/schedule.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include "../../examples/01_quickstart/mlp.hpp"
 
@@ -106,6 +114,39 @@ int mode_train(loom::mpi::comm& c) {
   return failures == 0 ? 0 : 1;
 }
 
+//! The trace of a gathered measured step beside its prediction: valid Trace Event Format (every
+//! complete event has a name, a category, numeric pid, tid, ts and dur >= 0), and on process 0
+//! ("measured") each rank's events are its program's actions in order.
+template <class Fail>
+void check_trace(const loom::schedule& s, const std::vector<loom::measured_action>& timeline, const loom::simulation& predicted,
+                 const loom::schedule& lowered, Fail&& fail) {
+  const auto j = nlohmann::json::parse(loom::render_trace(s, {.actions = timeline, .predicted = &predicted}), nullptr, false);
+  if (j.is_discarded() || !j.contains("traceEvents") || !j["traceEvents"].is_array()) return fail(s.name + ": the trace is not JSON");
+  std::vector<std::vector<std::string>> names(static_cast<std::size_t>(s.ranks));
+  std::size_t predicted_events = 0;
+  for (auto const& ev : j["traceEvents"]) {
+    if (!ev.contains("ph") || !ev.contains("pid") || !ev.contains("tid") || !ev.contains("name")) return fail(s.name + ": an event lacks a field");
+    if (ev["ph"] != "X") continue;
+    if (!ev.contains("ts") || !ev["ts"].is_number() || !ev.contains("dur") || !ev["dur"].is_number() ||
+        ev["dur"].get<double>() < 0 || !ev.contains("cat"))
+      return fail(s.name + ": a complete event lacks ts, dur or cat");
+    const int tid = ev["tid"].get<int>();
+    if (tid < 0 || tid >= s.ranks) return fail(s.name + ": an event on thread " + std::to_string(tid));
+    if (ev["pid"] == 0) names[static_cast<std::size_t>(tid)].push_back(ev["args"]["op"].get<std::string>() + " " +
+                                                                      std::to_string(ev["args"]["mb"].get<int>()));
+    else ++predicted_events;
+  }
+  for (int r = 0; r < s.ranks; ++r) {
+    std::vector<std::string> want;
+    for (auto const& a : loom::expected_timeline(lowered, r)) want.push_back(std::string(loom::to_string(a.kind)) + " " + std::to_string(a.microbatch));
+    if (names[static_cast<std::size_t>(r)] != want) fail(s.name + ": rank " + std::to_string(r) + "'s trace events are not its program");
+  }
+  std::size_t compute = 0;
+  for (auto const& prog : s.programs)
+    for (auto const& a : prog) compute += loom::is_compute(a.kind);
+  if (predicted_events != compute) fail(s.name + ": the predicted process has " + std::to_string(predicted_events) + " events");
+}
+
 //! Calibration over MPI, every family that runs on P processes: a measured step records one timing
 //! per compute half on every rank, gather_timings hands every rank all of them, calibrate and
 //! simulate accept the result, and measure_link gives every rank the same link.
@@ -122,6 +163,7 @@ int mode_calibrate(loom::mpi::comm& c) {
     const loom::schedule s = e.make(sh);
     trainer t(c, s, {.measure = true});
     std::vector<loom::action_timing> all;
+    std::vector<loom::measured_action> timeline;
     for (int st = 0; st < 2; ++st) {
       auto data = quickstart::make_batch(t.m, s.microbatches, st);
       t.targets = data.targets;
@@ -132,6 +174,9 @@ int mode_calibrate(loom::mpi::comm& c) {
       if (t.p.last_timings().size() != halves) fail(e.name + ": " + std::to_string(t.p.last_timings().size()) + " timings");
       auto g = loom::gather_timings(c, t.p.last_timings());
       all.insert(all.end(), g.begin(), g.end());
+      if (!loom::same_actions(t.p.last_timeline(), loom::expected_timeline(t.p.lowered(), c.rank())))
+        fail(e.name + ": the measured timeline is not the rank's program");
+      timeline = loom::gather_timeline(c, t.p.last_timeline());
     }
     std::size_t total = 0;
     for (auto const& prog : s.programs)
@@ -144,7 +189,9 @@ int mode_calibrate(loom::mpi::comm& c) {
     c.all_reduce(std::span<double>(hi), loom::reduce_op::max);
     if (lo != hi) fail(e.name + ": the ranks measured different links");
     const auto model = loom::calibrate(s, all, loom::gather_stage_sizes(t.p, c), {.intra = l});
-    if (!loom::simulate(s, model).ok) fail(e.name + ": the calibrated model does not simulate");
+    const auto predicted = loom::simulate(s, model);
+    if (!predicted.ok) fail(e.name + ": the calibrated model does not simulate");
+    else check_trace(s, timeline, predicted, t.p.lowered(), fail);
     ++runs;
   }
   std::vector<std::int64_t> tally{failures};

@@ -16,6 +16,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/exec/action_timing.hpp"
 #include "loom/schedule/action.hpp"
+#include "loom/schedule/schedule.hpp"
 
 namespace loom {
 
@@ -56,6 +57,35 @@ std::vector<measured_action> gather_timeline(C& comm, std::span<const measured_a
                      .in_fb = p[5] != 0, .start = p[6], .seconds = p[7]});
     }
   return out;
+}
+
+//! What rank `r`'s measured timeline holds, times aside: one entry per action of its program in
+//! `lowered` (a lowered schedule, as `pipeline::lowered()` gives it), an `FB` as its forward half
+//! then its backward half (`in_fb`), transfers with their `peer`. Compare a measured timeline's
+//! kinds, microbatches, stages and peers with it to check that a step ran its program.
+inline std::vector<measured_action> expected_timeline(const schedule& lowered, int r) {
+  std::vector<measured_action> out;
+  for (auto const& a : lowered.programs.at(static_cast<std::size_t>(r))) {
+    if (a.kind == op::FB) {
+      out.push_back({.kind = op::F, .microbatch = a.mb, .stage = a.stage, .rank = r, .in_fb = true});
+      out.push_back({.kind = a.bkind, .microbatch = a.bmb, .stage = a.bstage, .rank = r, .in_fb = true});
+    } else {
+      const bool transfer = a.kind == op::send || a.kind == op::recv;
+      out.push_back({.kind = a.kind, .microbatch = a.mb, .stage = a.stage, .rank = r, .peer = transfer ? a.peer : -1});
+    }
+  }
+  return out;
+}
+
+//! Whether `got` (one rank's timeline) ran exactly `want` (its `expected_timeline`) in order:
+//! same kinds, microbatches, stages, peers and FB halves; times are not compared.
+inline bool same_actions(std::span<const measured_action> got, std::span<const measured_action> want) {
+  if (got.size() != want.size()) return false;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i].kind != want[i].kind || got[i].microbatch != want[i].microbatch || got[i].stage != want[i].stage ||
+        got[i].peer != want[i].peer || got[i].in_fb != want[i].in_fb || got[i].rank != want[i].rank)
+      return false;
+  return true;
 }
 
 }  // namespace loom
