@@ -96,6 +96,7 @@ struct hooks {
   std::function<void(int, ncclComm_t)> on_comm;
   std::function<void(loom::cuda_local::comm&)> on_local;  //!< before the pipeline is built
   std::function<void(int step, int rank, cuda_mlp::stage&)> before_step;  //!< before each step, on each stage of the rank
+  std::function<void(int rank, std::span<const loom::measured_action>)> on_timeline;  //!< after the last step: the rank's timeline
   std::chrono::milliseconds timeout{20000};
 };
 
@@ -134,6 +135,7 @@ inline outcome run(backend b, const loom::schedule& s, const quickstart::mlp_spe
         auto r = p.step(std::span<const float>(inputs.span()));
         if (c.rank() == 0) out.losses[static_cast<std::size_t>(i)] = r.loss;
       }
+      if (h.on_timeline) h.on_timeline(c.rank(), p.last_timeline());
       std::lock_guard lk(mu);
       for (auto& st : p.stages())
         for (int l = st.first_layer(); l < st.last_layer(); ++l)

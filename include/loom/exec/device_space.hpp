@@ -210,12 +210,14 @@ class device_space {
     program_ = program;
     if (program) {
       next_timing_ = 0;
+      next_mark_ = 0;
       std::fill(recorded_.begin(), recorded_.end(), 0);
     }
     if (program && opt_.graph && !captured_) {
       comm_->begin_capture(compute_.get());
       capturing_ = true;
     }
+    if (program) mark();  // mark 0: the step's start
     comm_->begin_step(compute_.get());
   }
   //! Ends the step's program and waits for it (bounded): joins the communicator's streams,
@@ -244,6 +246,24 @@ class device_space {
   void drop_graph() {
     captured_ = false;
     capturing_ = false;
+  }
+  //! Measure mode, eager steps: events for `n` marks of the step's timeline (and its start).
+  void reserve_marks(std::size_t n) {
+    if (!opt_.measure) return;
+    marks_.clear();
+    for (std::size_t i = 0; i < n + 1; ++i) marks_.emplace_back(true);
+  }
+  //! Measure mode, eager steps: records the next mark on the compute stream (the point the
+  //! stream reaches once the work enqueued before it has run) and returns its index; -1 when not
+  //! measuring, capturing, or out of marks. Mark 0 is the step's start (`begin`).
+  int mark() {
+    if (!opt_.measure || capturing_ || next_mark_ >= marks_.size()) return -1;
+    marks_[next_mark_].record(compute_.ref());
+    return static_cast<int>(next_mark_++);
+  }
+  //! After the step has synchronised: seconds from the step's start to mark `i`.
+  double mark_seconds(int i) const {
+    return static_cast<double>(cuda::event::elapsed_ms(marks_[0], marks_[static_cast<std::size_t>(i)])) / 1000.0;
   }
   //! Device seconds spent in stage calls in the last step (measure mode, eager steps).
   double busy_seconds() const {
@@ -297,6 +317,8 @@ class device_space {
   std::vector<cuda::event> events_;
   std::vector<cuda::event> timing_;
   std::size_t next_timing_ = 0;
+  std::vector<cuda::event> marks_;  // measure mode: the step's timeline (mark 0: its start)
+  std::size_t next_mark_ = 0;
   int last_event_ = -1;
   cuda::pinned_buffer<T> losses_;
   std::span<const T> loss_terms_;  // the pipeline's loss-term buffers, microbatch-major

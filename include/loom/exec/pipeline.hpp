@@ -338,6 +338,7 @@ class pipeline {
       if (!handshaken_) handshake();
       inputs = space_.stage_batch(inputs);  // graph mode: the batch goes to the buffer the graph reads
       if (space_.replaying()) {
+        timeline_.clear();  // a replay is one launch: no per-action timeline
         res.host_seconds = replay_step(inputs, t0);
       } else {
         space_.begin();  // first: in graph mode the whole step, zeroing included, is captured
@@ -350,6 +351,7 @@ class pipeline {
         res.host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         space_.end();
         space_.collect_losses(losses_);
+        if constexpr (on_device) place_device_timeline();
         if constexpr (on_device)
           if (opt_.graph) save_held_slots();
       }
@@ -405,9 +407,12 @@ class pipeline {
   //! Measure mode on the host: every executed action of the last step on this rank, in the order
   //! it ran, with its start (seconds from this rank's `step` entry) and duration: each compute half
   //! (an `FB` action as its two halves), each send posted and each receive waited for (the wait).
-  //! One entry per action of the rank's program (two per `FB`) after a successful step. Empty when
-  //! not measuring and on a device space; collect every rank's with `gather_timeline`
-  //! (`loom/exec/timeline.hpp`). Valid until the next `step`.
+  //! One entry per action of the rank's program (two per `FB`) after a successful step. On a device
+  //! space the times are device times on the rank's compute stream, from events recorded around
+  //! each action (a stage call's kernels; a receive's wait for its copy; a send posts nothing on
+  //! the stream and is a point), eager steps only (empty after a replay). Empty when not
+  //! measuring; collect every rank's with `gather_timeline` (`loom/exec/timeline.hpp`). Valid
+  //! until the next `step`.
   std::span<const measured_action> last_timeline() const { return timeline_; }
   //! The execution space (on a device: `space().stream()` is the rank's compute stream).
   space_type& space() { return space_; }
@@ -508,11 +513,15 @@ class pipeline {
     std::size_t halves = 0;
     for (auto const& a : program_) halves += a.kind == op::FB ? 2 : is_compute(a.kind) ? 1 : 0;
     space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last, std::span<const value_type>(loss_out_));
-    if (opt_.measure && !on_device) {  // once: a measured step appends without allocating
-      timings_.reserve(halves);
+    if (opt_.measure) {  // once: a measured step appends without allocating
+      if constexpr (!on_device) timings_.reserve(halves);
       std::size_t transfers = 0;
       for (auto const& a : program_) transfers += a.kind == op::send || a.kind == op::recv ? 1 : 0;
       timeline_.reserve(halves + transfers);
+      if constexpr (on_device) {
+        device_marks_.reserve(halves + transfers);
+        space_.reserve_marks(2 * (halves + transfers));
+      }
     }
     make_labels();
     recv_reqs_.resize(plan_.recv_positions.size());
@@ -664,6 +673,7 @@ class pipeline {
     busy_ = 0;
     timings_.clear();  // keeps the capacity reserved in init
     timeline_.clear();
+    device_marks_.clear();
     recv_k_ = 0;
     nsend_ = 0;
     clock_ = 0;
@@ -808,6 +818,14 @@ class pipeline {
   //! Runs the transfer `fn` of action `a`; in measure mode on the host, places it on the timeline.
   template <class Fn>
   void timed(const action& a, Fn&& fn) {
+    if constexpr (on_device) {
+      if (opt_.measure) {
+        const int m0 = space_.mark();
+        fn();
+        note_device(a.kind, a.mb, a.stage, a.peer, m0, space_.mark());
+        return;
+      }
+    }
     if (opt_.measure && !on_device) {
       const auto t = std::chrono::steady_clock::now();
       fn();
@@ -817,6 +835,27 @@ class pipeline {
                              .seconds = seconds_since(t, std::chrono::steady_clock::now())});
     } else {
       fn();
+    }
+  }
+  //! Device measure mode: an action between marks `m0` and `m1`, timed once the step has synchronised.
+  void note_device(op kind, int mb, int s, int peer, int m0, int m1) {
+    if (timeline_.size() >= timeline_.capacity()) return;
+    timeline_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .peer = peer, .in_fb = in_fb_});
+    device_marks_.push_back({m0, m1});
+  }
+  //! Device measure mode, after the step synchronised: each noted action's start and duration from
+  //! its marks (device time on the compute stream from the step's start mark). A step whose marks
+  //! were not all recorded (captured, or out of marks) has no timeline.
+  void place_device_timeline() {
+    if (!opt_.measure) return;
+    for (std::size_t i = 0; i < timeline_.size(); ++i) {
+      auto [m0, m1] = device_marks_[i];
+      if (m0 < 0 || m1 < 0) {
+        timeline_.clear();
+        return;
+      }
+      timeline_[i].start = space_.mark_seconds(m0);
+      timeline_[i].seconds = space_.mark_seconds(m1) - timeline_[i].start;
     }
   }
   static double seconds_since(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
@@ -854,7 +893,12 @@ class pipeline {
     if (failed_rank_ >= 0) return;
     try {
       stage_context ctx = context(mb, s);
+      int m0 = -1;
+      if constexpr (on_device)
+        if (opt_.measure) m0 = space_.mark();
       const double d = space_.call(label(kind, mb, s), ctx, accesses, [&] { fn(ctx); });
+      if constexpr (on_device)
+        if (opt_.measure) note_device(kind, mb, s, -1, m0, space_.mark());
       busy_ += d;
       if constexpr (!on_device)
         if (opt_.measure) {
@@ -1144,6 +1188,7 @@ class pipeline {
   std::vector<action_timing> timings_;  // measure mode (host): this step's stage calls; reserved in init
   std::vector<measured_action> timeline_;  // measure mode (host): this step's actions on the rank's clock
   std::chrono::steady_clock::time_point step_t0_{};  // the current step's start (`step` entry)
+  std::vector<std::pair<int, int>> device_marks_;     // device measure mode: each timeline entry's marks
   bool in_fb_ = false;                  // running the halves of an FB action
   std::vector<char> observed_use_;  // step observer: local stages used this step
   std::vector<int> observed_w_;     // step observer: weight-gradient actions run per local stage
