@@ -242,16 +242,16 @@ inline std::string render_svg(const schedule& s, const measured_step& m, const s
       const char* name;
     };
     const item items[] = {{detail::svg_fill(op::F), "F forward"},
-                          {detail::svg_fill(op::B), "B input-gradient backward"},
-                          {detail::svg_fill(op::W), "W weight-gradient backward"},
+                          {detail::svg_fill(op::B), "B backward (input)"},
+                          {detail::svg_fill(op::W), "W backward (weights)"},
                           {detail::svg_fill(op::BW), "BW fused backward"},
-                          {"#bbbbbb", "waiting for a receive"},
+                          {"#bbbbbb", "waiting to receive"},
                           {"#555555", "posting a send"}};
     double x = x0;
     for (auto const& it : items) {
       out += "<rect x=\"" + px(x) + "\" y=\"" + px(legend_y - 11) + "\" width=\"14\" height=\"14\" fill=\"" + it.fill + "\"/>\n";
       out += "<text x=\"" + px(x + 19) + "\" y=\"" + px(legend_y) + "\" font-size=\"12\">" + it.name + "</text>\n";
-      x += 19 + 7.0 * static_cast<double>(std::string(it.name).size()) + 18;
+      x += 19 + 6.6 * static_cast<double>(std::string(it.name).size()) + 16;
     }
   }
   out += "</svg>\n";
