@@ -11,18 +11,27 @@
 //
 // With --calibrate N, steps 1..N (step 0 is a warm-up: handshake, first touch) are timed per
 // stage call, a ping-pong measures the link, and loom::calibrate turns both into a cost model;
-// the remaining steps are the measured ones, and the step time simulated from the calibrated
-// model is printed beside their mean (see docs/calibration.md).
+// the remaining steps are the measured ones, and the step time and bubble simulated from the
+// calibrated model are printed beside the measured ones, with a verdict that says whether the
+// model explains the run and, if not, what it leaves out (see docs/calibration.md and
+// docs/main-job.md).
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#include <sys/resource.h>
+#endif
 
 #include <loom/comm/threads.hpp>
 #include <loom/exec/calibrate.hpp>
@@ -47,6 +56,7 @@ struct options {
   bool deterministic = false;
   int width = 8;   // hidden features
   int layers = 9;  // model layers (raised to the number of virtual stages if smaller)
+  int samples = 2;  // samples per microbatch
   int calibrate = 0;      // calibration steps after the warm-up step (0: no calibration)
   std::string costs_out;  // where to write the calibrated cost file (JSON), if anywhere
 };
@@ -58,6 +68,62 @@ struct verdict {
   double max_rel_loss = 0;
 };
 
+//! The cores this process may run on (its affinity mask, as `nproc` counts them).
+int usable_cores() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+//! CPU seconds the calling thread has used (Linux; elsewhere 0, and the load line is left out).
+double thread_cpu_seconds() {
+#if defined(__linux__) && defined(RUSAGE_THREAD)
+  rusage u{};
+  if (getrusage(RUSAGE_THREAD, &u) == 0)
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+#endif
+  return 0;
+}
+
+//! CPU seconds every process of the machine has used, and the machine's CPU count, from
+//! /proc/stat (Linux; {-1, 0} where it cannot be read). Jiffies are 10 ms: over a window of a
+//! second or more the share of a core this gives is good to a few per cent.
+struct machine_cpu {
+  double busy_seconds = -1;
+  int cpus = 0;
+};
+machine_cpu read_machine_cpu() {
+  machine_cpu m;
+#if defined(__linux__)
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return m;
+  char line[512];
+  double busy = 0;
+  bool first = true;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "cpu", 3) != 0) break;
+    if (!first) {
+      ++m.cpus;
+      continue;
+    }
+    first = false;
+    unsigned long long v[8] = {};
+    if (std::sscanf(line + 3, "%llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                    &v[7]) < 5) {
+      std::fclose(f);
+      return m;
+    }
+    // user nice system idle iowait irq softirq steal: everything but idle and iowait is busy.
+    busy = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+  }
+  std::fclose(f);
+  m.busy_seconds = busy / 100.0;  // USER_HZ, 100 on every Linux ABI
+#endif
+  return m;
+}
+
 //! The training loop of one rank, on any communicator. Returns 0 if the result matches.
 template <class Comm>
 int train(Comm& comm, const options& o, const loom::schedule& s) {
@@ -65,6 +131,7 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
   quickstart::mlp_spec m;
   m.widths.assign(static_cast<std::size_t>(std::max(o.layers, s.stages)) + 1, o.width);  // >= 1 layer per stage
   m.widths.front() = 4;
+  m.samples = o.samples;
   m.widths.back() = 3;
   std::vector<double> targets;
   loom::pipeline_options po{.deterministic = o.deterministic, .measure = true};
@@ -81,25 +148,36 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
   if (root) {
     auto sim = loom::simulate(s);
     std::cout << loom::render_ascii(s, sim) << "\n";
-    std::cout << "step  loss                      reference                 bubble(measured)\n";
+    std::cout << "step  loss (pipeline)           loss (single-rank reference)  time(ms)  bubble  "
+                 "(time: slowest rank's step; bubble: 1 - time in stage calls / (ranks x time))\n";
   }
   verdict v;
   double predicted = loom::simulate(s).bubble_ratio, measured_sum = 0;
   // Calibration: steps 1..N are timed per stage call; the steps after them are the measured ones.
   const bool calibrating = o.calibrate > 0;
   std::vector<loom::action_timing> timings;
-  double step_sum = 0;
+  double step_sum = 0, busy_sum = 0;  // over the measured steps: makespans, every rank's time in stage calls
   int step_count = 0;
+  // CPU time over the measured steps: this rank's thread, and the whole machine's (rank 0).
+  double cpu_mine = 0, wall_measured = 0;
+  machine_cpu machine_before;
+  std::chrono::steady_clock::time_point measured_from;
   for (int st = 0; st < o.steps; ++st) {
     auto data = quickstart::make_batch(m, o.microbatches, st);
     targets = data.targets;
     if (calibrating) comm.barrier();  // the ranks start each step together, as the simulation does
+    if (calibrating && st == o.calibrate + 1) {
+      cpu_mine = -thread_cpu_seconds();
+      if (root) machine_before = read_machine_cpu();
+      measured_from = std::chrono::steady_clock::now();
+    }
     auto r = p.step(data.inputs);
     if (calibrating && st >= 1 && st <= o.calibrate) {
       auto all = loom::gather_timings(comm, p.last_timings());
       timings.insert(timings.end(), all.begin(), all.end());
     } else if (calibrating && st > o.calibrate) {
       step_sum += r.makespan;
+      busy_sum += r.busy_sum;
       ++step_count;
     }
     double want = quickstart::reference_step(m, o.microbatches, data, scale, ref_params, ref_grads);
@@ -107,7 +185,15 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
     v.max_rel_loss = std::max(v.max_rel_loss, rel);
     if (std::memcmp(&r.loss, &want, sizeof(double)) != 0) ++v.differing_bits;
     measured_sum += r.bubble_ratio;
-    if (root) std::printf("%4d  %.17g  %.17g  %.3f\n", st, r.loss, want, r.bubble_ratio);
+    if (root) {
+      const char* phase = !calibrating ? "" : st == 0 ? "  warm-up" : st <= o.calibrate ? "  calibration" : "  measured";
+      std::printf("%4d  %-24.17g  %-28.17g  %8.3f  %6.3f%s\n", st, r.loss, want, 1e3 * r.makespan, r.bubble_ratio, phase);
+    }
+  }
+  if (calibrating && step_count > 0) {
+    comm.barrier();  // the last measured step's reference check ends on every rank
+    cpu_mine += thread_cpu_seconds();
+    wall_measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - measured_from).count();
   }
   for (auto& stg : p.stages())
     for (int l = stg.first_layer(); l < stg.last_layer(); ++l) {
@@ -129,16 +215,75 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
     const std::vector<std::size_t> link_sizes{8, mb, 2 * mb, 4 * mb};
     const loom::link_cost link = loom::measure_link(comm, link_sizes);
     const loom::cost_model model = loom::calibrate(s, timings, sizes, {.intra = link});
-    const double want = loom::simulate(s, model).makespan;
+    const loom::simulation sim = loom::simulate(s, model);
+    const double want = sim.makespan;
+    std::vector<double> cpu{cpu_mine};
+    comm.all_reduce(std::span<double>(cpu), loom::reduce_op::sum);  // every rank's CPU time over the measured steps
     if (root) {
-      std::printf("calibrated costs (median of %d steps, ms):", o.calibrate);
+      std::printf("calibrated costs (ms; per stage the median F, B, W call of steps 1..%d):", o.calibrate);
       for (std::size_t i = 0; i < model.stages.size(); ++i)
         std::printf(" s%zu f %.3f b %.3f w %.3f;", i, 1e3 * model.stages[i].f, 1e3 * model.stages[i].b, 1e3 * model.stages[i].w);
-      std::printf(" link %.2f us + %.3f ns/B (ping-pong)\n", 1e6 * link.alpha, 1e9 * link.beta);
+      std::printf(" link %.2f us + %.3f ns/B (ping-pong between ranks 0 and 1)\n", 1e6 * link.alpha, 1e9 * link.beta);
       if (step_count > 0) {
         const double got = step_sum / step_count;
-        std::printf("step time: predicted %.3f ms (calibrated costs), measured %.3f ms (mean of %d steps), error %+.1f %%\n",
-                    1e3 * want, 1e3 * got, step_count, 100 * (want - got) / got);
+        const double P = s.ranks;
+        const double err_t = (want - got) / got;
+        std::printf("step time: predicted %.3f ms (calibrated costs), measured %.3f ms (mean of %d steps), error %+.1f %%"
+                    "  [simulated makespan of one step vs the slowest rank's step after a barrier, steps %d..%d]\n",
+                    1e3 * want, 1e3 * got, step_count, 100 * err_t, o.calibrate + 1, o.steps - 1);
+        const double got_bubble = 1 - busy_sum / (P * step_sum);
+        const double err_b = got_bubble > 0 ? (sim.bubble_ratio - got_bubble) / got_bubble : 0;
+        std::printf("bubble ratio: predicted %.3f (calibrated costs), measured %.3f (steps %d..%d), difference %+.3f (%+.1f %%)"
+                    "  [1 - time in stage calls / (%d ranks x step time)]\n",
+                    sim.bubble_ratio, got_bubble, o.calibrate + 1, o.steps - 1, sim.bubble_ratio - got_bubble, 100 * err_b,
+                    s.ranks);
+        double sim_busy = 0;
+        for (double b : sim.busy) sim_busy += b;
+        const double busy_pred = sim_busy / P, busy_got = busy_sum / (P * step_count);
+        std::printf("per rank and step: in stage calls predicted %.3f ms, measured %.3f ms (%+.1f %%); outside them "
+                    "(waiting for other ranks, hand-offs) predicted %.3f ms, measured %.3f ms\n",
+                    1e3 * busy_pred, 1e3 * busy_got, 100 * (busy_got - busy_pred) / busy_pred, 1e3 * (want - busy_pred),
+                    1e3 * (got - busy_got));
+        const int cores = usable_cores();
+        const machine_cpu machine_after = read_machine_cpu();
+        double others = -1;  // cores other processes kept busy on average over the measured steps
+        if (machine_before.busy_seconds >= 0 && machine_after.busy_seconds >= 0 && cpu[0] > 0 && wall_measured > 0.5) {
+          others = std::max(0.0, (machine_after.busy_seconds - machine_before.busy_seconds - cpu[0]) / wall_measured);
+          std::printf("other load: other processes kept %.2f of the machine's %d cores busy during the measured steps "
+                      "(/proc/stat less this run's %.2f s of CPU over %.2f s)\n",
+                      others, machine_after.cpus, cpu[0], wall_measured);
+        }
+        // The verdict: within 15 % on both (the bubble also within 0.02 absolute, as a small bubble's
+        // relative error is large), or the first reason found for the difference.
+        const bool time_ok = std::abs(err_t) <= 0.15;
+        const bool bubble_ok = std::abs(err_b) <= 0.15 || std::abs(sim.bubble_ratio - got_bubble) <= 0.02;
+        if (time_ok && bubble_ok) {
+          std::printf("verdict: the calibrated cost model explains this run: predicted step time within %.1f %% and "
+                      "bubble within %.1f %% (%.3f) of the measured ones\n",
+                      100 * std::abs(err_t), 100 * std::abs(err_b), std::abs(sim.bubble_ratio - got_bubble));
+        } else {
+          std::printf("verdict: the measured step is %.1f %% %s than predicted; ", 100 * std::abs(err_t),
+                      err_t < 0 ? "longer" : "shorter");
+          if (s.ranks > cores)
+            std::printf("%d busy ranks share %d cores, so a rank also waits for a core, which the model does not count "
+                        "(--ranks %d gives each rank its own core)\n",
+                        s.ranks, cores, cores);
+          else if (others > 0.25)
+            std::printf("other processes kept %.2f cores busy, so ranks waited for a core, which the model does not count "
+                        "(run again on an idle machine)\n",
+                        others);
+          else if (busy_got > 1.15 * busy_pred)
+            std::printf("stage calls took %.1f %% longer than their calibrated medians (a disturbed host, or calls "
+                        "that vary from step to step)\n",
+                        100 * (busy_got - busy_pred) / busy_pred);
+          else
+            std::printf("the time outside stage calls is %.3f ms per step more than predicted: work the model does not "
+                        "count (zeroing the weight gradients%s) and hand-offs between ranks (thread wake-ups, copies) "
+                        "beyond the ping-pong link cost; more samples per microbatch (--samples) make both a smaller "
+                        "share\n",
+                        1e3 * ((got - busy_got) - (want - busy_pred)),
+                        o.deterministic ? ", and folding the microbatches' weight gradients in order (--deterministic)" : "");
+        }
       } else {
         std::printf("step time: predicted %.3f ms (calibrated costs), measured: no step after the calibration steps (raise --steps)\n",
                     1e3 * want);
@@ -158,8 +303,10 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
   const bool bitwise = o.deterministic;
   const bool ok = bitwise ? bits[0] == 0 : worst[0] <= 1e-12 && worst[1] <= 1e-12;
   if (root) {
-    std::printf("bubble ratio: predicted %.3f (f = b = w, no comm), measured %.3f (mean over %d steps)\n",
-                predicted, measured_sum / o.steps, o.steps);
+    if (!calibrating)
+      std::printf("bubble ratio: predicted %.3f (unit costs: f = b = w, no comm), measured %.3f (mean over %d steps; "
+                  "--calibrate N predicts from this machine's costs)\n",
+                  predicted, measured_sum / o.steps, o.steps);
     std::printf("reference check (%s): max relative difference params %.3g, loss %.3g; %lld values differ bitwise -> %s\n",
                 bitwise ? "bitwise" : "1e-12 relative", worst[0], worst[1], static_cast<long long>(bits[0]),
                 ok ? "MATCH" : "DIFFERENT");
@@ -172,6 +319,9 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"loom quickstart: pipelined training of a small MLP, checked against a single-rank reference"};
+  // An option given twice takes its last value, so a script's defaults can come first and the
+  // user's options after them (scripts/main.sh).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--schedule", o.schedule, "schedule family (loom list)");
   app.add_option("--ranks", o.ranks, "pipeline ranks (threads backend; MPI uses the process count)")->check(CLI::PositiveNumber);
   app.add_option("--microbatches", o.microbatches, "microbatches per step")->check(CLI::PositiveNumber);
@@ -180,12 +330,13 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}));
   app.add_option("--width", o.width, "hidden features of the MLP")->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "layers of the MLP")->check(CLI::PositiveNumber);
+  app.add_option("--samples", o.samples, "samples per microbatch")->check(CLI::PositiveNumber);
   app.add_option("--calibrate", o.calibrate,
                  "calibrate on steps 1..N, then print the step time predicted from the calibrated costs beside the "
                  "measured mean of the remaining steps")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--costs-out", o.costs_out, "with --calibrate: write the calibrated cost file (JSON) here");
-  app.add_flag("--deterministic", o.deterministic, "fold weight gradients in microbatch order (bitwise reproducible)");
+  app.add_flag("--deterministic,!--no-deterministic", o.deterministic, "fold weight gradients in microbatch order (bitwise reproducible)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -194,6 +345,13 @@ int main(int argc, char** argv) {
       std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (threads), " << s.microbatches
                 << " microbatches, " << s.stages << " virtual stages, " << o.steps << " steps"
                 << (o.deterministic ? ", deterministic" : "") << "\n";
+      const int cores = usable_cores();
+      if (o.ranks > cores)
+        std::cout << "note: " << o.ranks << " rank threads on " << cores << " cores: the ranks take turns on the cores, "
+                  << "so measured times include waiting for a core (no cost model predicts that; --ranks " << cores
+                  << " gives each rank its own core)\n";
+      else
+        std::cout << "cores: " << cores << " available, " << o.ranks << " rank threads: each rank has a core of its own\n";
       int rc = 0;
       loom::run_threads(o.ranks, [&](loom::threads::comm& c) {
         int r = train(c, o, s);
@@ -210,6 +368,9 @@ int main(int argc, char** argv) {
         std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (MPI processes), " << s.microbatches
                   << " microbatches, " << s.stages << " virtual stages, " << o.steps << " steps"
                   << (o.deterministic ? ", deterministic" : "") << std::endl;
+      if (c.rank() == 0 && c.size() > usable_cores())
+        std::cout << "note: " << c.size() << " processes and " << usable_cores() << " cores on this host: if they all run "
+                  << "here, they take turns on the cores and measured times include waiting for a core" << std::endl;
       rc = train(c, o, s);
     });
     return rc;
