@@ -57,6 +57,7 @@ struct options {
   int width = 8;   // hidden features
   int layers = 9;  // model layers (raised to the number of virtual stages if smaller)
   int samples = 2;  // samples per microbatch
+  int cores = 1;    // cores the ranks share (set in main: this process's for threads, the host's for MPI)
   int calibrate = 0;      // calibration steps after the warm-up step (0: no calibration)
   std::string costs_out;  // where to write the calibrated cost file (JSON), if anywhere
 };
@@ -244,7 +245,7 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
                     "(waiting for other ranks, hand-offs) predicted %.3f ms, measured %.3f ms\n",
                     1e3 * busy_pred, 1e3 * busy_got, 100 * (busy_got - busy_pred) / busy_pred, 1e3 * (want - busy_pred),
                     1e3 * (got - busy_got));
-        const int cores = usable_cores();
+        const int cores = o.cores;
         const machine_cpu machine_after = read_machine_cpu();
         double others = -1;  // cores other processes kept busy on average over the measured steps
         if (machine_before.busy_seconds >= 0 && machine_after.busy_seconds >= 0 && cpu[0] > 0 && wall_measured > 0.5) {
@@ -345,7 +346,7 @@ int main(int argc, char** argv) {
       std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (threads), " << s.microbatches
                 << " microbatches, " << s.stages << " virtual stages, " << o.steps << " steps"
                 << (o.deterministic ? ", deterministic" : "") << "\n";
-      const int cores = usable_cores();
+      const int cores = o.cores = usable_cores();
       if (o.ranks > cores)
         std::cout << "note: " << o.ranks << " rank threads on " << cores << " cores: the ranks take turns on the cores, "
                   << "so measured times include waiting for a core (no cost model predicts that; --ranks " << cores
@@ -368,8 +369,10 @@ int main(int argc, char** argv) {
         std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (MPI processes), " << s.microbatches
                   << " microbatches, " << s.stages << " virtual stages, " << o.steps << " steps"
                   << (o.deterministic ? ", deterministic" : "") << std::endl;
-      if (c.rank() == 0 && c.size() > usable_cores())
-        std::cout << "note: " << c.size() << " processes and " << usable_cores() << " cores on this host: if they all run "
+      // mpiexec may bind each process to one core, so count the host's cores, not this process's.
+      o.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+      if (c.rank() == 0 && c.size() > o.cores)
+        std::cout << "note: " << c.size() << " processes and " << o.cores << " cores on this host: if they all run "
                   << "here, they take turns on the cores and measured times include waiting for a core" << std::endl;
       rc = train(c, o, s);
     });
