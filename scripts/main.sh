@@ -6,7 +6,9 @@
 # reference (exit status non-zero if it differs). It sizes the run to the machine it finds (one
 # rank thread per core, up to 4; an MLP big enough that a step is mostly computation), calibrates
 # a cost model on the first steps, and prints the step time and bubble that model predicts beside
-# the measured ones, with a verdict (docs/main-job.md). Extra arguments go to the example after the
+# the measured ones, with a verdict, and writes the last step's measured timeline above its
+# prediction (build/main-step.json for Perfetto, build/main-step.svg) (docs/main-job.md). Extra
+# arguments go to the example after the
 # defaults and override them, e.g.
 #   bash scripts/main.sh --schedule dualpipe-v --ranks 4 --microbatches 8
 #   bash scripts/main.sh --width 8 --layers 9 --calibrate 0   (the tiny model, no calibration)
@@ -25,8 +27,9 @@ ranks=$((cores < 4 ? cores : 4))
 # so hand-offs between ranks (tens of microseconds) and the per-step work outside stage calls
 # (zeroing weight gradients, folding them in microbatch order) are a small share of the step.
 # Steps: 0 warms up, 1..3 calibrate, 4..23 are measured (a step is about 50 ms at 2 ranks).
+# The last step's measured timeline is written beside its prediction: a Perfetto trace and an SVG.
 defaults=(--schedule zb-h1 --ranks "$ranks" --microbatches $((2 * ranks)) --width 512 --layers 8 --samples 16
-          --steps 24 --calibrate 3 --deterministic)
+          --steps 24 --calibrate 3 --deterministic --trace build/main-step.json --svg build/main-step.svg)
 args=("${defaults[@]}" "$@")
 echo "main.sh: $cores cores found; defaults: ${defaults[*]}${*:+; yours after them (the last value of an option wins): $*}"
 for ((i = 0; i < ${#args[@]}; ++i)); do

@@ -23,7 +23,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,7 +38,9 @@
 #include <loom/comm/threads.hpp>
 #include <loom/exec/calibrate.hpp>
 #include <loom/exec/pipeline.hpp>
+#include <loom/exec/timeline.hpp>
 #include <loom/render/ascii.hpp>
+#include <loom/render/measured.hpp>
 #include <loom/schedule.hpp>
 #if defined(LOOM_HAS_MPI)
 #include <loom/comm/mpi.hpp>
@@ -60,7 +64,59 @@ struct options {
   int cores = 1;    // cores the ranks share (set in main: this process's for threads, the host's for MPI)
   int calibrate = 0;      // calibration steps after the warm-up step (0: no calibration)
   std::string costs_out;  // where to write the calibrated cost file (JSON), if anywhere
+  std::string trace, svg;  // where to write the last step's measured timeline (Perfetto trace, SVG)
 };
+
+//! The calibration's input from a measured timeline: each stage call timed from the end of the
+//! rank's previous action (the end of a wait for a receive, of posting a send, of the previous
+//! call) to its own end, so the host work between actions (taking and zeroing buffers; in
+//! deterministic mode a weight-gradient slot per microbatch) counts in the action it prepares.
+//! The time before the first action and after the last is the step's work outside its actions.
+std::vector<loom::action_timing> occupied_times(std::span<const loom::measured_action> t) {
+  std::vector<loom::action_timing> out;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (!loom::is_compute(t[i].kind)) continue;
+    const double end = t[i].start + t[i].seconds;
+    const double from = i == 0 ? t[i].start : t[i - 1].start + t[i - 1].seconds;
+    out.push_back({.kind = t[i].kind, .microbatch = t[i].microbatch, .stage = t[i].stage, .rank = t[i].rank,
+                   .in_fb = t[i].in_fb, .seconds = end - std::min(from, t[i].start)});
+  }
+  return out;
+}
+
+//! Writes the last step's measured timeline (every rank's, gathered: collective) as a Perfetto trace
+//! and as an SVG, above the prediction of the same step: from the calibrated costs when there are
+//! some, else from unit costs scaled to the measured mean stage call. Rank 0 writes and says where.
+template <class Comm>
+void write_timeline(Comm& comm, const options& o, const loom::schedule& s, std::span<const loom::measured_action> mine,
+                    const std::optional<loom::cost_model>& model) {
+  const auto all = loom::gather_timeline(comm, mine);
+  if (comm.rank() != 0) return;
+  const loom::simulation sim = model ? loom::simulate(s, *model) : loom::simulate(s);
+  double scale = 1;
+  if (!model) {
+    double measured = 0, units = 0;
+    for (auto const& a : all)
+      if (loom::is_compute(a.kind)) measured += a.seconds;
+    for (std::size_t r = 0; r < s.programs.size(); ++r)
+      for (std::size_t i = 0; i < s.programs[r].size(); ++i)
+        if (loom::is_compute(s.programs[r][i].kind)) units += sim.times[r][i].end - sim.times[r][i].start;
+    if (units > 0 && measured > 0) scale = measured / units;
+  }
+  const loom::measured_step step{.actions = all, .predicted = &sim, .seconds_per_unit = scale};
+  const char* against = model ? "its prediction from the calibrated costs" : "its prediction at unit costs scaled to the measured mean stage call";
+  auto write = [&](const std::string& path, const std::string& text, const char* what, const char* view) {
+    std::ofstream f(path, std::ios::binary);
+    if (!f || !(f << text) || !f.flush()) {  // said, not thrown: the other ranks are past the step
+      std::fprintf(stderr, "quickstart: cannot write the %s to %s\n", what, path.c_str());
+      return;
+    }
+    std::printf("%s: %s (the last step as measured on every rank, waits included, above %s; %s)\n", what, path.c_str(),
+                against, view);
+  };
+  if (!o.trace.empty()) write(o.trace, loom::render_trace(s, step), "trace", "open it at ui.perfetto.dev");
+  if (!o.svg.empty()) write(o.svg, loom::render_svg(s, step), "timeline picture", "open it in a browser");
+}
 
 //! What every rank computes about the run; rank 0 prints it.
 struct verdict {
@@ -157,6 +213,11 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
   // Calibration: steps 1..N are timed per stage call; the steps after them are the measured ones.
   const bool calibrating = o.calibrate > 0;
   std::vector<loom::action_timing> timings;
+  std::optional<loom::cost_model> calibrated;  // with --calibrate: the model the prediction uses
+  std::vector<loom::action_timing> call_timings;  // the stage calls alone (what the measured bubble counts)
+  // Per calibration step, this rank's time in the step outside every action of its program (before
+  // the first: zeroing the weight gradients; after the last: folding them, the sends' completion).
+  double outside_actions = 0;
   double step_sum = 0, busy_sum = 0;  // over the measured steps: makespans, every rank's time in stage calls
   int step_count = 0;
   // CPU time over the measured steps: this rank's thread, and the whole machine's (rank 0).
@@ -174,8 +235,12 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
     }
     auto r = p.step(data.inputs);
     if (calibrating && st >= 1 && st <= o.calibrate) {
-      auto all = loom::gather_timings(comm, p.last_timings());
+      auto all = loom::gather_timings(comm, occupied_times(p.last_timeline()));
       timings.insert(timings.end(), all.begin(), all.end());
+      auto calls = loom::gather_timings(comm, p.last_timings());
+      call_timings.insert(call_timings.end(), calls.begin(), calls.end());
+      auto t = p.last_timeline();
+      if (!t.empty()) outside_actions += t.front().start + std::max(0.0, r.seconds - (t.back().start + t.back().seconds));
     } else if (calibrating && st > o.calibrate) {
       step_sum += r.makespan;
       busy_sum += r.busy_sum;
@@ -216,12 +281,18 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
     const std::vector<std::size_t> link_sizes{8, mb, 2 * mb, 4 * mb};
     const loom::link_cost link = loom::measure_link(comm, link_sizes);
     const loom::cost_model model = loom::calibrate(s, timings, sizes, {.intra = link});
+    calibrated = model;
     const loom::simulation sim = loom::simulate(s, model);
-    const double want = sim.makespan;
+    // The work of a step outside its program's actions, which the schedule's simulation does not
+    // contain: the calibration steps' mean on the slowest rank, added to the simulated makespan.
+    std::vector<double> outside{outside_actions / o.calibrate};
+    comm.all_reduce(std::span<double>(outside), loom::reduce_op::max);
+    const double want = sim.makespan + outside[0];
     std::vector<double> cpu{cpu_mine};
     comm.all_reduce(std::span<double>(cpu), loom::reduce_op::sum);  // every rank's CPU time over the measured steps
     if (root) {
-      std::printf("calibrated costs (ms; per stage the median F, B, W call of steps 1..%d):", o.calibrate);
+      std::printf("calibrated costs (ms; per stage the median F, B, W of steps 1..%d, each a stage call and the host "
+                  "work since the rank's previous action):", o.calibrate);
       for (std::size_t i = 0; i < model.stages.size(); ++i)
         std::printf(" s%zu f %.3f b %.3f w %.3f;", i, 1e3 * model.stages[i].f, 1e3 * model.stages[i].b, 1e3 * model.stages[i].w);
       std::printf(" link %.2f us + %.3f ns/B (ping-pong between ranks 0 and 1)\n", 1e6 * link.alpha, 1e9 * link.beta);
@@ -229,17 +300,21 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
         const double got = step_sum / step_count;
         const double P = s.ranks;
         const double err_t = (want - got) / got;
-        std::printf("step time: predicted %.3f ms (calibrated costs), measured %.3f ms (mean of %d steps), error %+.1f %%"
-                    "  [simulated makespan of one step vs the slowest rank's step after a barrier, steps %d..%d]\n",
-                    1e3 * want, 1e3 * got, step_count, 100 * err_t, o.calibrate + 1, o.steps - 1);
+        std::printf("step time: predicted %.3f ms (calibrated costs: the schedule's simulated makespan %.3f ms + %.3f ms "
+                    "outside its actions, zeroing and folding gradients, measured in steps 1..%d), measured %.3f ms (mean of "
+                    "%d steps), error %+.1f %%  [vs the slowest rank's step after a barrier, steps %d..%d]\n",
+                    1e3 * want, 1e3 * sim.makespan, 1e3 * outside[0], o.calibrate, 1e3 * got, step_count, 100 * err_t,
+                    o.calibrate + 1, o.steps - 1);
+        // The bubble counts time in stage calls, measured and predicted alike: the predicted calls are
+        // the schedule's actions at their calls' medians (a model of the calls alone).
+        double sim_busy = 0;
+        for (double b : loom::simulate(s, loom::calibrate(s, call_timings, sizes, {.intra = link})).busy) sim_busy += b;
+        const double bubble_want = 1 - sim_busy / (P * want);
         const double got_bubble = 1 - busy_sum / (P * step_sum);
-        const double err_b = got_bubble > 0 ? (sim.bubble_ratio - got_bubble) / got_bubble : 0;
+        const double err_b = got_bubble > 0 ? (bubble_want - got_bubble) / got_bubble : 0;
         std::printf("bubble ratio: predicted %.3f (calibrated costs), measured %.3f (steps %d..%d), difference %+.3f (%+.1f %%)"
                     "  [1 - time in stage calls / (%d ranks x step time)]\n",
-                    sim.bubble_ratio, got_bubble, o.calibrate + 1, o.steps - 1, sim.bubble_ratio - got_bubble, 100 * err_b,
-                    s.ranks);
-        double sim_busy = 0;
-        for (double b : sim.busy) sim_busy += b;
+                    bubble_want, got_bubble, o.calibrate + 1, o.steps - 1, bubble_want - got_bubble, 100 * err_b, s.ranks);
         const double busy_pred = sim_busy / P, busy_got = busy_sum / (P * step_count);
         std::printf("per rank and step: in stage calls predicted %.3f ms, measured %.3f ms (%+.1f %%); outside them "
                     "(waiting for other ranks, hand-offs) predicted %.3f ms, measured %.3f ms\n",
@@ -257,11 +332,11 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
         // The verdict: within 15 % on both (the bubble also within 0.02 absolute, as a small bubble's
         // relative error is large), or the first reason found for the difference.
         const bool time_ok = std::abs(err_t) <= 0.15;
-        const bool bubble_ok = std::abs(err_b) <= 0.15 || std::abs(sim.bubble_ratio - got_bubble) <= 0.02;
+        const bool bubble_ok = std::abs(err_b) <= 0.15 || std::abs(bubble_want - got_bubble) <= 0.02;
         if (time_ok && bubble_ok) {
           std::printf("verdict: the calibrated cost model explains this run: predicted step time within %.1f %% and "
                       "bubble within %.1f %% (%.3f) of the measured ones\n",
-                      100 * std::abs(err_t), 100 * std::abs(err_b), std::abs(sim.bubble_ratio - got_bubble));
+                      100 * std::abs(err_t), 100 * std::abs(err_b), std::abs(bubble_want - got_bubble));
         } else {
           std::printf("verdict: the measured step is %.1f %% %s than predicted; ", 100 * std::abs(err_t),
                       err_t < 0 ? "longer" : "shorter");
@@ -278,12 +353,11 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
                         "that vary from step to step)\n",
                         100 * (busy_got - busy_pred) / busy_pred);
           else
-            std::printf("the time outside stage calls is %.3f ms per step more than predicted: work the model does not "
-                        "count (zeroing the weight gradients%s) and hand-offs between ranks (thread wake-ups, copies) "
-                        "beyond the ping-pong link cost; more samples per microbatch (--samples) make both a smaller "
-                        "share\n",
+            std::printf("the time outside stage calls is %.3f ms per step more than predicted: hand-offs between ranks "
+                        "(thread wake-ups, copies) beyond the ping-pong link cost, or work outside the actions (zeroing%s) "
+                        "that varies from step to step; --trace/--svg draw the last step beside its prediction\n",
                         1e3 * ((got - busy_got) - (want - busy_pred)),
-                        o.deterministic ? ", and folding the microbatches' weight gradients in order (--deterministic)" : "");
+                        o.deterministic ? ", folding the weight gradients in order" : "");
         }
       } else {
         std::printf("step time: predicted %.3f ms (calibrated costs), measured: no step after the calibration steps (raise --steps)\n",
@@ -295,6 +369,7 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
       }
     }
   }
+  if (!o.trace.empty() || !o.svg.empty()) write_timeline(comm, o, s, p.last_timeline(), calibrated);
   std::vector<double> worst{v.max_rel_params, v.max_rel_loss};
   comm.all_reduce(std::span<double>(worst), loom::reduce_op::max);
   std::vector<std::int64_t> bits{v.differing_bits};
@@ -337,6 +412,8 @@ int main(int argc, char** argv) {
                  "measured mean of the remaining steps")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--costs-out", o.costs_out, "with --calibrate: write the calibrated cost file (JSON) here");
+  app.add_option("--trace", o.trace, "write the last step's measured timeline beside its prediction as a Perfetto trace (JSON) here");
+  app.add_option("--svg", o.svg, "write the last step's measured timeline above its prediction as an SVG picture here");
   app.add_flag("--deterministic,!--no-deterministic", o.deterministic, "fold weight gradients in microbatch order (bitwise reproducible)");
   CLI11_PARSE(app, argc, argv);
 

@@ -11,6 +11,7 @@
 //   cuda_mlp --schedule zb-h1 --ranks 4 --microbatches 8 --backend cuda_local --deterministic
 //   cuda_mlp --schedule dualpipe-v --ranks 4 --microbatches 8 --backend nccl --graph
 //   mpirun -np 4 cuda_mlp_gpu --backend nccl --launch mpi --schedule 1f1b
+//   cuda_mlp --schedule zb-h1 --ranks 4 --trace step.json --svg step.svg   (the last step, measured)
 
 #include <CLI/CLI.hpp>
 
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -27,6 +29,8 @@
 #include <loom/comm/nccl.hpp>
 #include <loom/cuda/device.hpp>
 #include <loom/exec/pipeline.hpp>
+#include <loom/exec/timeline.hpp>
+#include <loom/render/measured.hpp>
 #include <loom/schedule.hpp>
 #if defined(LOOM_HAS_MPI)
 #include <loom/comm/mpi.hpp>
@@ -58,7 +62,40 @@ struct options {
   int layers = 9;
   int samples = 4;
   long long seed = 1;
+  std::string trace, svg;  // where to write the last step's measured timeline (implies measure)
 };
+
+//! Writes the last step's measured timeline (every rank's, gathered) as a Perfetto trace and an
+//! SVG, above the schedule's prediction at unit costs scaled to the measured mean stage call (a
+//! cost model calibrated on the device would replace the scale; calibration is host-only today).
+template <class Comm>
+void write_timeline(Comm& comm, const options& o, const loom::schedule& s, std::span<const loom::measured_action> mine) {
+  auto all = loom::gather_timeline(comm, mine);
+  if (comm.rank() != 0) return;
+  if (all.empty()) {
+    std::printf("timeline: none (the last step was a graph replay, one launch; run without --graph to draw it)\n");
+    return;
+  }
+  const auto sim = loom::simulate(s);
+  double measured = 0, units = 0;
+  for (auto const& a : all)
+    if (loom::is_compute(a.kind)) measured += a.seconds;
+  for (std::size_t r = 0; r < s.programs.size(); ++r)
+    for (std::size_t i = 0; i < s.programs[r].size(); ++i)
+      if (loom::is_compute(s.programs[r][i].kind)) units += sim.times[r][i].end - sim.times[r][i].start;
+  const loom::measured_step step{.actions = all, .predicted = &sim, .seconds_per_unit = units > 0 ? measured / units : 1};
+  auto write = [](const std::string& path, const std::string& text, const char* what) {
+    std::ofstream f(path, std::ios::binary);
+    if (!f || !(f << text) || !f.flush()) {  // said, not thrown: the other ranks are in the step's collectives
+      std::fprintf(stderr, "cuda_mlp: cannot write the %s to %s\n", what, path.c_str());
+      return;
+    }
+    std::printf("%s of the last step (device time per rank, above the unit-cost prediction scaled to the measured mean "
+                "stage call): %s\n", what, path.c_str());
+  };
+  if (!o.trace.empty()) write(o.trace, loom::render_trace(s, step), "Perfetto trace");
+  if (!o.svg.empty()) write(o.svg, loom::render_svg(s, step), "SVG timeline");
+}
 
 //! What a rank found: the largest relative differences and the count of differing values.
 struct verdict {
@@ -75,7 +112,7 @@ verdict train(Comm& comm, const options& o, const loom::schedule& s, const quick
   loom::pipeline p(s, comm, [&](loom::stage_id id) {
     auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
     return cuda_mlp::stage(m, a, b, id.stage == s.stages - 1, targets.data(), o.block_reductions && !o.deterministic);
-  }, {.deterministic = o.deterministic, .measure = o.measure, .graph = o.graph});
+  }, {.deterministic = o.deterministic, .measure = o.measure || !o.trace.empty() || !o.svg.empty(), .graph = o.graph});
   verdict v;
   for (int st = 0; st < o.steps; ++st) {
     auto data = cuda_mlp::float_batch(m, o.microbatches, st);
@@ -95,6 +132,7 @@ verdict train(Comm& comm, const options& o, const loom::schedule& s, const quick
     if (std::memcmp(&r.loss, &want, sizeof(double)) != 0) ++v.differing;
     if (root) std::printf("%4d  %.17g  %.17g\n", st, r.loss, want);
   }
+  if (!o.trace.empty() || !o.svg.empty()) write_timeline(comm, o, s, p.last_timeline());
   for (auto& stg : p.stages())
     for (int l = stg.first_layer(); l < stg.last_layer() && !o.no_reference; ++l) {
       auto w = stg.layer_params(l);
@@ -148,6 +186,8 @@ int main(int argc, char** argv) {
   app.add_option("--layers", o.layers, "layers (raised to the number of virtual stages if smaller)")->check(CLI::Range(1, 4096));
   app.add_option("--samples", o.samples, "samples per microbatch")->check(CLI::Range(1, 1 << 16));
   app.add_option("--seed", o.seed, "simulator: seed of the operation order and delays")->check(CLI::NonNegativeNumber);
+  app.add_option("--trace", o.trace, "write the last step's measured timeline as a Perfetto trace (JSON) here (implies --measure)");
+  app.add_option("--svg", o.svg, "write the last step's measured timeline as an SVG here (implies --measure)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -4,10 +4,11 @@
 
 //! \file
 //! `loom::gather_timeline`: every rank's measured timeline of a step (`pipeline::last_timeline()`)
-//! on every rank, for drawing it (`loom/render/measured.hpp`) or checking it. Host code over a
-//! `loom::communicator`: threads, MPI, or the host side of a device communicator.
+//! on every rank, for drawing it (`loom/render/measured.hpp`) or checking it. Host code over any
+//! loom communicator's host all-reduces: threads, MPI, `cuda_local`, `nccl`.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -20,41 +21,54 @@
 
 namespace loom {
 
+//! What `gather_timeline` needs of a communicator: its rank, its size and host all-reduces (every
+//! loom communicator has them: threads, MPI, and the host side of `cuda_local` and `nccl`).
+template <class C>
+concept host_reducing = requires(C& c, std::span<std::int64_t> i, std::span<double> d) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  c.all_reduce(i, reduce_op::max);
+  c.all_reduce(d, reduce_op::sum);
+};
+
 //! Every rank's `mine` (its `pipeline::last_timeline()`), on every rank, rank 0's first, each
 //! rank's in its own order. Collective: every rank of `comm` calls it, in the same order relative
-//! to its other collectives. Two all-gathers (the counts, then the actions packed as doubles).
-//! Starts stay on each rank's clock (seconds from its own `step` entry): ranks that are threads
-//! or processes of one machine enter a step within a barrier's latency of each other.
-template <communicator C>
+//! to its other collectives. Two host all-reduces (the longest count, then every rank's actions
+//! packed as doubles in its own slot). Starts stay on each rank's clock (seconds from its own
+//! `step` entry on the host; from its step's first event on a device): ranks that are threads or
+//! processes of one machine enter a step within a barrier's latency of each other.
+template <host_reducing C>
 std::vector<measured_action> gather_timeline(C& comm, std::span<const measured_action> mine) {
-  constexpr std::size_t fields = 8;
+  constexpr std::size_t fields = 9;  // present, kind, microbatch, stage, rank, peer, in_fb, start, seconds
   const auto P = static_cast<std::size_t>(comm.size());
-  std::vector<std::int64_t> counts(P, 0);
-  const std::vector<std::int64_t> my_count{static_cast<std::int64_t>(mine.size())};
-  comm.all_gather(std::span<const std::int64_t>(my_count), std::span<std::int64_t>(counts));
-  std::size_t most = 0;
-  for (auto c : counts) most = std::max(most, static_cast<std::size_t>(c));
-  std::vector<double> packed(most * fields, 0.0), all(P * most * fields, 0.0);
+  const auto me = static_cast<std::size_t>(comm.rank());
+  std::vector<std::int64_t> most_v{static_cast<std::int64_t>(mine.size())};
+  comm.all_reduce(std::span<std::int64_t>(most_v), reduce_op::max);
+  const auto most = static_cast<std::size_t>(most_v[0]);
+  std::vector<measured_action> out;
+  if (most == 0) return out;
+  std::vector<double> all(P * most * fields, 0.0);
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const measured_action& t = mine[i];
-    double* p = packed.data() + i * fields;
-    p[0] = static_cast<double>(static_cast<int>(t.kind));
-    p[1] = t.microbatch;
-    p[2] = t.stage;
-    p[3] = t.rank;
-    p[4] = t.peer;
-    p[5] = t.in_fb ? 1 : 0;
-    p[6] = t.start;
-    p[7] = t.seconds;
+    double* p = all.data() + (me * most + i) * fields;
+    p[0] = 1;
+    p[1] = static_cast<double>(static_cast<int>(t.kind));
+    p[2] = t.microbatch;
+    p[3] = t.stage;
+    p[4] = t.rank;
+    p[5] = t.peer;
+    p[6] = t.in_fb ? 1 : 0;
+    p[7] = t.start;
+    p[8] = t.seconds;
   }
-  if (most > 0) comm.all_gather(std::span<const double>(packed), std::span<double>(all));
-  std::vector<measured_action> out;
+  comm.all_reduce(std::span<double>(all), reduce_op::sum);  // each slot has one writer: the sum is exact
   for (std::size_t r = 0; r < P; ++r)
-    for (std::size_t i = 0; i < static_cast<std::size_t>(counts[r]); ++i) {
+    for (std::size_t i = 0; i < most; ++i) {
       const double* p = all.data() + (r * most + i) * fields;
-      out.push_back({.kind = static_cast<op>(static_cast<int>(p[0])), .microbatch = static_cast<int>(p[1]),
-                     .stage = static_cast<int>(p[2]), .rank = static_cast<int>(p[3]), .peer = static_cast<int>(p[4]),
-                     .in_fb = p[5] != 0, .start = p[6], .seconds = p[7]});
+      if (p[0] == 0) break;
+      out.push_back({.kind = static_cast<op>(static_cast<int>(p[1])), .microbatch = static_cast<int>(p[2]),
+                     .stage = static_cast<int>(p[3]), .rank = static_cast<int>(p[4]), .peer = static_cast<int>(p[5]),
+                     .in_fb = p[6] != 0, .start = p[7], .seconds = p[8]});
     }
   return out;
 }
