@@ -5,7 +5,8 @@
 //   measured-step-figure --record FILE [--ranks P] [--schedule NAME] [--note TEXT]
 //     trains the quickstart MLP (width 256, 8 layers, 8 microbatches) on P rank threads (default:
 //     the cores, at most 4): a warm-up step, 3 calibration steps (their stage calls and a link
-//     ping-pong give loom::calibrate its cost model), then one measured step; writes the model
+//     ping-pong give loom::calibrate its cost model, each action timed with the host work before
+//     it: loom::occupied_timings), then one measured step; writes the model
 //     and every rank's measured timeline (loom::gather_timeline) to FILE.
 //   measured-step-figure FILE
 //     prints the SVG of FILE's step above the simulation of its model (loom::render_svg over a
@@ -53,7 +54,10 @@ int record(const std::string& path, int P, const std::string& family, const std:
       targets = data.targets;
       c.barrier();
       p.step(data.inputs);
-      if (st >= 1 && st <= calibration) mine.insert(mine.end(), p.last_timings().begin(), p.last_timings().end());
+      if (st >= 1 && st <= calibration) {
+        auto occupied = loom::occupied_timings(p.last_timeline());  // calls and the host work before each
+        mine.insert(mine.end(), occupied.begin(), occupied.end());
+      }
     }
     auto all_timeline = loom::gather_timeline(c, p.last_timeline());
     auto all_timings = loom::gather_timings(c, mine);

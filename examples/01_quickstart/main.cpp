@@ -67,23 +67,6 @@ struct options {
   std::string trace, svg;  // where to write the last step's measured timeline (Perfetto trace, SVG)
 };
 
-//! The calibration's input from a measured timeline: each stage call timed from the end of the
-//! rank's previous action (the end of a wait for a receive, of posting a send, of the previous
-//! call) to its own end, so the host work between actions (taking and zeroing buffers; in
-//! deterministic mode a weight-gradient slot per microbatch) counts in the action it prepares.
-//! The time before the first action and after the last is the step's work outside its actions.
-std::vector<loom::action_timing> occupied_times(std::span<const loom::measured_action> t) {
-  std::vector<loom::action_timing> out;
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    if (!loom::is_compute(t[i].kind)) continue;
-    const double end = t[i].start + t[i].seconds;
-    const double from = i == 0 ? t[i].start : t[i - 1].start + t[i - 1].seconds;
-    out.push_back({.kind = t[i].kind, .microbatch = t[i].microbatch, .stage = t[i].stage, .rank = t[i].rank,
-                   .in_fb = t[i].in_fb, .seconds = end - std::min(from, t[i].start)});
-  }
-  return out;
-}
-
 //! Writes the last step's measured timeline (every rank's, gathered: collective) as a Perfetto trace
 //! and as an SVG, above the prediction of the same step: from the calibrated costs when there are
 //! some, else from unit costs scaled to the measured mean stage call. Rank 0 writes and says where.
@@ -235,7 +218,7 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
     }
     auto r = p.step(data.inputs);
     if (calibrating && st >= 1 && st <= o.calibrate) {
-      auto all = loom::gather_timings(comm, occupied_times(p.last_timeline()));
+      auto all = loom::gather_timings(comm, loom::occupied_timings(p.last_timeline()));
       timings.insert(timings.end(), all.begin(), all.end());
       auto calls = loom::gather_timings(comm, p.last_timings());
       call_timings.insert(call_timings.end(), calls.begin(), calls.end());

@@ -120,3 +120,21 @@ TEST_CASE("measured timelines are empty without measure mode, and bad input to t
   CHECK_THROWS_WITH_AS(loom::render_svg(s, {.actions = {}, .predicted = &sim, .seconds_per_unit = 0}), doctest::Contains("seconds per predicted unit"),
                        loom::config_error);
 }
+
+TEST_CASE("occupied timings count the host work since the rank's previous action in the action it prepares") {
+  using loom::op;
+  const std::vector<loom::measured_action> t{
+      {.kind = op::F, .microbatch = 0, .stage = 0, .start = 0.5, .seconds = 1.0},                // first: from its own start
+      {.kind = op::send, .microbatch = 0, .stage = 0, .peer = 1, .start = 1.75, .seconds = 0.25},  // ends at 2.0
+      {.kind = op::F, .microbatch = 1, .stage = 0, .start = 2.5, .seconds = 1.0},                // 0.5 of host work before it
+      {.kind = op::recv, .microbatch = 0, .stage = 1, .peer = 1, .start = 3.5, .seconds = 2.0},  // a wait: in no action
+      {.kind = op::B, .microbatch = 0, .stage = 0, .start = 5.5, .seconds = 1.0, }};
+  const auto o = loom::occupied_timings(t);
+  REQUIRE(o.size() == 3);
+  CHECK(o[0].kind == op::F);
+  CHECK(o[0].seconds == doctest::Approx(1.0));
+  CHECK(o[1].microbatch == 1);
+  CHECK(o[1].seconds == doctest::Approx(1.5));
+  CHECK(o[2].kind == op::B);
+  CHECK(o[2].seconds == doctest::Approx(1.0));
+}

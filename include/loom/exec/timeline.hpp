@@ -73,6 +73,25 @@ std::vector<measured_action> gather_timeline(C& comm, std::span<const measured_a
   return out;
 }
 
+//! Calibration input from one rank's measured timeline `t` (in its order): one `action_timing`
+//! per stage call, timed from the end of the rank's previous action (a wait for a receive, a send
+//! posted, the previous call) to its own end, so the host work the pipeline does between actions
+//! (handing out and zeroing buffers; in deterministic mode a weight-gradient slot per microbatch)
+//! counts in the action it prepares. `loom::calibrate` over these predicts the step as the host
+//! runs it; over `pipeline::last_timings()` (the calls alone) it predicts the time in stage calls.
+//! The time before the first action and after the last is not in any (the step's own work).
+inline std::vector<action_timing> occupied_timings(std::span<const measured_action> t) {
+  std::vector<action_timing> out;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (!is_compute(t[i].kind)) continue;
+    const double end = t[i].start + t[i].seconds;
+    const double from = i == 0 ? t[i].start : std::min(t[i].start, t[i - 1].start + t[i - 1].seconds);
+    out.push_back({.kind = t[i].kind, .microbatch = t[i].microbatch, .stage = t[i].stage, .rank = t[i].rank,
+                   .in_fb = t[i].in_fb, .seconds = end - from});
+  }
+  return out;
+}
+
 //! What rank `r`'s measured timeline holds, times aside: one entry per action of its program in
 //! `lowered` (a lowered schedule, as `pipeline::lowered()` gives it), an `FB` as its forward half
 //! then its backward half (`in_fb`), transfers with their `peer`. Compare a measured timeline's
