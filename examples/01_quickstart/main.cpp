@@ -76,16 +76,7 @@ void write_timeline(Comm& comm, const options& o, const loom::schedule& s, std::
   const auto all = loom::gather_timeline(comm, mine);
   if (comm.rank() != 0) return;
   const loom::simulation sim = model ? loom::simulate(s, *model) : loom::simulate(s);
-  double scale = 1;
-  if (!model) {
-    double measured = 0, units = 0;
-    for (auto const& a : all)
-      if (loom::is_compute(a.kind)) measured += a.seconds;
-    for (std::size_t r = 0; r < s.programs.size(); ++r)
-      for (std::size_t i = 0; i < s.programs[r].size(); ++i)
-        if (loom::is_compute(s.programs[r][i].kind)) units += sim.times[r][i].end - sim.times[r][i].start;
-    if (units > 0 && measured > 0) scale = measured / units;
-  }
+  const double scale = model ? 1 : loom::seconds_per_unit_matching(s, sim, all);
   const loom::measured_step step{.actions = all, .predicted = &sim, .seconds_per_unit = scale};
   const char* against = model ? "its prediction from the calibrated costs" : "its prediction at unit costs scaled to the measured mean stage call";
   auto write = [&](const std::string& path, const std::string& text, const char* what, const char* view) {

@@ -77,13 +77,7 @@ void write_timeline(Comm& comm, const options& o, const loom::schedule& s, std::
     return;
   }
   const auto sim = loom::simulate(s);
-  double measured = 0, units = 0;
-  for (auto const& a : all)
-    if (loom::is_compute(a.kind)) measured += a.seconds;
-  for (std::size_t r = 0; r < s.programs.size(); ++r)
-    for (std::size_t i = 0; i < s.programs[r].size(); ++i)
-      if (loom::is_compute(s.programs[r][i].kind)) units += sim.times[r][i].end - sim.times[r][i].start;
-  const loom::measured_step step{.actions = all, .predicted = &sim, .seconds_per_unit = units > 0 ? measured / units : 1};
+  const loom::measured_step step{.actions = all, .predicted = &sim, .seconds_per_unit = loom::seconds_per_unit_matching(s, sim, all)};
   auto write = [](const std::string& path, const std::string& text, const char* what) {
     std::ofstream f(path, std::ios::binary);
     if (!f || !(f << text) || !f.flush()) {  // said, not thrown: the other ranks are in the step's collectives

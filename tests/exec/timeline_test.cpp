@@ -89,6 +89,13 @@ TEST_CASE("a measured step's timeline has every executed action of each rank in 
       for (auto const& a : prog) predicted += loom::is_compute(a.kind);
     CHECK(events[1] == predicted);
     CHECK(j["otherData"]["measured_step_s"].get<double>() > 0);
+    // Scaled to the measured calls, the prediction's time in compute actions equals the measured.
+    const double spu = loom::seconds_per_unit_matching(s, sim, all);
+    double measured_calls = 0, predicted_calls = 0;
+    for (auto const& a : all)
+      if (loom::is_compute(a.kind)) measured_calls += a.seconds;
+    for (double b : sim.busy) predicted_calls += b * spu;
+    CHECK(predicted_calls == doctest::Approx(measured_calls).epsilon(1e-9));
     const std::string svg = loom::render_svg(s, step);
     CHECK(count(svg, "class=\"measured\"") == all.size());
     CHECK(count(svg, "class=\"predicted\"") == predicted);

@@ -91,6 +91,21 @@ inline std::string measured_label(const measured_action& a) {
 
 }  // namespace detail
 
+//! Seconds per unit of `sim` (a simulation of `s`, e.g. at unit costs) that make its time in
+//! compute actions equal to the measured step's (`actions`, every rank's): a prediction scaled to
+//! the measured mean call, for drawing a step that has no calibrated model beside it. 1 when
+//! either side has no compute time.
+inline double seconds_per_unit_matching(const schedule& s, const simulation& sim, std::span<const measured_action> actions) {
+  detail::require_drawable(s, sim);
+  double measured = 0, units = 0;
+  for (auto const& a : actions)
+    if (is_compute(a.kind)) measured += a.seconds;
+  for (std::size_t r = 0; r < s.programs.size(); ++r)
+    for (std::size_t i = 0; i < s.programs[r].size(); ++i)
+      if (is_compute(s.programs[r][i].kind)) units += sim.times[r][i].end - sim.times[r][i].start;
+  return units > 0 && measured > 0 ? measured / units : 1;
+}
+
 //! Trace Event Format JSON of the measured step `m` of `s` beside its prediction (see the file
 //! comment); times in microseconds from the step's start. Throws `config_error` for actions of
 //! ranks `s` lacks or non-finite times, `schedule_error` for a prediction of another schedule.
