@@ -30,9 +30,10 @@ cmake --build build-gpu -j"$jobs" --target loom cuda_mlp_gpu test_cuda_layer_gpu
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
 }
 
-# 1. The gpu-labelled tests (the same sources as the simulated ones, on the real runtime).
+# 1. The gpu-labelled tests (the same sources as the simulated ones, on the real runtime), each
+#    bounded at 120 s so that a hang costs a lent GPU two minutes, not its lease.
 test() {
-(cd build-gpu && ctest -L gpu -R "cuda" --output-on-failure -j1 --timeout 300) >"$out/ctest-gpu.log" 2>&1
+(cd build-gpu && ctest -L gpu -R "cuda" --output-on-failure -j1 --timeout 120) >"$out/ctest-gpu.log" 2>&1
 grep -E "tests passed|Skipped|Failed|\*\*\*" "$out/ctest-gpu.log" | tee -a "$out/summary.txt"
 ./build-gpu/tests/cuda_layer/nvcc_all_headers && echo "nvcc_all_headers: ran" | tee -a "$out/summary.txt"
 }
