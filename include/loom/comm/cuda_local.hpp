@@ -61,7 +61,6 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -233,9 +232,9 @@ class comm {
     };
     const auto& ops = detail::stream_memops::get();
     std::int64_t ok = want_flags_ && ops.wait != nullptr && ops.write != nullptr ? 1 : 0;
-    {
+    if (ok != 0) {
       // Made now, not at a failure: creating a stream then could wait behind the device work
-      // that the release must unblock.
+      // that the release must unblock. Only where flags may be used: the hand-off needs none.
       std::lock_guard lk(graph_->m);
       if (graph_->release == nullptr) {
         LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&graph_->release, cudaStreamNonBlocking));

@@ -27,8 +27,10 @@
 //! per microbatch (each is an API call eagerly and a graph node in a captured step). When the
 //! terms of all microbatches would take more than `max_kept_loss_bytes`, one buffer serves them
 //! all and each microbatch's terms are copied as soon as they are written. The host sums them
-//! after the step, in the same order as on the host. Measurement (`pipeline_options::measure`) records a
-//! timing event before and after every stage call and sums the device time between them.
+//! after the step, in the same order as on the host. Measurement (`pipeline_options::measure`): the
+//! pipeline records a mark (a timing event, `mark`) before and after every action of an eager step;
+//! after the step it reads each action's device time from them (`pipeline::last_timeline()`), and
+//! the step's busy time is the sum over its stage calls.
 //!
 //! Graphs (`pipeline_options::graph`): the first step is captured (the compute stream, the
 //! communicator's streams forked from it, NCCL calls or copies included) and launched; later steps
@@ -94,10 +96,6 @@ class device_space {
   void reserve(std::size_t actions, std::size_t m, std::size_t loss_width, std::span<const T> loss_terms) {
     events_.resize(actions + 1);
     for (auto& e : events_) e = cuda::event();
-    if (opt_.measure) {
-      timing_.clear();
-      for (std::size_t i = 0; i < 2 * actions; ++i) timing_.emplace_back(true);
-    }
     loss_width_ = loss_width;
     loss_terms_ = loss_terms;
     kept_losses_ = m > 1 && loss_buffers(m, loss_width) == m;  // as the pipeline allocated `loss_terms`
@@ -130,23 +128,15 @@ class device_space {
 
   //! Lets the stage enqueue its work (`fn()`) on the compute stream inside an NVTX range and a
   //! simulator region named `label` that touches `accesses`. Returns 0: device time is measured
-  //! by events (`busy_seconds`).
+  //! by the pipeline's marks around the call (`mark`).
   template <class Fn, class Accesses>
   double call(const char* label, stage_context& ctx, const Accesses& accesses, Fn&& fn) {
     ctx.stream = compute_.get();
-    const bool timed = opt_.measure && !capturing_ && next_timing_ + 1 < timing_.size();
-    if (timed) timing_[next_timing_].record(compute_.ref());
-    {
-      const auto list = accesses();
-      std::array<cuda::byte_access, std::tuple_size_v<std::remove_cvref_t<decltype(list)>>> acc{};
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = {list[i].ptr, list[i].bytes, list[i].write};
-      cuda::region r(compute_.get(), label, acc);
-      fn();
-    }
-    if (timed) {
-      timing_[next_timing_ + 1].record(compute_.ref());
-      next_timing_ += 2;
-    }
+    const auto list = accesses();
+    std::array<cuda::byte_access, std::tuple_size_v<std::remove_cvref_t<decltype(list)>>> acc{};
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = {list[i].ptr, list[i].bytes, list[i].write};
+    cuda::region r(compute_.get(), label, acc);
+    fn();
     return 0;
   }
 
@@ -209,7 +199,6 @@ class device_space {
     last_event_ = -1;
     program_ = program;
     if (program) {
-      next_timing_ = 0;
       next_mark_ = 0;
       std::fill(recorded_.begin(), recorded_.end(), 0);
     }
@@ -265,13 +254,6 @@ class device_space {
   double mark_seconds(int i) const {
     return static_cast<double>(cuda::event::elapsed_ms(marks_[0], marks_[static_cast<std::size_t>(i)])) / 1000.0;
   }
-  //! Device seconds spent in stage calls in the last step (measure mode, eager steps).
-  double busy_seconds() const {
-    double s = 0;
-    for (std::size_t i = 0; i + 1 < next_timing_; i += 2)
-      s += static_cast<double>(cuda::event::elapsed_ms(timing_[i], timing_[i + 1])) / 1000.0;
-    return s;
-  }
   //! The rank's compute stream.
   cudaStream_t stream() const { return compute_.get(); }
 
@@ -315,8 +297,6 @@ class device_space {
   cuda::stream compute_;
   std::vector<cuda::device_buffer<T>> storage_;
   std::vector<cuda::event> events_;
-  std::vector<cuda::event> timing_;
-  std::size_t next_timing_ = 0;
   std::vector<cuda::event> marks_;  // measure mode: the step's timeline (mark 0: its start)
   std::size_t next_mark_ = 0;
   int last_event_ = -1;

@@ -356,7 +356,7 @@ class pipeline {
           if (opt_.graph) save_held_slots();
       }
       res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if constexpr (on_device) res.busy_seconds = opt_.measure ? space_.busy_seconds() : 0;
+      if constexpr (on_device) res.busy_seconds = device_busy_seconds();
       else res.busy_seconds = busy_;
       agree(res);
     } catch (const pipeline_error&) {
@@ -818,23 +818,18 @@ class pipeline {
   //! Runs the transfer `fn` of action `a`; in measure mode on the host, places it on the timeline.
   template <class Fn>
   void timed(const action& a, Fn&& fn) {
+    if (!opt_.measure) return fn();
     if constexpr (on_device) {
-      if (opt_.measure) {
-        const int m0 = space_.mark();
-        fn();
-        note_device(a.kind, a.mb, a.stage, a.peer, m0, space_.mark());
-        return;
-      }
-    }
-    if (opt_.measure && !on_device) {
+      const int m0 = space_.mark();
+      fn();
+      note_device(a.kind, a.mb, a.stage, a.peer, m0, space_.mark());
+    } else {
       const auto t = std::chrono::steady_clock::now();
       fn();
       if (timeline_.size() < timeline_.capacity())
         timeline_.push_back({.kind = a.kind, .microbatch = a.mb, .stage = a.stage, .rank = rank_, .peer = a.peer,
                              .start = seconds_since(step_t0_, t),
                              .seconds = seconds_since(t, std::chrono::steady_clock::now())});
-    } else {
-      fn();
     }
   }
   //! Device measure mode: an action between marks `m0` and `m1`, timed once the step has synchronised.
@@ -857,6 +852,14 @@ class pipeline {
       timeline_[i].start = space_.mark_seconds(m0);
       timeline_[i].seconds = space_.mark_seconds(m1) - timeline_[i].start;
     }
+  }
+  //! Device measure mode: the step's device time in stage calls, from the placed timeline (0 for a
+  //! replayed or captured step, which has none).
+  double device_busy_seconds() const {
+    double s = 0;
+    for (auto const& t : timeline_)
+      if (is_compute(t.kind)) s += t.seconds;
+    return s;
   }
   static double seconds_since(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
     return std::chrono::duration<double>(to - from).count();
