@@ -5,6 +5,8 @@
 // asynchronous errors.
 #include <doctest/doctest.h>
 
+#include <barrier>
+
 #include <cstring>
 #include <functional>
 #include <string>
@@ -213,15 +215,21 @@ TEST_CASE("two ranks of one communicator on the same device are refused, as NCCL
 TEST_CASE("NCCL calls captured into a graph are matched anew on every replay") {
   fresh(4);
   std::vector<std::vector<float>> got(2);
+  // The copies to and from the host run on the legacy default stream, which would join a rank's
+  // stream while that one is being captured (an error, as in CUDA): no rank copies while another
+  // captures.
+  std::barrier captures(2);
   on_ranks(2, [&](int r, ncclComm_t c, cudaStream_t s) {
     loom::cuda::device_buffer<float> a(2), b(2);
     std::vector<float> h{static_cast<float>(r + 1), 1.f};
     loom::cuda::copy_to_device(a.span(), std::span<const float>(h));
     loom::cuda::stream_ref sr(s);
+    captures.arrive_and_wait();
     auto g = loom::cuda::capture(sr, [&] {
       LOOM_NCCL_TRY(ncclAllReduce(a.data(), b.data(), 2, ncclFloat32, ncclSum, c, s));
       LOOM_CUDA_TRY(cudaMemcpyAsync(a.data(), b.data(), 8, cudaMemcpyDeviceToDevice, s));
     });
+    captures.arrive_and_wait();
     loom::cuda::graph_exec x(g);
     for (int i = 0; i < 3; ++i) x.launch(sr);
     sr.synchronize();
