@@ -168,6 +168,20 @@ concept communicator =
     detail::communicator_collectives_for<C, std::int32_t> &&
     detail::communicator_collectives_for<C, std::int64_t>;
 
+//! What `loom::counted` and `loom::mesh_comm` need of a backend: its rank and size, `split` into
+//! sub-groups, `abort` and `set_timeout`. Every `communicator` models it, and so do the device
+//! communicators with collectives (`loom::device_collective_communicator`: `cuda_local`, `nccl`).
+template <class C>
+concept group_communicator =
+    std::movable<C> && requires { typename C::request; } &&
+    requires(C& c, const C& cc, std::string reason, std::chrono::milliseconds ms) {
+      { cc.rank() } -> std::same_as<int>;
+      { cc.size() } -> std::same_as<int>;
+      { c.split(0, 0) } -> std::same_as<C>;
+      c.abort(reason);
+      c.set_timeout(ms);
+    };
+
 //! A communicator that also posts collectives without waiting for them: `iall_reduce(data, op)`,
 //! `iall_gather(in, out)`, `ireduce_scatter(in, out, op)` and `iall_to_all(in, out)` take the
 //! arguments of their blocking forms, return a `C::request` at once, and complete through the

@@ -19,6 +19,7 @@
 //! | reduce_scatter | the input: `n * out.size() * sizeof(T)` | bytes * (n-1)/n |
 //! | all_to_all | the input: `in.size() * sizeof(T)` | bytes * (n-1)/n |
 //! | barrier | 0 | 0 |
+//! | broadcast (device communicators) | the buffer | = bytes |
 //!
 //! `bus_bytes` is what one rank sends over its link in the bandwidth-optimal (ring) algorithm of
 //! the collective: nccl-tests' bus-bandwidth factors (NVIDIA nccl-tests, doc/PERFORMANCE.md), so
@@ -26,6 +27,11 @@
 //! reduce-scatter followed by an all-gather of the same buffer). Non-blocking collectives count
 //! under their blocking names when posted. Size-1 groups count calls and bytes too (with
 //! `bus_bytes` 0): the call happened, nothing crossed a link.
+//!
+//! Device communicators (`loom::device_communicator`: `cuda_local`, `nccl`) are counted the same
+//! way: their collectives over device memory (the `stream` forms) under the same names with the
+//! same byte formulas, their event-ordered sends and receives as `send` and `recv`; every other
+//! call is forwarded, so a `counted<nccl::comm>` runs a pipeline and splits like the backend.
 
 #include <array>
 #include <cstddef>
@@ -40,12 +46,12 @@
 namespace loom {
 
 //! The kinds of communicator operation that `counted` distinguishes.
-enum class comm_op : unsigned char { send, recv, all_reduce, all_gather, reduce_scatter, all_to_all, barrier };
+enum class comm_op : unsigned char { send, recv, all_reduce, all_gather, reduce_scatter, all_to_all, barrier, broadcast };
 
 //! Every `comm_op`, in declaration order.
-inline constexpr std::array<comm_op, 7> all_comm_ops{comm_op::send,       comm_op::recv,           comm_op::all_reduce,
+inline constexpr std::array<comm_op, 8> all_comm_ops{comm_op::send,       comm_op::recv,           comm_op::all_reduce,
                                                      comm_op::all_gather, comm_op::reduce_scatter, comm_op::all_to_all,
-                                                     comm_op::barrier};
+                                                     comm_op::barrier,    comm_op::broadcast};
 
 //! Name of an operation ("send", "all_reduce", ...).
 constexpr std::string_view to_string(comm_op op) noexcept {
@@ -57,6 +63,7 @@ constexpr std::string_view to_string(comm_op op) noexcept {
     case comm_op::reduce_scatter: return "reduce_scatter";
     case comm_op::all_to_all: return "all_to_all";
     case comm_op::barrier: return "barrier";
+    case comm_op::broadcast: return "broadcast";
   }
   return "?";
 }
@@ -74,6 +81,7 @@ constexpr double bus_factor(comm_op op, int n) noexcept {
     case comm_op::reduce_scatter:
     case comm_op::all_to_all: return f;
     case comm_op::barrier: return 0;
+    case comm_op::broadcast: return 1;
   }
   return 0;
 }
@@ -117,9 +125,10 @@ struct comm_counters {
 };
 
 //! A communicator over `C` that counts its operations (see the file comment). Models
-//! `loom::communicator`, and `loom::nonblocking_communicator` when `C` does; its reductions are
-//! rank-ordered exactly when `C`'s are. `split` returns a new `counted<C>` with zero counts.
-template <communicator C>
+//! `loom::communicator`, and `loom::nonblocking_communicator` when `C` does, and
+//! `loom::device_collective_communicator` when `C` does; its reductions are rank-ordered exactly
+//! when `C`'s are. `split` returns a new `counted<C>` with zero counts.
+template <group_communicator C>
 class counted {
  public:
   using request = typename C::request;  //!< the backend's request
@@ -222,6 +231,115 @@ class counted {
     auto r = c_.iall_to_all(in, out);
     n_.add(comm_op::all_to_all, in.size_bytes(), size());
     return r;
+  }
+
+  // Device communicators (`loom::device_communicator`; the stream and event types are the
+  // backend's, so this header needs no CUDA).
+
+  //! The device (device communicators).
+  int device() const
+    requires requires(const C& c) { c.device(); }
+  {
+    return c_.device();
+  }
+  //! Counted event-ordered `isend` (device communicators).
+  template <class Event>
+    requires requires(C& c, std::span<const std::byte> d, Event e) { c.isend(0, d, e); }
+  request isend(int peer, std::span<const std::byte> data, Event ready) {
+    auto r = c_.isend(peer, data, ready);
+    n_.add(comm_op::send, data.size(), 2);
+    return r;
+  }
+  //! Counted event-ordered `irecv` (device communicators).
+  template <class Event>
+    requires requires(C& c, std::span<std::byte> d, Event e) { c.irecv(0, d, e); }
+  request irecv(int peer, std::span<std::byte> data, Event free) {
+    auto r = c_.irecv(peer, data, free);
+    n_.add(comm_op::recv, data.size(), 2);
+    return r;
+  }
+  //! Forwards the stream-ordered `wait` (device communicators).
+  template <class Stream>
+    requires requires(C& c, request& q, Stream s) { c.wait(q, s); }
+  void wait(request& r, Stream s) {
+    c_.wait(r, s);
+  }
+  //! Forwards `open_channels` (device communicators).
+  template <class Channels>
+    requires requires(C& c, Channels ch) { c.open_channels(ch); }
+  void open_channels(Channels chans) {
+    c_.open_channels(chans);
+  }
+  //! Forwards `begin_step` (device communicators).
+  template <class Stream>
+    requires requires(C& c, Stream s) { c.begin_step(s); }
+  void begin_step(Stream s) {
+    c_.begin_step(s);
+  }
+  //! Forwards `end_step` (device communicators).
+  template <class Stream>
+    requires requires(C& c, Stream s) { c.end_step(s); }
+  void end_step(Stream s) {
+    c_.end_step(s);
+  }
+  //! Forwards `synchronize` (device communicators).
+  template <class Stream>
+    requires requires(C& c, Stream s) { c.synchronize(s); }
+  void synchronize(Stream s) {
+    c_.synchronize(s);
+  }
+  //! Forwards `begin_capture` (device communicators).
+  template <class Stream>
+    requires requires(C& c, Stream s) { c.begin_capture(s); }
+  void begin_capture(Stream s) {
+    c_.begin_capture(s);
+  }
+  //! Forwards `end_capture` (device communicators).
+  template <class Stream>
+    requires requires(C& c, Stream s) { c.end_capture(s); }
+  void end_capture(Stream s) {
+    c_.end_capture(s);
+  }
+  //! Forwards `launch` (device communicators).
+  template <class Stream>
+    requires requires(C& c, Stream s) { c.launch(s); }
+  void launch(Stream s) {
+    c_.launch(s);
+  }
+  //! Counted `all_reduce` of device memory on `stream`.
+  template <comm_element T, class Stream>
+    requires requires(C& c, std::span<T> d, Stream s) { c.all_reduce(d, reduce_op::sum, s); }
+  void all_reduce(std::span<T> data, reduce_op op, Stream stream) {
+    c_.all_reduce(data, op, stream);
+    n_.add(comm_op::all_reduce, data.size_bytes(), size());
+  }
+  //! Counted `all_gather` of device memory on `stream`.
+  template <comm_element T, class Stream>
+    requires requires(C& c, std::span<const T> i, std::span<T> o, Stream s) { c.all_gather(i, o, s); }
+  void all_gather(std::span<const T> in, std::span<T> out, Stream stream) {
+    c_.all_gather(in, out, stream);
+    n_.add(comm_op::all_gather, out.size_bytes(), size());
+  }
+  //! Counted `reduce_scatter` of device memory on `stream`.
+  template <comm_element T, class Stream>
+    requires requires(C& c, std::span<const T> i, std::span<T> o, Stream s) { c.reduce_scatter(i, o, reduce_op::sum, s); }
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, Stream stream) {
+    c_.reduce_scatter(in, out, op, stream);
+    n_.add(comm_op::reduce_scatter, in.size_bytes(), size());
+  }
+  //! Counted `all_to_all` of device memory on `stream`.
+  template <comm_element T, class Stream>
+    requires requires(C& c, std::span<const T> i, std::span<T> o, Stream s) { c.all_to_all(i, o, s); }
+  void all_to_all(std::span<const T> in, std::span<T> out, Stream stream) {
+    c_.all_to_all(in, out, stream);
+    n_.add(comm_op::all_to_all, in.size_bytes(), size());
+  }
+  //! Counted `broadcast` of device memory on `stream`.
+  template <comm_element T, class Stream>
+    requires requires(C& c, std::span<T> d, Stream s) { c.broadcast(d, 0, s); }
+  void broadcast(std::span<T> data, int root, Stream stream) {
+    c_.broadcast(data, root, stream);
+    n_.add(comm_op::broadcast, data.size_bytes(), size());
   }
 
   //! Counted `barrier`.

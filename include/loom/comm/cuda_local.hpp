@@ -49,9 +49,33 @@
 //! and joins back at the end; `launch` replays it (rank 0 launches, every rank's stream waits for
 //! the replay). All three are collective.
 //!
+//! Collectives over device memory (`all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all`,
+//! `broadcast`, each with a `stream`), NCCL's stream-ordered model: the collective starts after
+//! the work enqueued on each rank's `stream` so far, and later work on it sees the result. Every
+//! rank's buffers are in one address space (one GPU), so a collective is device-to-device copies
+//! and loom's own reduction kernel (`loom/cuda/kernels.hpp`) that each rank enqueues on its own
+//! stream, reading the other ranks' buffers directly. The ranks exchange their buffer addresses
+//! and CUDA events through the host communicator, and each phase waits for the events of the
+//! phase before on every rank; so a collective costs one host exchange and one host barrier per
+//! phase (one phase; two for `all_reduce`), and no host thread waits for device work.
+//! - Reductions combine the ranks in rank order, `((x_0 op x_1) op x_2) ...`, on every element:
+//!   `all_reduce` is a reduce-scatter (rank r reduces slice r of the buffer into a scratch buffer
+//!   of its own) followed by an all-gather of the slices; the results are bitwise those of the
+//!   threads backend and the simulator's NCCL (`rank_ordered_reductions`).
+//! - Reductions take `float` and `double`; the copies any trivially copyable element type.
+//! - A collective ends when every rank's phase has ended: each rank's `stream` then waits for
+//!   all of them, so no rank writes a buffer another still reads. The next collective on the
+//!   communicator also waits for them, whatever stream it is on.
+//! - Every copy and reduction is a simulator region ("cuda_local all_reduce r1 (reduce)") that
+//!   names the bytes it reads and writes, so the race detector checks collectives against the
+//!   compute streams as it checks transfers.
+//! - `split(color, key)` is the threads backend's split of the host side; the ranks of each new
+//!   group share a new world state (mailboxes, graph).
+//!
 //! Failures: the host side is a `threads` communicator, so a timeout, an abort or an exception
 //! on any rank ends every rank's waits with a `comm_error` naming the rank and the cause.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -59,11 +83,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -72,6 +98,7 @@
 #include "loom/comm/device.hpp"
 #include "loom/comm/threads.hpp"
 #include "loom/cuda/annotate.hpp"
+#include "loom/cuda/kernels.hpp"
 #include "loom/cuda/stream.hpp"
 
 namespace loom::cuda_local {
@@ -145,8 +172,12 @@ struct stream_memops {
 
 //! Shared by the ranks of one world: the whole-step graph and the channels' mailboxes.
 struct shared_graph {
-  explicit shared_graph(int n) : boxes(static_cast<std::size_t>(n) * static_cast<std::size_t>(n)) {}
+  explicit shared_graph(int n)
+      : boxes(static_cast<std::size_t>(n) * static_cast<std::size_t>(n)), coll_events(static_cast<std::size_t>(n)) {}
   std::vector<std::unique_ptr<mailbox>> boxes;  // [from * n + to], made by the receiver
+  // Per rank, the events of three collectives in turn (made and recorded by that rank, waited
+  // for by every rank: they live as long as the world, so no rank waits on a destroyed one).
+  std::vector<std::array<std::vector<cudaEvent_t>, 3>> coll_events;
   std::mutex m;
   cudaStream_t release = nullptr;  // raises every flag after a failure (made with the first mailbox)
   cudaStream_t origin = nullptr;
@@ -154,6 +185,9 @@ struct shared_graph {
   std::vector<cudaEvent_t> joins;
   cudaGraphExec_t exec = nullptr;
   ~shared_graph() {
+    for (auto& sets : coll_events)
+      for (auto& set : sets)
+        for (auto e : set) (void)cudaEventDestroy(e);
     if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
     for (auto e : joins)
       if (e != nullptr) (void)cudaEventDestroy(e);
@@ -195,6 +229,8 @@ class comm {
       if (s != nullptr) (void)cudaStreamDestroy(s);
     for (auto& s : send_streams_)
       if (s != nullptr) (void)cudaStreamDestroy(s);
+    for (auto* p : scratch_)
+      if (p != nullptr) (void)cudaFree(p);
   }
 
   //! This rank.
@@ -463,6 +499,143 @@ class comm {
     LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, graph_->done, 0));
   }
 
+  //! Rank-ordered reductions: `((x_0 op x_1) op x_2) ...` on every rank (see the file comment).
+  static constexpr bool rank_ordered_reductions = true;
+
+  //! Reduces `data` (device memory) over the ranks in place, in rank order, on `stream` (see the
+  //! file comment). `float` or `double`; every rank passes the same size.
+  template <class T>
+  void all_reduce(std::span<T> data, reduce_op op, cudaStream_t stream) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cuda_local reductions take float or double");
+    const auto n = static_cast<std::size_t>(size());
+    auto& d = exchange("all_reduce", data.data(), data.data(), data.size_bytes(), stream, 2, data.size_bytes() / n + sizeof(T));
+    // Phase 1: slice r of every rank's buffer, reduced into this rank's scratch.
+    const auto [lo, hi] = slice(data.size(), rank());
+    T* mine = reinterpret_cast<T*>(scratch_.back());
+    {
+      std::vector<cuda::byte_access> acc;
+      for (std::size_t q = 0; q < n; ++q) acc.push_back({at<T>(d[q].in, lo), (hi - lo) * sizeof(T), false});
+      acc.push_back({mine, (hi - lo) * sizeof(T), true});
+      cuda::region reg(stream, label(0), acc);
+      if (hi > lo) {
+        LOOM_CUDA_TRY(cudaMemcpyAsync(mine, at<T>(d[0].in, lo), (hi - lo) * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+        for (std::size_t q = 1; q < n; ++q) cuda::detail::combine_async(op, mine, at<T>(d[q].in, lo), hi - lo, stream);
+      }
+    }
+    phase_end(d, 0, stream);
+    // Phase 2: every rank's reduced slice, copied into this rank's buffer.
+    {
+      std::vector<cuda::byte_access> acc;
+      for (std::size_t q = 0; q < n; ++q) {
+        const auto [qlo, qhi] = slice(data.size(), static_cast<int>(q));
+        acc.push_back({reinterpret_cast<const T*>(d[q].scratch), (qhi - qlo) * sizeof(T), false});
+        acc.push_back({data.data() + qlo, (qhi - qlo) * sizeof(T), true});
+      }
+      cuda::region reg(stream, label(1), acc);
+      for (std::size_t q = 0; q < n; ++q) {
+        const auto [qlo, qhi] = slice(data.size(), static_cast<int>(q));
+        if (qhi > qlo)
+          LOOM_CUDA_TRY(cudaMemcpyAsync(data.data() + qlo, reinterpret_cast<const T*>(d[q].scratch), (qhi - qlo) * sizeof(T),
+                                        cudaMemcpyDeviceToDevice, stream));
+      }
+    }
+    phase_end(d, 1, stream);
+  }
+
+  //! Gathers every rank's `in` into `out` (device memory), rank r's at `r * in.size()`, on
+  //! `stream`. `in` may be this rank's segment of `out` (NCCL's in-place form); no other overlap.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void all_gather(std::span<const T> in, std::span<T> out, cudaStream_t stream) {
+    check_sizes(loom::detail::gather_rule("cuda_local all_gather", in.size(), out.size(), size()));
+    const bool in_place = in.data() == out.data() + static_cast<std::size_t>(rank()) * in.size();
+    if (!in_place && loom::detail::overlapping(in.data(), in.size(), static_cast<const T*>(out.data()), out.size()))
+      check_sizes("cuda_local all_gather: input and output overlap (other than the in-place form)");
+    auto& d = exchange("all_gather", in.data(), out.data(), in.size_bytes(), stream, 1, 0);
+    std::vector<cuda::byte_access> acc;
+    for (std::size_t q = 0; q < d.size(); ++q) {
+      acc.push_back({d[q].in, in.size_bytes(), false});
+      acc.push_back({out.data() + q * in.size(), in.size_bytes(), true});
+    }
+    cuda::region reg(stream, label(0), acc);
+    for (std::size_t q = 0; q < d.size(); ++q)
+      copy_if(out.data() + q * in.size(), static_cast<const T*>(d[q].in), in.size_bytes(), stream);
+    phase_end(d, 0, stream);
+  }
+
+  //! Reduces `in` (device memory, `size()` slices of `out.size()`) over the ranks in rank order;
+  //! `out` receives slice `rank()` of the result, on `stream`. `float` or `double`; `in` and `out`
+  //! must not overlap.
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op, cudaStream_t stream) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cuda_local reductions take float or double");
+    check_sizes(loom::detail::scatter_rule("cuda_local reduce_scatter", in.size(), out.size(), size()));
+    if (loom::detail::overlapping(in.data(), in.size(), static_cast<const T*>(out.data()), out.size()))
+      check_sizes("cuda_local reduce_scatter: input and output overlap");
+    auto& d = exchange("reduce_scatter", in.data(), out.data(), in.size_bytes(), stream, 1, 0);
+    const std::size_t lo = static_cast<std::size_t>(rank()) * out.size();
+    std::vector<cuda::byte_access> acc;
+    for (std::size_t q = 0; q < d.size(); ++q) acc.push_back({at<T>(d[q].in, lo), out.size_bytes(), false});
+    acc.push_back({out.data(), out.size_bytes(), true});
+    cuda::region reg(stream, label(0), acc);
+    if (!out.empty()) {
+      LOOM_CUDA_TRY(cudaMemcpyAsync(out.data(), at<T>(d[0].in, lo), out.size_bytes(), cudaMemcpyDeviceToDevice, stream));
+      for (std::size_t q = 1; q < d.size(); ++q) cuda::detail::combine_async(op, out.data(), at<T>(d[q].in, lo), out.size(), stream);
+    }
+    phase_end(d, 0, stream);
+  }
+
+  //! Block j of every rank's `in` goes to rank j: `out`'s block q is block `rank()` of rank q's
+  //! `in` (device memory), on `stream`. Equal sizes, a multiple of `size()`, no overlap.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void all_to_all(std::span<const T> in, std::span<T> out, cudaStream_t stream) {
+    check_sizes(loom::detail::all_to_all_rule("cuda_local all_to_all", in.size(), out.size(), size(),
+                                              loom::detail::overlapping(in.data(), in.size(), static_cast<const T*>(out.data()), out.size())));
+    auto& d = exchange("all_to_all", in.data(), out.data(), in.size_bytes(), stream, 1, 0);
+    const std::size_t block = in.size() / d.size();
+    std::vector<cuda::byte_access> acc;
+    for (std::size_t q = 0; q < d.size(); ++q) {
+      acc.push_back({at<T>(d[q].in, static_cast<std::size_t>(rank()) * block), block * sizeof(T), false});
+      acc.push_back({out.data() + q * block, block * sizeof(T), true});
+    }
+    cuda::region reg(stream, label(0), acc);
+    for (std::size_t q = 0; q < d.size(); ++q)
+      copy_if(out.data() + q * block, at<T>(d[q].in, static_cast<std::size_t>(rank()) * block), block * sizeof(T), stream);
+    phase_end(d, 0, stream);
+  }
+
+  //! Rank `root`'s `data` (device memory) copied into every other rank's, on `stream`.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void broadcast(std::span<T> data, int root, cudaStream_t stream) {
+    if (root < 0 || root >= size())
+      check_sizes("cuda_local broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
+    auto& d = exchange("broadcast", data.data(), data.data(), data.size_bytes(), stream, 1, 0);
+    const auto r = static_cast<std::size_t>(root);
+    const cuda::byte_access acc[] = {{d[r].in, data.size_bytes(), false}, {data.data(), rank() == root ? 0 : data.size_bytes(), true}};
+    cuda::region reg(stream, label(0), acc);
+    if (rank() != root) copy_if(data.data(), static_cast<const T*>(d[r].in), data.size_bytes(), stream);
+    phase_end(d, 0, stream);
+  }
+
+  //! The sub-group of the ranks that pass the same `color`, ordered by `key` then rank
+  //! (collective over this communicator): its host side is the threads backend's split, and its
+  //! ranks share a new world state. Channels and device flags are opened anew on it.
+  comm split(int color, int key) {
+    threads::comm h = host_.split(color, key);
+    std::shared_ptr<detail::shared_graph> g;
+    if (h.rank() == 0) g = std::make_shared<detail::shared_graph>(h.size());
+    std::int64_t addr = h.rank() == 0 ? static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(&g)) : 0;
+    h.all_reduce(std::span<std::int64_t>(&addr, 1), reduce_op::max);  // rank 0's handle, in this process
+    if (h.rank() != 0) g = *reinterpret_cast<std::shared_ptr<detail::shared_graph>*>(static_cast<std::intptr_t>(addr));
+    h.barrier();  // every rank holds the state before rank 0's handle goes
+    comm c(std::move(h), device_, std::move(g));
+    c.set_timeout(timeout_);
+    c.want_flags_ = want_flags_;
+    return c;
+  }
+
   //! Sum/max/min over ranks of host memory (blocking, bounded).
   void all_reduce(std::span<std::int64_t> v, reduce_op op) { host_.all_reduce(v, op); }
   //! Sum/max/min over ranks of host memory (blocking, bounded).
@@ -507,6 +680,93 @@ class comm {
     const cuda::byte_access acc[] = {{src, bytes, false}, {dst, bytes, true}};
     cuda::region reg(st, label, acc);
     LOOM_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+  }
+
+  //! What a rank tells the others about one collective: its buffers, its scratch, and the
+  //! events it records at the end of each phase (recorded after the exchange, waited for after
+  //! the barrier that follows them).
+  struct coll_desc {
+    const void* in = nullptr;
+    void* out = nullptr;
+    const void* scratch = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t ready = nullptr;  // recorded on the caller's stream before the exchange
+    cudaEvent_t phase[2] = {nullptr, nullptr};
+    const char* op = nullptr;     // a literal: the operation's name, checked to be the same on every rank
+  };
+  //! Starts a collective of `phases` phases: records this rank's ready event, makes `stream`
+  //! wait for the previous collective of every rank, sizes the scratch to `scratch_bytes`, and
+  //! exchanges the descriptors; `stream` then waits for every rank's ready event. Returns the
+  //! descriptors, in rank order.
+  std::vector<coll_desc>& exchange(const char* op, const void* in, void* out, std::size_t bytes, cudaStream_t stream, int phases,
+                                   std::size_t scratch_bytes) {
+    host_.check();
+    op_ = op;
+    if (scratch_bytes > scratch_bytes_) {  // the old buffer stays until destruction: a peer may still read it
+      void* p = nullptr;
+      LOOM_CUDA_TRY(cudaMalloc(&p, scratch_bytes));
+      cuda::name_memory(p, "r" + std::to_string(rank()) + " cuda_local collective scratch");
+      scratch_.push_back(p);
+      scratch_bytes_ = scratch_bytes;
+    }
+    for (auto e : last_) LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));  // the previous collective, on any stream
+    auto& sets = graph_->coll_events[static_cast<std::size_t>(rank())];
+    auto& set = sets[coll_count_++ % sets.size()];
+    if (set.empty())
+      for (int i = 0; i < 3; ++i) {
+        cudaEvent_t e = nullptr;
+        LOOM_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        set.push_back(e);
+      }
+    coll_desc mine{in, out, scratch_.empty() ? nullptr : scratch_.back(), bytes, set[0], {set[1], phases > 1 ? set[2] : nullptr}, op};
+    LOOM_CUDA_TRY(cudaEventRecord(mine.ready, stream));
+    descs_in_.resize(static_cast<std::size_t>(size()));
+    static_assert(sizeof(coll_desc) % sizeof(std::int64_t) == 0 && std::is_trivially_copyable_v<coll_desc>);
+    constexpr std::size_t words = sizeof(coll_desc) / sizeof(std::int64_t);
+    host_.all_gather(std::span<const std::int64_t>(reinterpret_cast<const std::int64_t*>(&mine), words),
+                     std::span<std::int64_t>(reinterpret_cast<std::int64_t*>(descs_in_.data()), words * descs_in_.size()));
+    for (auto const& d : descs_in_)
+      if (std::string_view(d.op) != op || d.bytes != bytes)
+        throw comm_error(host_.world_rank(), "cuda_local: rank " + std::to_string(rank()) + " called " + op + " of " +
+                                                 std::to_string(bytes) + " bytes while another rank called " + d.op + " of " +
+                                                 std::to_string(d.bytes) + " bytes");
+    for (auto const& d : descs_in_) LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, d.ready, 0));
+    return descs_in_;
+  }
+  //! Ends phase `k`: records this rank's event, waits (on the host) until every rank recorded
+  //! its own, and makes `stream` wait for all of them.
+  void phase_end(const std::vector<coll_desc>& d, int k, cudaStream_t stream) {
+    LOOM_CUDA_TRY(cudaEventRecord(d[static_cast<std::size_t>(rank())].phase[k], stream));
+    host_.barrier();
+    last_.clear();
+    for (auto const& x : d) {
+      LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, x.phase[k], 0));
+      last_.push_back(x.phase[k]);
+    }
+  }
+  //! The simulator label of phase `k` of the current collective ("cuda_local all_reduce r1 (reduce)").
+  const char* label(int k) {
+    auto key = std::string(op_) + (k == 0 ? "" : "+");
+    auto& l = coll_labels_[key];
+    if (l.empty())
+      l = "cuda_local " + std::string(op_) + " r" + std::to_string(rank()) +
+          (std::string_view(op_) == "all_reduce" ? (k == 0 ? " (reduce)" : " (gather)") : "");
+    return l.c_str();
+  }
+  //! Elements [lo, hi) of slice `r` of `n` elements cut into `size()` slices.
+  std::pair<std::size_t, std::size_t> slice(std::size_t n, int r) const {
+    const auto p = static_cast<std::size_t>(size()), q = static_cast<std::size_t>(r);
+    return {n * q / p, n * (q + 1) / p};
+  }
+  template <class T>
+  static const T* at(const void* base, std::size_t i) {
+    return static_cast<const T*>(base) + i;
+  }
+  void copy_if(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+    if (bytes != 0 && dst != src) LOOM_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  void check_sizes(const std::string& why) {
+    if (!why.empty()) throw comm_error(host_.world_rank(), why);
   }
 
   //! A send waiting for its receive to be published (device flags).
@@ -604,9 +864,17 @@ class comm {
   std::vector<std::uint64_t> next_send_, next_recv_;  // per peer: transfers so far
   std::vector<std::deque<pending_send>> pending_;     // per peer: sends whose receive is not published yet
   std::vector<std::uint64_t> joined_;                 // per peer: sends the compute stream waited for this step
+  // Collectives.
+  std::vector<void*> scratch_;                        // the newest is in use; older ones a peer may still read
+  std::size_t scratch_bytes_ = 0;
+  std::uint64_t coll_count_ = 0;
+  std::vector<coll_desc> descs_in_;
+  std::vector<cudaEvent_t> last_;                     // every rank's last phase of the previous collective
+  const char* op_ = "";
+  std::map<std::string, std::string> coll_labels_;
 };
 
-static_assert(device_communicator<comm>);
+static_assert(device_collective_communicator<comm>);
 
 //! The `n` ranks of a new world on `device` (rank i at index i).
 inline std::vector<comm> world(int n, int device = 0) {

@@ -69,6 +69,94 @@ concept device_communicator =
     };
 
 namespace detail {
+//! Requirements of the device collectives for one element type `T`.
+template <class C, class T>
+concept device_collectives_for = requires(C& c, std::span<T> out, std::span<const T> in, reduce_op op, cudaStream_t st) {
+  c.all_reduce(out, op, st);
+  c.all_gather(in, out, st);
+  c.reduce_scatter(in, out, op, st);
+  c.all_to_all(in, out, st);
+  c.broadcast(out, 0, st);
+};
+}  // namespace detail
+
+//! A device communicator with collectives over device memory, NCCL's stream-ordered model: each
+//! call enqueues on `stream`, starts after the work enqueued on it so far on every rank, and
+//! later work on `stream` sees its result (`all_reduce(data, op, stream)` in place,
+//! `all_gather(in, out, stream)`, `reduce_scatter(in, out, op, stream)`, `all_to_all(in, out,
+//! stream)`, `broadcast(data, root, stream)`, for `float` and `double`), and `split(color, key)`
+//! into sub-groups (collective; `ncclCommSplit` on `nccl`). To order a collective after an event
+//! rather than a whole stream, make a communication stream wait for the event and pass that
+//! stream (what the point-to-point calls do inside). A group, like a communicator, runs its
+//! collectives in the order every rank posts them.
+template <class C>
+concept device_collective_communicator =
+    device_communicator<C> && detail::device_collectives_for<C, float> && detail::device_collectives_for<C, double> &&
+    requires(C& c) {
+      { c.split(0, 0) } -> std::same_as<C>;
+    };
+
+//! A device group bound to a stream, with the host communicators' collective interface, so that
+//! a parallel pattern written over `all_reduce(data, op)`, `all_gather(in, out)`,
+//! `reduce_scatter(in, out, op)`, `all_to_all(in, out)` and `copy(from, to)` runs on device
+//! memory unchanged (`loom::tp_enter_forward` and the other tensor-parallel operators): each call
+//! is enqueued on `stream()` and returns at once; later work on the stream sees its result, as
+//! later host code sees a host collective's. `C` is a `device_collective_communicator` or a
+//! `counted` one (the counts are then the group's). Reductions are rank-ordered exactly when
+//! `C`'s are. Holds a pointer to the group: the group must outlive it.
+template <class C>
+class on_stream {
+ public:
+  //! Rank-ordered reductions when the group's are.
+  static constexpr bool rank_ordered_reductions = reduces_in_rank_order<C>;
+  //! Binds `group` to `stream`.
+  on_stream(C& group, cudaStream_t stream) : c_(&group), s_(stream) {}
+  //! This rank's index in the group.
+  int rank() const { return c_->rank(); }
+  //! The number of ranks.
+  int size() const { return c_->size(); }
+  //! The group.
+  C& group() { return *c_; }
+  //! The stream every call enqueues on.
+  cudaStream_t stream() const { return s_; }
+  //! Sum/max/min of device memory over the group, in place.
+  template <class T>
+  void all_reduce(std::span<T> data, reduce_op op) {
+    c_->all_reduce(data, op, s_);
+  }
+  //! Every rank's `in` into `out`, in rank order.
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    c_->all_gather(in, out, s_);
+  }
+  //! This rank's slice of the reduction of `in`.
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    c_->reduce_scatter(in, out, op, s_);
+  }
+  //! Block j of `in` to rank j.
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    c_->all_to_all(in, out, s_);
+  }
+  //! Rank `root`'s `data` into every rank's.
+  template <class T>
+  void broadcast(std::span<T> data, int root) {
+    c_->broadcast(data, root, s_);
+  }
+  //! `to = from` (device memory, equal sizes), a device-to-device copy on the stream.
+  template <class T>
+  void copy(std::span<const T> from, std::span<T> to) {
+    if (from.empty() || from.data() == to.data()) return;
+    LOOM_CUDA_TRY(cudaMemcpyAsync(to.data(), from.data(), from.size_bytes(), cudaMemcpyDeviceToDevice, s_));
+  }
+
+ private:
+  C* c_;
+  cudaStream_t s_;
+};
+
+namespace detail {
 
 //! A pool of CUDA events (timing disabled) reused step after step: `next()` hands out the events
 //! in order and grows the pool only the first time a step needs more; `rewind()` starts again.

@@ -374,6 +374,15 @@ class comm {
     LOOM_NCCL_TRY(ncclAlltoAll(in.data(), out.data(), in.size() / static_cast<std::size_t>(size_), detail::dtype<T>(), world_, stream));
   }
 
+  //! `ncclBroadcast` of device memory on `stream`, in place: rank `root`'s `data` into every rank's.
+  template <class T>
+  void broadcast(std::span<T> data, int root, cudaStream_t stream) {
+    check_live();
+    if (root < 0 || root >= size_)
+      throw comm_error(rank_, "nccl broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size_));
+    LOOM_NCCL_TRY(ncclBroadcast(data.data(), data.data(), data.size(), detail::dtype<T>(), root, world_, stream));
+  }
+
   //! The sub-group of the ranks that pass the same `color`, ordered by `key` (collective).
   comm split(int color, int key) {
     check_live();
@@ -532,7 +541,7 @@ class comm {
   std::string abort_cause_;
 };
 
-static_assert(device_communicator<comm>);
+static_assert(device_collective_communicator<comm>);
 
 //! Runs `f(comm&)` for `n` ranks that are threads of this process, rank r on device r (named
 //! "rank r"). The first exception posts its cause on the world's failure channel (so every rank's

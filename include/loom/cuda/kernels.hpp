@@ -4,7 +4,10 @@
 
 //! \file
 //! loom's own device kernels, enqueued by the executor: `acc[i] += x[i]` (the deterministic fold
-//! of weight gradients and the sum of two parameter copies).
+//! of weight gradients and the sum of two parameter copies) and `acc[i] = op(acc[i], x[i])` (the
+//! rank-ordered reductions of `cuda_local`'s collectives), `x[i] *= a` and `y[i] -= a * x[i]` (the
+//! data-parallel gradient scale and SGD step; the product is rounded before the subtraction, as
+//! on the host, never contracted into a fused multiply-add).
 //!
 //! loom's headers compile with a host compiler, so they contain no `<<<>>>`. On a GPU these
 //! functions are defined in one small CUDA translation unit that the `loom::cuda` target
@@ -14,6 +17,8 @@
 #include <cstddef>
 
 #include <cuda_runtime_api.h>
+
+#include "loom/comm/communicator.hpp"
 
 #if defined(LOOM_CUDA_SIM)
 #include "loom/cudasim/sim.hpp"
@@ -29,11 +34,47 @@ void add_async(T* acc, const T* x, std::size_t n, cudaStream_t s) {
     for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
   });
 }
+//! `acc[i] = op(acc[i], x[i])` for `i < n` (`acc` holds the lower ranks' result), enqueued on `s`.
+template <class T>
+void combine_async(reduce_op op, T* acc, const T* x, std::size_t n, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda combine", [=] {
+    for (std::size_t i = 0; i < n; ++i) acc[i] = loom::detail::reduce_apply(op, acc[i], x[i]);
+  });
+}
+//! `x[i] *= a` for `i < n`, enqueued on `s`.
+template <class T>
+void scale_async(T* x, T a, std::size_t n, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda scale", [=] {
+    for (std::size_t i = 0; i < n; ++i) x[i] *= a;
+  });
+}
+//! `y[i] -= a * x[i]` for `i < n` (the product rounded first), enqueued on `s`.
+template <class T>
+void sub_scaled_async(T* y, T a, const T* x, std::size_t n, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda sub_scaled", [=] {
+    for (std::size_t i = 0; i < n; ++i) {
+      volatile T d = a * x[i];  // rounded, as the GPU kernel's __fmul_rn
+      y[i] -= d;
+    }
+  });
+}
 #else
 //! `acc[i] += x[i]` for `i < n`, enqueued on `s`.
 void add_async(float* acc, const float* x, std::size_t n, cudaStream_t s);
 //! `acc[i] += x[i]` for `i < n`, enqueued on `s`.
 void add_async(double* acc, const double* x, std::size_t n, cudaStream_t s);
+//! `acc[i] = op(acc[i], x[i])` for `i < n` (`acc` holds the lower ranks' result), enqueued on `s`.
+void combine_async(reduce_op op, float* acc, const float* x, std::size_t n, cudaStream_t s);
+//! `acc[i] = op(acc[i], x[i])` for `i < n` (`acc` holds the lower ranks' result), enqueued on `s`.
+void combine_async(reduce_op op, double* acc, const double* x, std::size_t n, cudaStream_t s);
+//! `x[i] *= a` for `i < n`, enqueued on `s`.
+void scale_async(float* x, float a, std::size_t n, cudaStream_t s);
+//! `x[i] *= a` for `i < n`, enqueued on `s`.
+void scale_async(double* x, double a, std::size_t n, cudaStream_t s);
+//! `y[i] -= a * x[i]` for `i < n` (the product rounded first), enqueued on `s`.
+void sub_scaled_async(float* y, float a, const float* x, std::size_t n, cudaStream_t s);
+//! `y[i] -= a * x[i]` for `i < n` (the product rounded first), enqueued on `s`.
+void sub_scaled_async(double* y, double a, const double* x, std::size_t n, cudaStream_t s);
 #endif
 
 }  // namespace loom::cuda::detail

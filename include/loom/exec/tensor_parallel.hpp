@@ -25,6 +25,11 @@
 //! in the backward, the sequence-sharded mode all-gathers and reduce-scatters the same tensors:
 //! the same bytes (an all-reduce is a reduce-scatter plus an all-gather), less activation memory.
 //!
+//! On a GPU the operators run on device memory when the group is a device group bound to a stream
+//! (`loom::on_stream` over a `cuda_local` or `nccl` group, or a `mesh_comm`'s counted one): every
+//! collective and copy is enqueued on that stream, with no host synchronisation. The linear blocks
+//! below call a host kernel and stay host-only for now.
+//!
 //! Activations are token-major, `[tokens][features]`. `tp_group` carries the group's
 //! communicator, the mode, and whether sums must be rank-ordered (`ordered`: deterministic mode,
 //! `loom/comm/ordered.hpp`); on a group of one rank every operator is a copy and nothing is sent.
@@ -64,25 +69,45 @@ struct tp_group {
 
 namespace detail {
 
+//! Whether the group's sums may be the backend's own in deterministic mode: they are
+//! rank-ordered already, or the rank-ordered helpers (`loom/comm/ordered.hpp`) apply.
+template <class C>
+void check_orderable(const tp_group<C>& g) {
+  if constexpr (!reduces_in_rank_order<C> && !nonblocking_communicator<C>)
+    if (g.ordered && g.size() > 2)
+      throw config_error("tensor parallel: deterministic mode on this device group of " + std::to_string(g.size()) +
+                         " ranks needs rank-ordered reductions (cuda_local has them; nccl on more than 2 ranks not yet)");
+}
+
 template <class C, class T>
 void tp_sum(tp_group<C>& g, std::span<T> x) {
   if (g.size() == 1) return;
-  if (g.ordered) ordered_all_reduce(*g.comm, x);
-  else g.comm->all_reduce(x, reduce_op::sum);
+  check_orderable(g);
+  if constexpr (nonblocking_communicator<C>)
+    if (g.ordered) return ordered_all_reduce(*g.comm, x);
+  g.comm->all_reduce(x, reduce_op::sum);
 }
 
 template <class C, class T>
 void tp_sum_scatter(tp_group<C>& g, std::span<const T> in, std::span<T> out) {
-  if (g.ordered) ordered_reduce_scatter(*g.comm, in, out);
-  else g.comm->reduce_scatter(in, out, reduce_op::sum);
+  check_orderable(g);
+  if constexpr (nonblocking_communicator<C>)
+    if (g.ordered) return ordered_reduce_scatter(*g.comm, in, out);
+  g.comm->reduce_scatter(in, out, reduce_op::sum);
 }
 
-template <class T>
-void copy_into(std::span<const T> from, std::span<T> to) {
+//! `to = from`: the group's own copy where it has one (a device group, `loom::on_stream`, copies
+//! on its stream), else on the host.
+template <class C, class T>
+void copy_into(tp_group<C>& g, std::span<const T> from, std::span<T> to) {
   if (from.size() != to.size())
     throw std::length_error("loom tensor parallel: buffer of " + std::to_string(to.size()) + " elements for " +
                             std::to_string(from.size()));
-  if (from.data() != to.data()) std::copy(from.begin(), from.end(), to.begin());
+  if (from.data() == to.data()) return;
+  if constexpr (requires { g.comm->copy(from, to); }) {
+    if (g.comm != nullptr) return g.comm->copy(from, to);
+  }
+  std::copy(from.begin(), from.end(), to.begin());
 }
 
 }  // namespace detail
@@ -91,7 +116,7 @@ void copy_into(std::span<const T> from, std::span<T> to) {
 //! of `in`; sequence-sharded: the all-gather of every rank's tokens, `tp` times `in`).
 template <class C, class T>
 void tp_enter_forward(tp_group<C>& g, std::span<const T> in, std::span<T> full) {
-  if (g.size() == 1 || g.mode == tp_mode::replicated) return detail::copy_into(in, full);
+  if (g.size() == 1 || g.mode == tp_mode::replicated) return detail::copy_into(g, in, full);
   g.comm->all_gather(in, full);
 }
 
@@ -100,10 +125,10 @@ void tp_enter_forward(tp_group<C>& g, std::span<const T> in, std::span<T> full) 
 //! is summed in place; sequence-sharded: reduce-scatter, this rank's tokens only).
 template <class C, class T>
 void tp_enter_backward(tp_group<C>& g, std::span<T> full_grad, std::span<T> grad) {
-  if (g.size() == 1) return detail::copy_into(std::span<const T>(full_grad), grad);
+  if (g.size() == 1) return detail::copy_into(g, std::span<const T>(full_grad), grad);
   if (g.mode == tp_mode::replicated) {
     detail::tp_sum(g, full_grad);
-    return detail::copy_into(std::span<const T>(full_grad), grad);
+    return detail::copy_into(g, std::span<const T>(full_grad), grad);
   }
   detail::tp_sum_scatter(g, std::span<const T>(full_grad), grad);
 }

@@ -14,6 +14,11 @@
 //! of `s`, ordered row-major over them in mesh order. All are created with `split` on the
 //! backend, so they exist on every backend, and share the world's abort and timeout.
 //!
+//! The world may be a host communicator (threads, MPI) or a device communicator with collectives
+//! (`cuda_local`, `nccl`: `loom::device_collective_communicator`); on a device world every group
+//! is a `counted` device communicator (its collectives take device memory and a stream; on
+//! `nccl` the groups come from `ncclCommSplit`), counted exactly as on the host.
+//!
 //! Errors: a mesh whose size differs from the world's throws `config_error` on every rank from
 //! the constructor, before any communication (it compares two local numbers); with a
 //! `loom::static_world<N>` argument and a static mesh, the mismatch does not compile.
@@ -30,7 +35,7 @@
 namespace loom {
 
 //! A mesh bound to a communicator (see the file comment).
-template <class Mesh, communicator Comm>
+template <class Mesh, group_communicator Comm>
 class mesh_comm {
  public:
   using comm_type = counted<Comm>;  //!< the communicator of every group
