@@ -8,7 +8,9 @@
 // on rank 0 (its lowered program, transfers included) and host microseconds per action
 // (step_result::host_seconds / actions, mean over the timed steps). cuda_local runs eagerly with
 // the host hand-off (its default) and, against the simulator only, with device flags (opt-in:
-// they hung on real GPUs, see docs/cuda.md).
+// they hung on real GPUs, see docs/cuda.md). The mesh case: dp2 x pp2 (4 ranks) with
+// loom::data_parallel as the pipeline's observer (its bucket packed and all-reduced on the
+// reducer's stream, the agreement and the SGD step every step), beside the pipeline alone.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -17,7 +19,9 @@
 #include <loom/comm/cuda_local.hpp>
 #include <loom/comm/nccl.hpp>
 #include <loom/cuda/device.hpp>
+#include <loom/exec/data_parallel.hpp>
 #include <loom/exec/pipeline.hpp>
+#include <loom/mesh/mesh_comm.hpp>
 #include <loom/schedule.hpp>
 #if defined(LOOM_CUDA_SIM)
 #include <loom/cudasim/sim.hpp>
@@ -32,7 +36,9 @@ struct noop_stage {
   std::size_t input_size() const { return 1; }
   std::size_t output_size() const { return 1; }
   std::size_t stash_size() const { return 1; }
+  loom::cuda::device_buffer<float> w{1};
   std::span<float> weight_grad() { return grad.span(); }
+  std::span<float> params() { return w.span(); }  // for the mesh case's data_parallel
   void forward(const loom::stage_context&, loom::forward_buffers<float>) {}
   void backward_input(const loom::stage_context&, loom::backward_buffers<float>) {}
   void backward_weight(const loom::stage_context&, loom::weight_buffers<float>) {}
@@ -79,7 +85,52 @@ void run_case(benchmark::State& state, bool nccl, bool graph, bool flags = false
                  (flags ? " (device flags)" : "") + ", zb-h1");
 }
 
+//! One rank of a dp2 x pp-P/2 mesh: the pipeline on the pp group, data_parallel on dp.
+template <class Comm>
+void mesh_steps(Comm& world, const loom::schedule& s, int warmup, int timed, double& host, std::size_t& actions) {
+  using mesh_t = loom::mesh<loom::dp<2>, loom::pp<>>;
+  loom::mesh_comm g(mesh_t{loom::dp<2>{}, loom::pp<>{s.ranks}}, world);
+  loom::cuda::device_buffer<float> in(static_cast<std::size_t>(s.microbatches));
+  loom::data_parallel<decltype(g), noop_stage> sync(g);
+  loom::pipeline p(s, g.pp(), [](loom::stage_id) { return noop_stage{}; }, {.observer = &sync});
+  sync.attach(p);
+  for (int i = 0; i < warmup; ++i) p.step(std::span<const float>(in.span()));
+  double sum = 0;
+  for (int i = 0; i < timed; ++i) sum += p.step(std::span<const float>(in.span())).host_seconds;
+  if (g.rank() == 0) {
+    host = sum / timed;
+    actions = p.lowered().programs[0].size();
+  }
+}
+
+void run_mesh_case(benchmark::State& state, bool nccl) {
+  const int P = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));  // P: pipeline ranks
+  auto avail = loom::cuda::available();
+  if (!avail || (nccl && avail.devices < 2 * P)) {
+    state.SkipWithError(("needs " + std::to_string(nccl ? 2 * P : 1) + " CUDA device(s): " + (avail ? "too few" : avail.why)).c_str());
+    return;
+  }
+#if defined(LOOM_CUDA_SIM)
+  loom::cudasim::config cfg;
+  cfg.delays = false;
+  loom::cudasim::configure(cfg);
+#endif
+  loom::schedule s = loom::generate(loom::zb_h1{}, {.ranks = P, .microbatches = m});
+  double host = 0;
+  std::size_t actions = 1;
+  for (auto _ : state) {
+    if (nccl) loom::nccl::run(2 * P, [&](loom::nccl::comm& c) { mesh_steps(c, s, 3, 20, host, actions); });
+    else loom::cuda_local::run(2 * P, [&](loom::cuda_local::comm& c) { mesh_steps(c, s, 3, 20, host, actions); });
+    state.SetIterationTime(host);
+  }
+  state.counters["actions"] = static_cast<double>(actions);
+  state.counters["host_us_per_action"] = host * 1e6 / static_cast<double>(actions);
+  state.SetLabel(std::string(nccl ? "nccl" : "cuda_local") + " eager, dp2 x pp" + std::to_string(P) + " with data_parallel, zb-h1");
+}
+
 void BM_cuda_local_eager(benchmark::State& s) { run_case(s, false, false); }
+void BM_cuda_local_mesh_eager(benchmark::State& s) { run_mesh_case(s, false); }
+void BM_nccl_mesh_eager(benchmark::State& s) { run_mesh_case(s, true); }
 [[maybe_unused]] void BM_cuda_local_eager_flags(benchmark::State& s) { run_case(s, false, false, true); }
 void BM_cuda_local_graph(benchmark::State& s) { run_case(s, false, true); }
 void BM_nccl_eager(benchmark::State& s) { run_case(s, true, false); }
@@ -94,4 +145,6 @@ BENCHMARK(BM_cuda_local_eager_flags)->Args({2, 64})->Args({4, 64})->UseManualTim
 BENCHMARK(BM_cuda_local_graph)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_nccl_eager)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_nccl_graph)->Args({1, 64})->Args({2, 64})->Args({4, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_cuda_local_mesh_eager)->Args({1, 64})->Args({2, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_nccl_mesh_eager)->Args({1, 64})->Args({2, 64})->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK_MAIN();

@@ -55,6 +55,7 @@ class stage {
   std::size_t output_size() const;  //!< samples x last layer's outputs
   std::size_t stash_size() const;   //!< 2 x the layers' outputs
   std::span<float> weight_grad() { return grad_.span(); }  //!< the accumulator (device memory)
+  std::span<float> params() { return params_.span(); }     //!< the parameters (device memory), laid out as weight_grad()
 
   void forward(const loom::stage_context& c, loom::forward_buffers<float> b);            //!< enqueues the forward
   void backward_input(const loom::stage_context& c, loom::backward_buffers<float> b);    //!< enqueues B

@@ -369,3 +369,55 @@ TEST_CASE("Megatron's tensor-parallel operators run unchanged on a device group 
       }
     }
 }
+
+TEST_CASE("a rank that throws inside a tensor-parallel region ends every rank within seconds, naming it and the cause") {
+  const int n = 4;
+  for (backend b : {backend::cuda_local, backend::nccl}) {
+    CAPTURE(loom_device_test::name(b));
+    if (loom_device_test::skip_unless_devices(b, n)) continue;
+    loom_device_test::simulate_with(5);
+    std::mutex mu;
+    std::vector<std::string> seen(n);
+    std::string thrown;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto body = [&](auto& w) {
+      using C = loom::counted<std::remove_cvref_t<decltype(w)>>;
+      C c(w.split(0, w.rank()));
+      cudaStream_t st = nullptr;
+      LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      loom::on_stream<C> bound(c, st);
+      loom::tp_group<loom::on_stream<C>> g{&bound, loom::tp_mode::sequence_sharded, false};
+      std::vector<float> h(8, 1.0f);
+      float* x = upload(h, st);
+      float *full = nullptr;
+      LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&full), 8 * n * sizeof(float)));
+      try {
+        loom::tp_enter_forward(g, std::span<const float>(x, 8), std::span<float>(full, 8 * n));
+        if (c.rank() == 1) throw std::runtime_error("the attention kernel of rank 1 failed");  // inside the region
+        loom::tp_exit_forward(g, std::span<float>(full, 8 * n), std::span<float>(x, 8));
+        c.synchronize(st);  // bounded: ends with the failure of any rank
+      } catch (const loom::comm_error& e) {
+        std::lock_guard lk(mu);
+        seen[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+      // Rank 1's exception left its function: the world was aborted.
+    };
+    try {
+      if (b == backend::cuda_local) loom::cuda_local::run(n, body);
+      else loom::nccl::run(n, body);
+    } catch (const std::exception& e) {
+      thrown = e.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(thrown.find("rank 1 failed") != std::string::npos);
+    for (int r = 0; r < n; ++r) {
+      if (r == 1) continue;
+      CAPTURE(r);
+      CAPTURE(seen[static_cast<std::size_t>(r)]);
+      CHECK(seen[static_cast<std::size_t>(r)].find("rank 1") != std::string::npos);
+      CHECK(seen[static_cast<std::size_t>(r)].find("the attention kernel of rank 1 failed") != std::string::npos);
+    }
+    CHECK(seconds < 10.0);
+  }
+  loom_device_test::simulate_with(1);
+}

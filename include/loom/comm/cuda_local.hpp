@@ -554,6 +554,7 @@ class comm {
     auto& d = exchange("all_gather", in.data(), out.data(), in.size_bytes(), stream, 1, 0);
     std::vector<cuda::byte_access> acc;
     for (std::size_t q = 0; q < d.size(); ++q) {
+      if (d[q].in == out.data() + q * in.size()) continue;  // this rank's own segment, in place: no copy
       acc.push_back({d[q].in, in.size_bytes(), false});
       acc.push_back({out.data() + q * in.size(), in.size_bytes(), true});
     }

@@ -60,6 +60,24 @@
 //! Memory: every bucket keeps a flat gradient buffer (and in sharded mode a flat parameter buffer
 //! and a shard), i.e. about one extra copy of the gradients (two in sharded mode). The
 //! optimizers here are stateless; a stateful optimizer would keep its state for the shard only.
+//!
+//! On a device world (the mesh bound to `cuda_local` or `nccl`, the pipeline on its device
+//! space), the same buckets, order, groups and agreement, with device memory and streams. The
+//! buckets are device buffers. A bucket's launch makes the reducer's own communication stream
+//! (`"rN dp"`) wait for the compute stream's position after the stage's last weight-gradient
+//! action (one event), packs the stages' gradients into it there and enqueues its all-reduce (or
+//! reduce-scatter) on that stream: it overlaps the rest of the pipeline with no host wait. The
+//! step's end makes the compute stream wait for the communication stream, agrees on the host as
+//! above, then writes the gradients back (scaled on the device) and runs the optimizer on the
+//! compute stream (`sgd` has a device form: `p -= lr * g` with the product rounded before the
+//! subtraction, as on the host, so results are bitwise the host's). Sharded mode updates the
+//! shard on the compute stream and all-gathers it on the communication stream after it; the next
+//! step's first use of a stage makes the compute stream wait for that gather and copies the
+//! parameters back. Every copy, pack and update is a simulator region, so the race detector
+//! checks them against the stages' kernels. Deterministic mode needs rank-ordered sums:
+//! `cuda_local` has them, and every group of at most two ranks; `nccl` groups of more than two
+//! ranks throw `config_error` (NCCL promises no order). Graph mode is refused (the reducer's host
+//! calls would not be replayed).
 
 #include <algorithm>
 #include <chrono>
@@ -81,7 +99,26 @@
 #include "loom/schedule/error.hpp"
 #include "loom/stage/stage.hpp"
 
+#if defined(LOOM_HAS_CUDA)
+#include "loom/comm/device.hpp"
+#include "loom/cuda/annotate.hpp"
+#include "loom/cuda/buffer.hpp"
+#include "loom/cuda/kernels.hpp"
+#include "loom/cuda/stream.hpp"
+#endif
+
 namespace loom {
+
+namespace detail {
+//! Whether `data_parallel` over groups of type `C` works on device memory.
+template <class C>
+inline constexpr bool dp_on_device = false;
+#if defined(LOOM_HAS_CUDA)
+template <class C>
+  requires device_collective_communicator<C>
+inline constexpr bool dp_on_device<C> = true;
+#endif
+}  // namespace detail
 
 //! A part of a stage's parameters (offsets into `params()` and `weight_grad()`) whose gradient
 //! is a partial sum over the ranks of the dimensions `partial_over` (besides `dp`), e.g. the
@@ -113,6 +150,14 @@ struct sgd {
   void operator()(std::span<T> params, std::span<const T> grads) const {
     for (std::size_t i = 0; i < params.size(); ++i) params[i] -= static_cast<T>(lr) * grads[i];
   }
+#if defined(LOOM_HAS_CUDA)
+  //! The same step on device memory, enqueued on `stream` (bitwise the host's: the product is
+  //! rounded before the subtraction).
+  template <class T>
+  void operator()(std::span<T> params, std::span<const T> grads, cudaStream_t stream) const {
+    cuda::detail::sub_scaled_async(params.data(), static_cast<T>(lr), grads.data(), params.size(), stream);
+  }
+#endif
 };
 
 //! Knobs of `data_parallel` (designated initialisers).
@@ -144,7 +189,10 @@ class data_parallel final : public step_observer {
  public:
   using value_type = typename Stage::value_type;     //!< element type
   using comm_type = typename MeshComm::comm_type;    //!< the group communicators' type
-  static_assert(nonblocking_communicator<comm_type>, "loom::data_parallel needs a backend with non-blocking collectives");
+  //! Whether the buckets live on a device (a `cuda_local` or `nccl` mesh; see the file comment).
+  static constexpr bool on_device = detail::dp_on_device<comm_type>;
+  static_assert(on_device || nonblocking_communicator<comm_type>,
+                "loom::data_parallel needs a backend with non-blocking collectives or a device communicator with collectives");
 
   //! Builds the groups (collective over the mesh: `dp`, `dp x tp`, `dp x sp`, `dp x tp x sp`).
   explicit data_parallel(MeshComm& mesh, data_parallel_options opt = {}, Opt optimizer = {})
@@ -173,6 +221,14 @@ class data_parallel final : public step_observer {
   //! Collective over the mesh: checks that the ranks of each group hold the same layout.
   template <class Pipeline>
   void attach(Pipeline& p) {
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) {
+      if (p.options().graph)
+        throw config_error("data_parallel: graph mode is not supported on a device (the reducer's host calls are not replayed)");
+      compute_ = p.space().stream();
+      cuda::name_stream(dp_stream_.get(), "r" + std::to_string(mesh_->rank()) + " dp");
+    }
+#endif
     stages_ = p.stages();
     const auto L = stages_.size();
     // Readiness order: the position of each local stage's last weight-gradient action.
@@ -234,6 +290,17 @@ class data_parallel final : public step_observer {
       for (std::size_t li : b.stages) b.launch_after = std::max(b.launch_after, launch_after_[li]);
       const auto n = static_cast<std::size_t>(groups_[b.group]->size());
       const std::size_t padded = opt_.sharded ? (b.elements + n - 1) / n * n : b.elements;
+      b.padded = padded;
+#if defined(LOOM_HAS_CUDA)
+      if constexpr (on_device) {
+        b.dgrad = device_zeros(padded, "dp bucket gradient");
+        if (opt_.sharded) {
+          b.dparam = device_zeros(padded, "dp bucket parameters");
+          b.dshard = device_zeros(padded / n, "dp bucket shard");
+        }
+        continue;
+      }
+#endif
       b.grad.assign(padded, value_type{});
       if (opt_.sharded) {
         b.param.assign(padded, value_type{});
@@ -260,6 +327,10 @@ class data_parallel final : public step_observer {
   void finish() {
     std::lock_guard lk(mu_);
     for (bucket& b : buckets_) finish_gather(b);
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device)
+      if (compute_ != nullptr) LOOM_CUDA_TRY(cudaStreamSynchronize(compute_));
+#endif
   }
 
   //! The buckets, with where each was launched in the last step.
@@ -304,6 +375,16 @@ class data_parallel final : public step_observer {
     if (!attached_) throw config_error("data_parallel: attach(pipeline) was not called before the step");
     std::lock_guard lk(mu_);
     for (unsigned x = 0; x < 4; ++x) launch_ready(x, true);
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) device_step_end(failed_rank, cause);
+    else
+#endif
+      host_step_end(failed_rank, cause);
+  }
+
+ private:
+  //! The step's end on the host (see the file comment).
+  void host_step_end(int failed_rank, const std::string& cause) {
     for (bucket& b : buckets_)
       if (b.reducing) {
         b.red.wait();
@@ -342,7 +423,6 @@ class data_parallel final : public step_observer {
       for (auto& st : stages_) optimizer_(std::span<value_type>(st.params()), std::span<const value_type>(st.weight_grad()));
   }
 
- private:
   struct piece {
     std::size_t local, offset, size, at;  // stage, range in its parameters, position in the bucket
   };
@@ -352,6 +432,8 @@ class data_parallel final : public step_observer {
     std::vector<piece> pieces;
     std::vector<std::size_t> stages;
     std::vector<value_type> grad, param, shard;
+    std::size_t padded = 0;                         // elements of grad (and param)
+    std::span<value_type> dgrad, dparam, dshard;    // on a device: grad, param, shard
     reduction<comm_type, value_type> red;
     typename comm_type::request gather{};
     int waiting = 0;
@@ -362,10 +444,11 @@ class data_parallel final : public step_observer {
 
   //! Tests every reduction in flight (with `mu_` held).
   void test_all() {
-    for (bucket& b : buckets_) {
-      if (b.reducing && b.red.test()) b.reducing = false;
-      if (b.gather_in_flight && groups_[b.group]->test(b.gather)) b.gather_in_flight = false;
-    }
+    if constexpr (!on_device)  // on a device everything is enqueued: nothing to progress
+      for (bucket& b : buckets_) {
+        if (b.reducing && b.red.test()) b.reducing = false;
+        if (b.gather_in_flight && groups_[b.group]->test(b.gather)) b.gather_in_flight = false;
+      }
   }
   //! The helper thread: while reductions are in flight, tests them every `progress_interval`.
   void progress_loop() {
@@ -451,6 +534,14 @@ class data_parallel final : public step_observer {
   void launch(bucket& b, bool after_step) {
     b.launched = true;
     b.launched_at = after_step ? -1 : actions_ - 1;
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) device_launch(b);
+    else
+#endif
+      host_launch(b);
+  }
+
+  void host_launch(bucket& b) {
     std::fill(b.grad.begin(), b.grad.end(), value_type{});
     for (const piece& pc : b.pieces) {
       std::span<value_type> g = std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
@@ -468,6 +559,14 @@ class data_parallel final : public step_observer {
 
   void finish_gather(bucket& b) {
     if (!b.gathering) return;
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) device_finish_gather(b);
+    else
+#endif
+      host_finish_gather(b);
+  }
+
+  void host_finish_gather(bucket& b) {
     if (b.gather_in_flight) groups_[b.group]->wait(b.gather);
     b.gather = typename comm_type::request{};
     b.gather_in_flight = false;
@@ -508,6 +607,132 @@ class data_parallel final : public step_observer {
       throw pipeline_error(static_cast<int>(st[0] - 1), text);
     }
   }
+
+#if defined(LOOM_HAS_CUDA)
+  // ---- the device forms (see the file comment) ------------------------------------------------
+  //! A zeroed device buffer of `n` elements, owned by the reducer.
+  std::span<value_type> device_zeros(std::size_t n, const char* name) {
+    dmem_.emplace_back(n);
+    auto s = dmem_.back().span();
+    if (n != 0) {
+      cuda::name_memory(s.data(), "r" + std::to_string(mesh_->rank()) + " " + name);
+      LOOM_CUDA_TRY(cudaMemset(s.data(), 0, s.size_bytes()));
+    }
+    return s;
+  }
+  //! Later work on `waiter` waits for the work enqueued on `s` so far (one reused event: each
+  //! wait takes the record before it).
+  void join(cudaStream_t waiter, cudaStream_t s) {
+    LOOM_CUDA_TRY(cudaEventRecord(join_.get(), s));
+    LOOM_CUDA_TRY(cudaStreamWaitEvent(waiter, join_.get(), 0));
+  }
+  //! Throws unless the group's sums are rank-ordered where deterministic mode needs them.
+  void check_orderable(const comm_type& c) const {
+    if (opt_.deterministic && !reduces_in_rank_order<comm_type> && c.size() > 2)
+      throw config_error("data_parallel: deterministic mode on a device group of " + std::to_string(c.size()) +
+                         " ranks needs rank-ordered reductions (cuda_local has them; nccl on more than 2 ranks not yet)");
+  }
+  //! The stage gradient span of piece `pc`.
+  std::span<value_type> grad_of(const piece& pc) {
+    return std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
+  }
+  std::span<value_type> params_of(const piece& pc) {
+    return std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
+  }
+  //! Copies each piece between the bucket buffer `flat` and the stages (`to_flat`: gather the
+  //! stages' `what` into it; else scatter it back), on `s`, as one region named `label`.
+  template <class Of>
+  void move_pieces(const bucket& b, std::span<value_type> flat, bool to_flat, cudaStream_t s, const char* label, Of&& of) {
+    std::vector<cuda::byte_access> acc;
+    for (const piece& pc : b.pieces) {
+      auto st = of(pc);
+      auto fl = flat.subspan(pc.at, pc.size);
+      acc.push_back(to_flat ? cuda::reads(st) : cuda::reads(fl));
+      acc.push_back(to_flat ? cuda::writes(fl) : cuda::writes(st));
+    }
+    cuda::region reg(s, label, acc);
+    for (const piece& pc : b.pieces) {
+      auto st = of(pc);
+      auto fl = flat.subspan(pc.at, pc.size);
+      if (pc.size != 0)
+        LOOM_CUDA_TRY(cudaMemcpyAsync(to_flat ? fl.data() : st.data(), to_flat ? st.data() : fl.data(), fl.size_bytes(),
+                                      cudaMemcpyDeviceToDevice, s));
+    }
+  }
+  //! Launches bucket `b` on the communication stream, after the compute stream's work so far.
+  void device_launch(bucket& b) {
+    auto& c = *groups_[b.group];
+    check_orderable(c);
+    cudaStream_t s = dp_stream_.get();
+    join(s, compute_);  // after the stages' last weight-gradient actions (and their folds)
+    move_pieces(b, b.dgrad, true, s, "dp bucket pack", [&](const piece& pc) { return grad_of(pc); });
+    if (c.size() == 1) {
+      if (opt_.sharded) {
+        const cuda::byte_access acc[] = {cuda::reads(b.dgrad), cuda::writes(b.dshard)};
+        cuda::region reg(s, "dp bucket shard", acc);
+        LOOM_CUDA_TRY(cudaMemcpyAsync(b.dshard.data(), b.dgrad.data(), b.dshard.size_bytes(), cudaMemcpyDeviceToDevice, s));
+      }
+      return;
+    }
+    if (opt_.sharded) c.reduce_scatter(std::span<const value_type>(b.dgrad), b.dshard, reduce_op::sum, s);
+    else c.all_reduce(b.dgrad, reduce_op::sum, s);
+    b.reducing = true;
+  }
+  //! The step's end on a device (see the file comment).
+  void device_step_end(int failed_rank, const std::string& cause) {
+    join(compute_, dp_stream_.get());  // every bucket's reduction
+    for (bucket& b : buckets_) b.reducing = false;
+    agree(failed_rank, cause);
+    const auto scale = static_cast<value_type>(opt_.grad_scale);
+    for (bucket& b : buckets_) {
+      if (!opt_.sharded) {
+        if (opt_.grad_scale != 1.0) {
+          const cuda::byte_access acc[] = {cuda::writes(b.dgrad)};
+          cuda::region reg(compute_, "dp gradient scale", acc);
+          cuda::detail::scale_async(b.dgrad.data(), scale, b.elements, compute_);
+        }
+        move_pieces(b, b.dgrad, false, compute_, "dp gradient write-back", [&](const piece& pc) { return grad_of(pc); });
+        continue;
+      }
+      if (opt_.grad_scale != 1.0) {
+        const cuda::byte_access acc[] = {cuda::writes(b.dshard)};
+        cuda::region reg(compute_, "dp gradient scale", acc);
+        cuda::detail::scale_async(b.dshard.data(), scale, b.dshard.size(), compute_);
+      }
+      move_pieces(b, b.dparam, true, compute_, "dp parameters pack", [&](const piece& pc) { return params_of(pc); });
+      auto& c = *groups_[b.group];
+      const std::size_t k = b.dshard.size();
+      std::span<value_type> mine = b.dparam.subspan(static_cast<std::size_t>(c.rank()) * k, k);
+      device_update(mine, std::span<const value_type>(b.dshard));
+      b.gathering = true;
+      if (c.size() == 1) continue;  // nothing to gather: written back at first use
+      join(dp_stream_.get(), compute_);
+      c.all_gather(std::span<const value_type>(mine), b.dparam, dp_stream_.get());
+      b.gather_in_flight = true;
+    }
+    if (!opt_.sharded)
+      for (auto& st : stages_) device_update(std::span<value_type>(st.params()), std::span<const value_type>(st.weight_grad()));
+  }
+  //! The optimizer on device memory, on the compute stream.
+  void device_update(std::span<value_type> params, std::span<const value_type> grads) {
+    const cuda::byte_access acc[] = {cuda::reads(grads), cuda::writes(params)};
+    cuda::region reg(compute_, "dp optimizer", acc);
+    optimizer_(params, grads, compute_);
+  }
+  //! The compute stream waits for the bucket's parameter all-gather, then copies them back.
+  void device_finish_gather(bucket& b) {
+    if (b.gather_in_flight) join(compute_, dp_stream_.get());
+    b.gather_in_flight = false;
+    b.gathering = false;
+    move_pieces(b, b.dparam, false, compute_, "dp parameters unpack", [&](const piece& pc) { return params_of(pc); });
+  }
+
+  // Made only for a device mesh (a host reducer in a CUDA build makes no CUDA objects).
+  cudaStream_t compute_ = nullptr;                                   // the pipeline's compute stream
+  std::conditional_t<on_device, cuda::stream, char> dp_stream_{};    // the reducer's communication stream
+  std::conditional_t<on_device, cuda::event, char> join_{};          // see join()
+  std::vector<cuda::device_buffer<value_type>> dmem_;
+#endif
 
   MeshComm* mesh_;
   data_parallel_options opt_;

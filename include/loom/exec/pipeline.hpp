@@ -416,6 +416,8 @@ class pipeline {
   std::span<const measured_action> last_timeline() const { return timeline_; }
   //! The execution space (on a device: `space().stream()` is the rank's compute stream).
   space_type& space() { return space_; }
+  //! The options the pipeline was built with.
+  const pipeline_options& options() const { return opt_; }
   //! Bytes of activation, gradient, stash and send buffers the pipeline allocated for this rank
   //! (the buffer plan's slots times the stages' sizes, plus the loss-term buffers (one on the
   //! host, one per microbatch on a device unless they would exceed 1 MiB), the loss seed and the
@@ -1009,9 +1011,9 @@ class pipeline {
   }
 
   // ---- step observer (data-parallel gradient sync; loom/exec/step_observer.hpp) --------------
-  // Called on the host in program order (a device space would have to order the observer after
-  // the stream; loom::data_parallel is host-only). A replayed graph step runs no host actions:
-  // only step_end is called then.
+  // Called on the host in program order, after the action was run (host) or enqueued (device:
+  // an observer orders its device work after the compute stream's position, as loom::data_parallel
+  // does with one event). A replayed graph step runs no host actions: only step_end is called then.
   void observe_begin() {
     std::fill(observed_use_.begin(), observed_use_.end(), 0);
     std::fill(observed_w_.begin(), observed_w_.end(), 0);
