@@ -45,18 +45,25 @@ struct noop_stage {
   void backward(const loom::stage_context&, loom::backward_buffers<float>) {}
 };
 
-template <class Comm>
-void steps(Comm& c, const loom::schedule& s, bool graph, bool flags, int warmup, int timed, double& host, std::size_t& actions) {
-  if constexpr (requires { c.set_device_flags(flags); }) c.set_device_flags(flags);
-  loom::cuda::device_buffer<float> in(static_cast<std::size_t>(s.microbatches));
-  loom::pipeline p(s, c, [](loom::stage_id) { return noop_stage{}; }, {.graph = graph});
+//! `warmup` steps, then the mean host seconds of `timed` steps into `host` and rank 0's program
+//! length into `actions` (on world rank 0).
+template <class Pipeline>
+void time_steps(Pipeline& p, bool root, int microbatches, int warmup, int timed, double& host, std::size_t& actions) {
+  loom::cuda::device_buffer<float> in(static_cast<std::size_t>(microbatches));
   for (int i = 0; i < warmup; ++i) p.step(std::span<const float>(in.span()));
   double sum = 0;
   for (int i = 0; i < timed; ++i) sum += p.step(std::span<const float>(in.span())).host_seconds;
-  if (c.rank() == 0) {
+  if (root) {
     host = sum / timed;
     actions = p.lowered().programs[0].size();
   }
+}
+
+template <class Comm>
+void steps(Comm& c, const loom::schedule& s, bool graph, bool flags, int warmup, int timed, double& host, std::size_t& actions) {
+  if constexpr (requires { c.set_device_flags(flags); }) c.set_device_flags(flags);
+  loom::pipeline p(s, c, [](loom::stage_id) { return noop_stage{}; }, {.graph = graph});
+  time_steps(p, c.rank() == 0, s.microbatches, warmup, timed, host, actions);
 }
 
 void run_case(benchmark::State& state, bool nccl, bool graph, bool flags = false) {
@@ -90,17 +97,10 @@ template <class Comm>
 void mesh_steps(Comm& world, const loom::schedule& s, int warmup, int timed, double& host, std::size_t& actions) {
   using mesh_t = loom::mesh<loom::dp<2>, loom::pp<>>;
   loom::mesh_comm g(mesh_t{loom::dp<2>{}, loom::pp<>{s.ranks}}, world);
-  loom::cuda::device_buffer<float> in(static_cast<std::size_t>(s.microbatches));
   loom::data_parallel<decltype(g), noop_stage> sync(g);
   loom::pipeline p(s, g.pp(), [](loom::stage_id) { return noop_stage{}; }, {.observer = &sync});
   sync.attach(p);
-  for (int i = 0; i < warmup; ++i) p.step(std::span<const float>(in.span()));
-  double sum = 0;
-  for (int i = 0; i < timed; ++i) sum += p.step(std::span<const float>(in.span())).host_seconds;
-  if (g.rank() == 0) {
-    host = sum / timed;
-    actions = p.lowered().programs[0].size();
-  }
+  time_steps(p, g.rank() == 0, s.microbatches, warmup, timed, host, actions);
 }
 
 void run_mesh_case(benchmark::State& state, bool nccl) {

@@ -683,22 +683,13 @@ class data_parallel final : public step_observer {
     join(compute_, dp_stream_.get());  // every bucket's reduction
     for (bucket& b : buckets_) b.reducing = false;
     agree(failed_rank, cause);
-    const auto scale = static_cast<value_type>(opt_.grad_scale);
     for (bucket& b : buckets_) {
       if (!opt_.sharded) {
-        if (opt_.grad_scale != 1.0) {
-          const cuda::byte_access acc[] = {cuda::writes(b.dgrad)};
-          cuda::region reg(compute_, "dp gradient scale", acc);
-          cuda::detail::scale_async(b.dgrad.data(), scale, b.elements, compute_);
-        }
+        device_scale(b.dgrad.first(b.elements));
         move_pieces(b, b.dgrad, false, compute_, "dp gradient write-back", [&](const piece& pc) { return grad_of(pc); });
         continue;
       }
-      if (opt_.grad_scale != 1.0) {
-        const cuda::byte_access acc[] = {cuda::writes(b.dshard)};
-        cuda::region reg(compute_, "dp gradient scale", acc);
-        cuda::detail::scale_async(b.dshard.data(), scale, b.dshard.size(), compute_);
-      }
+      device_scale(b.dshard);
       move_pieces(b, b.dparam, true, compute_, "dp parameters pack", [&](const piece& pc) { return params_of(pc); });
       auto& c = *groups_[b.group];
       const std::size_t k = b.dshard.size();
@@ -712,6 +703,13 @@ class data_parallel final : public step_observer {
     }
     if (!opt_.sharded)
       for (auto& st : stages_) device_update(std::span<value_type>(st.params()), std::span<const value_type>(st.weight_grad()));
+  }
+  //! `g *= grad_scale` on the compute stream (nothing when the scale is 1).
+  void device_scale(std::span<value_type> g) {
+    if (opt_.grad_scale == 1.0) return;
+    const cuda::byte_access acc[] = {cuda::writes(g)};
+    cuda::region reg(compute_, "dp gradient scale", acc);
+    cuda::detail::scale_async(g.data(), static_cast<value_type>(opt_.grad_scale), g.size(), compute_);
   }
   //! The optimizer on device memory, on the compute stream.
   void device_update(std::span<value_type> params, std::span<const value_type> grads) {
