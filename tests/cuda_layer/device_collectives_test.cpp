@@ -313,8 +313,10 @@ void tp_operators(loom::tp_group<G>& g, std::span<float> x, std::span<float> ful
 }  // namespace
 
 TEST_CASE("Megatron's tensor-parallel operators run unchanged on a device group bound to a stream") {
+  for (bool ordered : {false, true})
   for (auto mode : {loom::tp_mode::replicated, loom::tp_mode::sequence_sharded})
     for (int n : {2, 4}) {
+      CAPTURE(ordered);
       CAPTURE(static_cast<int>(mode));
       CAPTURE(n);
       const std::size_t local = 12, full_n = mode == loom::tp_mode::replicated ? local : local * static_cast<std::size_t>(n);
@@ -327,7 +329,7 @@ TEST_CASE("Megatron's tensor-parallel operators run unchanged on a device group 
       std::vector<loom::comm_counters> want_counts(static_cast<std::size_t>(n)), got_counts(static_cast<std::size_t>(n));
       loom::run_threads(n, [&](loom::threads::comm& w) {
         loom::counted<loom::threads::comm> c(w.split(0, w.rank()));
-        loom::tp_group<loom::counted<loom::threads::comm>> g{&c, mode, false};
+        loom::tp_group<loom::counted<loom::threads::comm>> g{&c, mode, ordered};
         auto x = input(c.rank());
         std::vector<float> full(full_n), part(full_n);
         tp_operators(g, std::span<float>(x), std::span<float>(full), std::span<float>(part));
@@ -346,7 +348,7 @@ TEST_CASE("Megatron's tensor-parallel operators run unchanged on a device group 
             cudaStream_t st = nullptr;
             LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
             loom::on_stream<C> bound(c, st);
-            loom::tp_group<loom::on_stream<C>> g{&bound, mode, false};
+            loom::tp_group<loom::on_stream<C>> g{&bound, mode, ordered};
             const auto host_x = input(c.rank());  // alive until the copy ran (downloads synchronise)
             float* x = upload(host_x, st);
             float *full = nullptr, *part = nullptr;
@@ -363,7 +365,9 @@ TEST_CASE("Megatron's tensor-parallel operators run unchanged on a device group 
           if (b == backend::cuda_local) loom::cuda_local::run(n, body);
           else loom::nccl::run(n, body);
           CHECK(got == want);
-          CHECK(got_counts == want_counts);
+          // Ordered sums on nccl (no order promised) over more than 2 ranks are an all-to-all and an
+          // all-gather where the rank-ordered threads backend all-reduces: the same bytes.
+          if (!ordered || b == backend::cuda_local || n <= 2) CHECK(got_counts == want_counts);
           CHECK(loom_device_test::findings() == "");
         }
       }

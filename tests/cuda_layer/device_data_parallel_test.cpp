@@ -128,3 +128,27 @@ TEST_CASE("data_parallel on a device world: dp2 x pp2 equals dp1 bitwise, ZeRO-2
     }
   }
 }
+
+TEST_CASE("data_parallel on dp4: nccl's rank-ordered device sums equal cuda_local's bitwise, ZeRO-2 equals plain") {
+  const int steps = 2;
+  const auto s = family("1f1b", 1, 2);
+  const auto m = loom_device_test::spec_for(s.stages);
+  if (loom_device_test::skip_unless_devices(backend::nccl, 4)) return;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    loom_device_test::simulate_with(seed);
+    std::string e1, e2, e3, e4;
+    const auto local = train(backend::cuda_local, s, m, steps, {.dp = 4, .same_batch = false, .grad_scale = 0.25}, e1);
+    const auto local_zero = train(backend::cuda_local, s, m, steps, {.dp = 4, .sharded = true, .same_batch = false, .grad_scale = 0.25}, e2);
+    const auto nccl = train(backend::nccl, s, m, steps, {.dp = 4, .same_batch = false, .grad_scale = 0.25}, e3);
+    const auto nccl_zero = train(backend::nccl, s, m, steps, {.dp = 4, .sharded = true, .same_batch = false, .grad_scale = 0.25}, e4);
+    CHECK(e1 == "");
+    CHECK(e2 == "");
+    CHECK(e3 == "");
+    CHECK(e4 == "");
+    CHECK(nccl == local);
+    CHECK(local_zero == local);
+    CHECK(nccl_zero == local);
+    CHECK(loom_device_test::findings() == "");
+  }
+}

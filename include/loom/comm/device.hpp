@@ -38,7 +38,9 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/cuda/annotate.hpp"
 #include "loom/cuda/error.hpp"
+#include "loom/cuda/kernels.hpp"
 
 namespace loom {
 
@@ -96,6 +98,55 @@ concept device_collective_communicator =
       { c.split(0, 0) } -> std::same_as<C>;
     };
 
+//! Rank-ordered sum of device memory over a device group (deterministic mode; the device form of
+//! `loom/comm/ordered.hpp`): `out` receives slice `rank()` of `((x_0 + x_1) + x_2) + ...` over the
+//! ranks' `in` (`size()` slices of `out.size()`), bitwise the same on every backend, on `stream`.
+//! On a group whose reductions are rank-ordered already (`cuda_local`), and on groups of at most
+//! two ranks (one addition per element, commutative), it is the group's own `reduce_scatter`.
+//! Elsewhere (`nccl`, which promises no order) it is an all-to-all (rank r receives slice r of
+//! every rank) into a stream-ordered temporary, then the received slices summed in rank order by
+//! loom's kernel: the bytes of the ring reduce-scatter, one more step of latency.
+template <class C, class T>
+void ordered_reduce_scatter(C& c, std::span<const T> in, std::span<T> out, cudaStream_t stream) {
+  if (reduces_in_rank_order<C> || c.size() <= 2) return c.reduce_scatter(in, out, reduce_op::sum, stream);
+  const auto n = static_cast<std::size_t>(c.size()), k = out.size();
+  if (in.size() != n * k)
+    throw comm_error(-1, loom::detail::scatter_rule("ordered_reduce_scatter", in.size(), out.size(), c.size()));
+  T* recv = nullptr;
+  LOOM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&recv), n * k * sizeof(T) + 1, stream));
+  c.all_to_all(in, std::span<T>(recv, n * k), stream);
+  {
+    const cuda::byte_access acc[] = {cuda::reads(std::span<const T>(recv, n * k)), cuda::writes(out)};
+    cuda::region reg(stream, "loom ordered sum", acc);
+    if (k != 0) {
+      LOOM_CUDA_TRY(cudaMemcpyAsync(out.data(), recv, k * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+      for (std::size_t q = 1; q < n; ++q) cuda::detail::combine_async(reduce_op::sum, out.data(), recv + q * k, k, stream);
+    }
+  }
+  LOOM_CUDA_TRY(cudaFreeAsync(recv, stream));
+}
+
+//! Rank-ordered sum of device memory over a device group, in place, on `stream` (see
+//! `ordered_reduce_scatter`): the vector padded with zeros to a multiple of the group size,
+//! reduce-scattered in rank order, and the reduced slices all-gathered; the bytes of the ring
+//! all-reduce. The group's own `all_reduce` where that is rank-ordered already.
+template <class C, class T>
+void ordered_all_reduce(C& c, std::span<T> data, cudaStream_t stream) {
+  if (reduces_in_rank_order<C> || c.size() <= 2) return c.all_reduce(data, reduce_op::sum, stream);
+  const auto n = static_cast<std::size_t>(c.size());
+  const std::size_t k = (data.size() + n - 1) / n, N = data.size();
+  T *padded = nullptr, *mine = nullptr;
+  LOOM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&padded), n * k * sizeof(T) + 1, stream));
+  LOOM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&mine), k * sizeof(T) + 1, stream));
+  LOOM_CUDA_TRY(cudaMemsetAsync(padded + N, 0, (n * k - N) * sizeof(T), stream));
+  if (N != 0) LOOM_CUDA_TRY(cudaMemcpyAsync(padded, data.data(), N * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+  ordered_reduce_scatter(c, std::span<const T>(padded, n * k), std::span<T>(mine, k), stream);
+  c.all_gather(std::span<const T>(mine, k), std::span<T>(padded, n * k), stream);
+  if (N != 0) LOOM_CUDA_TRY(cudaMemcpyAsync(data.data(), padded, N * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+  LOOM_CUDA_TRY(cudaFreeAsync(mine, stream));
+  LOOM_CUDA_TRY(cudaFreeAsync(padded, stream));
+}
+
 //! A device group bound to a stream, with the host communicators' collective interface, so that
 //! a parallel pattern written over `all_reduce(data, op)`, `all_gather(in, out)`,
 //! `reduce_scatter(in, out, op)`, `all_to_all(in, out)` and `copy(from, to)` runs on device
@@ -143,6 +194,16 @@ class on_stream {
   template <class T>
   void broadcast(std::span<T> data, int root) {
     c_->broadcast(data, root, s_);
+  }
+  //! Rank-ordered sum in place (`loom::ordered_all_reduce` on the stream).
+  template <class T>
+  void ordered_all_reduce(std::span<T> data) {
+    loom::ordered_all_reduce(*c_, data, s_);
+  }
+  //! Rank-ordered reduce-scatter (`loom::ordered_reduce_scatter` on the stream).
+  template <class T>
+  void ordered_reduce_scatter(std::span<const T> in, std::span<T> out) {
+    loom::ordered_reduce_scatter(*c_, in, out, s_);
   }
   //! `to = from` (device memory, equal sizes), a device-to-device copy on the stream.
   template <class T>

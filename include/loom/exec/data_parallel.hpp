@@ -74,10 +74,10 @@
 //! shard on the compute stream and all-gathers it on the communication stream after it; the next
 //! step's first use of a stage makes the compute stream wait for that gather and copies the
 //! parameters back. Every copy, pack and update is a simulator region, so the race detector
-//! checks them against the stages' kernels. Deterministic mode needs rank-ordered sums:
-//! `cuda_local` has them, and every group of at most two ranks; `nccl` groups of more than two
-//! ranks throw `config_error` (NCCL promises no order). Graph mode is refused (the reducer's host
-//! calls would not be replayed).
+//! checks them against the stages' kernels. Deterministic mode sums in rank order on the device
+//! (`loom::ordered_all_reduce` / `ordered_reduce_scatter` of `loom/comm/device.hpp`: the group's
+//! own sums on `cuda_local`, an all-to-all and loom's kernel on `nccl`). Graph mode is refused
+//! (the reducer's host calls would not be replayed).
 
 #include <algorithm>
 #include <chrono>
@@ -626,12 +626,6 @@ class data_parallel final : public step_observer {
     LOOM_CUDA_TRY(cudaEventRecord(join_.get(), s));
     LOOM_CUDA_TRY(cudaStreamWaitEvent(waiter, join_.get(), 0));
   }
-  //! Throws unless the group's sums are rank-ordered where deterministic mode needs them.
-  void check_orderable(const comm_type& c) const {
-    if (opt_.deterministic && !reduces_in_rank_order<comm_type> && c.size() > 2)
-      throw config_error("data_parallel: deterministic mode on a device group of " + std::to_string(c.size()) +
-                         " ranks needs rank-ordered reductions (cuda_local has them; nccl on more than 2 ranks not yet)");
-  }
   //! The stage gradient span of piece `pc`.
   std::span<value_type> grad_of(const piece& pc) {
     return std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
@@ -662,7 +656,6 @@ class data_parallel final : public step_observer {
   //! Launches bucket `b` on the communication stream, after the compute stream's work so far.
   void device_launch(bucket& b) {
     auto& c = *groups_[b.group];
-    check_orderable(c);
     cudaStream_t s = dp_stream_.get();
     join(s, compute_);  // after the stages' last weight-gradient actions (and their folds)
     move_pieces(b, b.dgrad, true, s, "dp bucket pack", [&](const piece& pc) { return grad_of(pc); });
@@ -674,8 +667,14 @@ class data_parallel final : public step_observer {
       }
       return;
     }
-    if (opt_.sharded) c.reduce_scatter(std::span<const value_type>(b.dgrad), b.dshard, reduce_op::sum, s);
-    else c.all_reduce(b.dgrad, reduce_op::sum, s);
+    if (opt_.deterministic) {  // rank-ordered (the group's own sums where they already are)
+      if (opt_.sharded) ordered_reduce_scatter(c, std::span<const value_type>(b.dgrad), b.dshard, s);
+      else ordered_all_reduce(c, b.dgrad, s);
+    } else if (opt_.sharded) {
+      c.reduce_scatter(std::span<const value_type>(b.dgrad), b.dshard, reduce_op::sum, s);
+    } else {
+      c.all_reduce(b.dgrad, reduce_op::sum, s);
+    }
     b.reducing = true;
   }
   //! The step's end on a device (see the file comment).

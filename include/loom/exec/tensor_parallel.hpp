@@ -69,30 +69,24 @@ struct tp_group {
 
 namespace detail {
 
-//! Whether the group's sums may be the backend's own in deterministic mode: they are
-//! rank-ordered already, or the rank-ordered helpers (`loom/comm/ordered.hpp`) apply.
-template <class C>
-void check_orderable(const tp_group<C>& g) {
-  if constexpr (!reduces_in_rank_order<C> && !nonblocking_communicator<C>)
-    if (g.ordered && g.size() > 2)
-      throw config_error("tensor parallel: deterministic mode on this device group of " + std::to_string(g.size()) +
-                         " ranks needs rank-ordered reductions (cuda_local has them; nccl on more than 2 ranks not yet)");
-}
-
+// Deterministic mode: the rank-ordered helpers of `loom/comm/ordered.hpp` on a host group, the
+// group's own ordered sums on a device group bound to a stream (`loom::on_stream`).
 template <class C, class T>
 void tp_sum(tp_group<C>& g, std::span<T> x) {
   if (g.size() == 1) return;
-  check_orderable(g);
-  if constexpr (nonblocking_communicator<C>)
-    if (g.ordered) return ordered_all_reduce(*g.comm, x);
+  if (g.ordered) {
+    if constexpr (requires { g.comm->ordered_all_reduce(x); }) return g.comm->ordered_all_reduce(x);
+    else return ordered_all_reduce(*g.comm, x);
+  }
   g.comm->all_reduce(x, reduce_op::sum);
 }
 
 template <class C, class T>
 void tp_sum_scatter(tp_group<C>& g, std::span<const T> in, std::span<T> out) {
-  check_orderable(g);
-  if constexpr (nonblocking_communicator<C>)
-    if (g.ordered) return ordered_reduce_scatter(*g.comm, in, out);
+  if (g.ordered) {
+    if constexpr (requires { g.comm->ordered_reduce_scatter(in, out); }) return g.comm->ordered_reduce_scatter(in, out);
+    else return ordered_reduce_scatter(*g.comm, in, out);
+  }
   g.comm->reduce_scatter(in, out, reduce_op::sum);
 }
 
