@@ -41,6 +41,30 @@ __global__ void sub_scaled_kernel(T* __restrict__ y, T a, const T* __restrict__ 
     y[i] = y[i] - mul_rn(a, x[i]);  // the product rounded on its own: no fused multiply-add
 }
 
+__device__ inline float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ inline double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ inline float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ inline double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ inline double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+__device__ inline float sqrt_rn(float a) { return __fsqrt_rn(a); }
+__device__ inline double sqrt_rn(double a) { return __dsqrt_rn(a); }
+
+// The operations of loom::detail::adam_element (loom/exec/optimizer_math.hpp), each rounded on its own.
+template <class T>
+__global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, T b1, T b2, T lr_t,
+                            T eps_t, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const T gi = g[i];
+    const T mi = add_rn(mul_rn(b1, m[i]), mul_rn(sub_rn(T(1), b1), gi));
+    const T vi = add_rn(mul_rn(b2, v[i]), mul_rn(sub_rn(T(1), b2), mul_rn(gi, gi)));
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = sub_rn(p[i], div_rn(mul_rn(lr_t, mi), add_rn(sqrt_rn(vi), eps_t)));
+  }
+}
+
 constexpr unsigned threads_per_block = 256;
 inline unsigned blocks_for(std::size_t n) {
   const std::size_t want = (n + threads_per_block - 1) / threads_per_block;
@@ -83,6 +107,18 @@ void sub_scaled_async(float* y, float a, const float* x, std::size_t n, cudaStre
 void sub_scaled_async(double* y, double a, const double* x, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
   sub_scaled_kernel<double><<<blocks_for(n), threads_per_block, 0, s>>>(y, a, x, n);
+  LOOM_CUDA_TRY(cudaGetLastError());
+}
+void adam_async(float* p, const float* g, float* m, float* v, float b1, float b2, float lr_t, float eps_t, std::size_t n,
+                cudaStream_t s) {
+  if (n == 0) return;
+  adam_kernel<float><<<blocks_for(n), threads_per_block, 0, s>>>(p, g, m, v, b1, b2, lr_t, eps_t, n);
+  LOOM_CUDA_TRY(cudaGetLastError());
+}
+void adam_async(double* p, const double* g, double* m, double* v, double b1, double b2, double lr_t, double eps_t, std::size_t n,
+                cudaStream_t s) {
+  if (n == 0) return;
+  adam_kernel<double><<<blocks_for(n), threads_per_block, 0, s>>>(p, g, m, v, b1, b2, lr_t, eps_t, n);
   LOOM_CUDA_TRY(cudaGetLastError());
 }
 void combine_async(reduce_op op, float* acc, const float* x, std::size_t n, cudaStream_t s) { launch_combine(op, acc, x, n, s); }

@@ -40,8 +40,9 @@ struct dp_run {
 
 //! Parameters per model layer after `steps` steps, from the replica `dp - 1` (and a check that
 //! every replica holds the same), on `b`.
+template <class Opt = loom::sgd>
 std::vector<std::vector<float>> train(backend b, const loom::schedule& s, const quickstart::mlp_spec& m, int steps, dp_run r,
-                                      std::string& error) {
+                                      std::string& error, Opt opt = loom::sgd{}, std::size_t* state_bytes = nullptr) {
   std::vector<std::vector<std::vector<float>>> per_replica(static_cast<std::size_t>(r.dp),
                                                            std::vector<std::vector<float>>(static_cast<std::size_t>(m.layers())));
   std::mutex mu;
@@ -53,8 +54,9 @@ std::vector<std::vector<float>> train(backend b, const loom::schedule& s, const 
       const int d = g.coord(loom::dim::dp);
       loom::cuda::device_buffer<float> inputs(static_cast<std::size_t>(s.microbatches) * in0);
       loom::cuda::device_buffer<float> targets(static_cast<std::size_t>(s.microbatches) * fin);
-      loom::data_parallel<decltype(g), dp_stage> sync(
-          g, {.sharded = r.sharded, .deterministic = true, .grad_scale = r.grad_scale}, loom::sgd{.lr = m.lr});
+      if constexpr (std::is_same_v<Opt, loom::sgd>) opt.lr = m.lr;
+      loom::data_parallel<decltype(g), dp_stage, Opt> sync(g, {.sharded = r.sharded, .deterministic = true, .grad_scale = r.grad_scale},
+                                                           opt);
       loom::pipeline p(s, g.pp(), [&](loom::stage_id id) {
         auto [a, z] = quickstart::stage_layers(m, id.stage, s.stages);
         return dp_stage(m, a, z, id.stage == s.stages - 1, targets.data());
@@ -68,6 +70,8 @@ std::vector<std::vector<float>> train(backend b, const loom::schedule& s, const 
       }
       sync.finish();
       std::lock_guard lk(mu);
+      if constexpr (requires { sync.optimizer().state_bytes(); })
+        if (state_bytes != nullptr && g.rank() == 0) *state_bytes = sync.optimizer().state_bytes();
       for (auto& st : p.stages())
         for (int l = st.first_layer(); l < st.last_layer(); ++l)
           per_replica[static_cast<std::size_t>(d)][static_cast<std::size_t>(l)] = st.layer_params(l);
@@ -150,5 +154,38 @@ TEST_CASE("data_parallel on dp4: nccl's rank-ordered device sums equal cuda_loca
     CHECK(local_zero == local);
     CHECK(nccl_zero == local);
     CHECK(loom_device_test::findings() == "");
+  }
+}
+
+TEST_CASE("data_parallel with Adam on a device world: ZeRO-2 equals plain and nccl equals cuda_local bitwise; the shard's moments are half") {
+  const int steps = 3;
+  const auto s = family("zb-h1", 2, 4);
+  const auto m = loom_device_test::spec_for(s.stages);
+  if (loom_device_test::skip_unless_devices(backend::nccl, 4)) return;
+  const loom::adam<float> adam{.lr = 0.01};
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    loom_device_test::simulate_with(seed);
+    std::string e1, e2, e3, e4;
+    std::size_t plain_bytes = 0, zero_bytes = 0;
+    const auto local = train(backend::cuda_local, s, m, steps, {.dp = 2, .same_batch = false, .grad_scale = 0.5}, e1, adam, &plain_bytes);
+    const auto local_zero =
+        train(backend::cuda_local, s, m, steps, {.dp = 2, .sharded = true, .same_batch = false, .grad_scale = 0.5}, e2, adam, &zero_bytes);
+    const auto nccl = train(backend::nccl, s, m, steps, {.dp = 2, .same_batch = false, .grad_scale = 0.5}, e3, adam);
+    const auto nccl_zero = train(backend::nccl, s, m, steps, {.dp = 2, .sharded = true, .same_batch = false, .grad_scale = 0.5}, e4, adam);
+    CHECK(e1 == "");
+    CHECK(e2 == "");
+    CHECK(e3 == "");
+    CHECK(e4 == "");
+    CHECK(local_zero == local);
+    CHECK(nccl == local);
+    CHECK(nccl_zero == local);
+    CHECK(loom_device_test::findings() == "");
+    // Rank 0's moments: its stages' parameters twice, or the shard's (half, one padding element).
+    CHECK(plain_bytes > 0);
+    CHECK((zero_bytes * 2 >= plain_bytes && zero_bytes * 2 <= plain_bytes + 2 * 2 * sizeof(float)));
+    // And Adam moved the parameters differently from SGD.
+    std::string e5;
+    CHECK(train(backend::cuda_local, s, m, steps, {.dp = 2, .same_batch = false, .grad_scale = 0.5}, e5) != local);
   }
 }

@@ -55,8 +55,9 @@ using layers = std::vector<std::vector<double>>;
 //! The single-rank reference. Deterministic: each replica's gradient folded over its
 //! microbatches (scale 1/m), the replicas summed in order, times 1/dp, then SGD. Otherwise the
 //! plain full-batch step (scale 1/(dp m)).
-layers reference(const quickstart::mlp_spec& m, int dp, int mb, int steps, bool ordered) {
-  layers params;
+layers reference(const quickstart::mlp_spec& m, int dp, int mb, int steps, bool ordered, const loom::adam<double>* adam = nullptr) {
+  layers params, m1, m2;  // m1, m2: Adam's moments
+  long t = 0;
   for (int l = 0; l < m.layers(); ++l) params.push_back(quickstart::initial_params(m, l));
   quickstart::mlp_spec with_lr = m;
   with_lr.lr = lr;
@@ -76,6 +77,16 @@ layers reference(const quickstart::mlp_spec& m, int dp, int mb, int steps, bool 
         for (std::size_t l = 0; l < g.size(); ++l)
           for (std::size_t i = 0; i < g[l].size(); ++i) total[l][i] += g[l][i];
     }
+    if (adam != nullptr) {  // Adam on the scaled sum, the operations of loom::detail::adam_element
+      if (t++ == 0)
+        for (auto const& l : params) m1.emplace_back(l.size(), 0.0), m2.emplace_back(l.size(), 0.0);
+      const double c1 = 1 - std::pow(adam->beta1, static_cast<double>(t)), c2 = std::sqrt(1 - std::pow(adam->beta2, static_cast<double>(t)));
+      for (std::size_t l = 0; l < params.size(); ++l)
+        for (std::size_t i = 0; i < params[l].size(); ++i)
+          loom::detail::adam_element(params[l][i], total[l][i] * (1.0 / dp), m1[l][i], m2[l][i], adam->beta1, adam->beta2,
+                                     adam->lr * c2 / c1, adam->eps * c2);
+      continue;
+    }
     for (std::size_t l = 0; l < params.size(); ++l)
       for (std::size_t i = 0; i < params[l].size(); ++i) params[l][i] -= lr * (total[l][i] * (1.0 / dp));
   }
@@ -86,9 +97,11 @@ struct outcome {
   layers params;              // from replica 0
   bool replicas_equal = true;  // every replica holds the same bits
   std::vector<std::vector<loom::bucket_report>> reports;  // per world rank, after the last step
+  std::size_t state_bytes = 0;  // rank 0's optimizer state
 };
 
-outcome train(const loom::schedule& s, int dp, int steps, loom::data_parallel_options o, bool det) {
+template <class Opt = loom::sgd>
+outcome train(const loom::schedule& s, int dp, int steps, loom::data_parallel_options o, bool det, Opt opt = loom::sgd{.lr = lr}) {
   const auto m = spec_for(s.stages);
   const int P = s.ranks, mb = s.microbatches;
   mesh_t mesh{loom::dp<>{dp}, loom::pp<>{P}};
@@ -101,7 +114,7 @@ outcome train(const loom::schedule& s, int dp, int steps, loom::data_parallel_op
   loom::run_threads(dp * P, [&](loom::threads::comm& c) {
     loom::mesh_comm g(mesh, c);
     std::vector<double> targets;
-    loom::data_parallel<decltype(g), quickstart::mlp_stage> sync(g, o, loom::sgd{.lr = lr});
+    loom::data_parallel<decltype(g), quickstart::mlp_stage, Opt> sync(g, o, opt);
     loom::pipeline p(s, g.pp(), [&](loom::stage_id id) {
       auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
       return quickstart::mlp_stage(m, a, b, id.stage == s.stages - 1, &targets);
@@ -116,6 +129,8 @@ outcome train(const loom::schedule& s, int dp, int steps, loom::data_parallel_op
     sync.finish();
     std::lock_guard lk(mu);
     out.reports[static_cast<std::size_t>(c.rank())] = sync.report();
+    if constexpr (requires { sync.optimizer().state_bytes(); })
+      if (c.rank() == 0) out.state_bytes = sync.optimizer().state_bytes();
     for (auto& stg : p.stages())
       for (int l = stg.first_layer(); l < stg.last_layer(); ++l) {
         auto w = stg.layer_params(l);
@@ -262,4 +277,26 @@ TEST_CASE("data_parallel: a stage failure in one replica stops every rank with t
     CHECK(e == errors[0]);
   }
   CHECK(retried_ok == 4);
+}
+
+TEST_CASE("data_parallel with Adam: dp x pp trains to the single-rank Adam reference bitwise, sharded or not; ZeRO keeps 1/dp of the moments") {
+  const loom::adam<double> adam{.lr = 0.02};
+  for (const char* fam : {"1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v"}) {
+    const auto& e = loom::default_registry().at(fam);
+    auto s = e.make(e.resolve({.ranks = 2, .microbatches = 4}));
+    const auto m = spec_for(s.stages);
+    const auto want = reference(m, 2, s.microbatches, 3, true, &adam);
+    std::size_t plain_state = 0;
+    for (bool sharded : {false, true}) {
+      CAPTURE(std::string(fam));
+      CAPTURE(sharded);
+      auto got = train(s, 2, 3, {.sharded = sharded}, true, adam);
+      CHECK(got.replicas_equal);
+      CHECK(differences(got.params, want, true) == 0);
+      if (!sharded) plain_state = got.state_bytes;
+      else  // the moments of the shard: half of them, plus at most one padding element per bucket
+        CHECK((got.state_bytes * 2 >= plain_state && got.state_bytes * 2 <= plain_state + 2 * 2 * sizeof(double) * got.reports[0].size()));
+    }
+    CHECK(plain_state > 0);
+  }
 }

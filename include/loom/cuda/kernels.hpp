@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/exec/optimizer_math.hpp"
 
 #if defined(LOOM_CUDA_SIM)
 #include "loom/cudasim/sim.hpp"
@@ -58,6 +59,15 @@ void sub_scaled_async(T* y, T a, const T* x, std::size_t n, cudaStream_t s) {
     }
   });
 }
+//! One Adam step on `n` elements, enqueued on `s` (see `loom::adam`): `m = b1 m + (1 - b1) g`,
+//! `v = b2 v + (1 - b2) g g`, `p -= (lr_t m) / (sqrt(v) + eps_t)`, every operation rounded on its
+//! own (no fused multiply-add), as `loom::adam`'s host loop.
+template <class T>
+void adam_async(T* p, const T* g, T* m, T* v, T b1, T b2, T lr_t, T eps_t, std::size_t n, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda adam", [=] {
+    for (std::size_t i = 0; i < n; ++i) loom::detail::adam_element(p[i], g[i], m[i], v[i], b1, b2, lr_t, eps_t);
+  });
+}
 #else
 //! `acc[i] += x[i]` for `i < n`, enqueued on `s`.
 void add_async(float* acc, const float* x, std::size_t n, cudaStream_t s);
@@ -75,6 +85,12 @@ void scale_async(double* x, double a, std::size_t n, cudaStream_t s);
 void sub_scaled_async(float* y, float a, const float* x, std::size_t n, cudaStream_t s);
 //! `y[i] -= a * x[i]` for `i < n` (the product rounded first), enqueued on `s`.
 void sub_scaled_async(double* y, double a, const double* x, std::size_t n, cudaStream_t s);
+//! One Adam step on `n` elements, enqueued on `s` (see `loom::adam`).
+void adam_async(float* p, const float* g, float* m, float* v, float b1, float b2, float lr_t, float eps_t, std::size_t n,
+                cudaStream_t s);
+//! One Adam step on `n` elements, enqueued on `s` (see `loom::adam`).
+void adam_async(double* p, const double* g, double* m, double* v, double b1, double b2, double lr_t, double eps_t, std::size_t n,
+                cudaStream_t s);
 #endif
 
 }  // namespace loom::cuda::detail

@@ -58,8 +58,10 @@
 //! same operations as a single-rank reference that sums in this order.
 //!
 //! Memory: every bucket keeps a flat gradient buffer (and in sharded mode a flat parameter buffer
-//! and a shard), i.e. about one extra copy of the gradients (two in sharded mode). The
-//! optimizers here are stateless; a stateful optimizer would keep its state for the shard only.
+//! and a shard), i.e. about one extra copy of the gradients (two in sharded mode). Optimizers:
+//! `sgd` (stateless, `opt(params, grads)`) and `adam` (stateful, `opt.step(key, params, grads)`,
+//! one key per stage, or per bucket in sharded mode), whose moments then cover the rank's shard
+//! only: ZeRO-1/2's saving of optimizer state (tested: half the moments at dp 2).
 //!
 //! On a device world (the mesh bound to `cuda_local` or `nccl`, the pipeline on its device
 //! space), the same buckets, order, groups and agreement, with device memory and streams. The
@@ -81,18 +83,22 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/comm/ordered.hpp"
+#include "loom/exec/optimizer_math.hpp"
 #include "loom/exec/pipeline.hpp"
 #include "loom/exec/step_observer.hpp"
 #include "loom/mesh/mesh.hpp"
@@ -160,6 +166,95 @@ struct sgd {
 #endif
 };
 
+//! Adam (Kingma and Ba, ICLR 2015, Algorithm 1, in the efficient form of §2): per element
+//! `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`, `p -= lr_t m / (sqrt(v) + eps_t)` with
+//! `lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)` and `eps_t = eps sqrt(1 - b2^t)` at step `t` (from 1),
+//! each operation rounded on its own (`loom::detail::adam_element`), so the host loop and the
+//! device kernel give the same bits. A stateful optimizer: `data_parallel` calls
+//! `step(key, params, grads)` with one key per stage (or, sharded, per bucket shard), and the
+//! moments of a key have the size of what it updates: under ZeRO they cover the rank's shard only,
+//! 1/dp of them. On a device (`step(key, params, grads, stream)`) the moments are device memory.
+//! `T` is the parameters' element type. `state_bytes()` is the moments' memory.
+namespace detail {
+//! The moments of one key of `loom::adam` (host vectors, or device memory owned by `owner`).
+template <class T>
+struct adam_state {
+  std::size_t key = 0, n = 0;  //!< the key and its element count
+  long t = 0;                  //!< steps taken
+  std::vector<T> m, v;         //!< host moments
+  T* dm = nullptr;             //!< device first moment
+  T* dv = nullptr;             //!< device second moment
+  std::shared_ptr<void> owner;  //!< owns the device moments
+};
+}  // namespace detail
+
+template <class T>
+struct adam {
+  double lr = 1e-3;      //!< learning rate
+  double beta1 = 0.9;    //!< first-moment decay
+  double beta2 = 0.999;  //!< second-moment decay
+  double eps = 1e-8;     //!< added to the root of the second moment
+
+  //! One step on `params` with `grads` (equal sizes) under `key`, on the host.
+  void step(std::size_t key, std::span<T> params, std::span<const T> grads) {
+    auto& st = state_for(key, params.size(), false);
+    const auto [lr_t, eps_t] = corrected(++st.t);
+    for (std::size_t i = 0; i < params.size(); ++i)
+      detail::adam_element(params[i], grads[i], st.m[i], st.v[i], static_cast<T>(beta1), static_cast<T>(beta2), lr_t, eps_t);
+  }
+#if defined(LOOM_HAS_CUDA)
+  //! One step on device memory under `key`, enqueued on `stream` (the moments are device memory).
+  void step(std::size_t key, std::span<T> params, std::span<const T> grads, cudaStream_t stream) {
+    auto& st = state_for(key, params.size(), true);
+    const auto [lr_t, eps_t] = corrected(++st.t);
+    cuda::detail::adam_async(params.data(), grads.data(), st.dm, st.dv, static_cast<T>(beta1), static_cast<T>(beta2), lr_t, eps_t,
+                             params.size(), stream);
+  }
+#endif
+  //! Bytes of moments held (host and device), over every key.
+  std::size_t state_bytes() const {
+    std::size_t b = 0;
+    for (auto const& s : moments) b += 2 * s.n * sizeof(T);
+    return b;
+  }
+
+  std::vector<detail::adam_state<T>> moments{};  //!< the state, one entry per key (starts empty)
+
+ private:
+  using state = detail::adam_state<T>;
+  std::pair<T, T> corrected(long t) const {
+    const double c1 = 1 - std::pow(beta1, static_cast<double>(t)), c2 = std::sqrt(1 - std::pow(beta2, static_cast<double>(t)));
+    return {static_cast<T>(lr * c2 / c1), static_cast<T>(eps * c2)};
+  }
+  state& state_for(std::size_t key, std::size_t n, [[maybe_unused]] bool device) {
+    for (auto& s : moments)
+      if (s.key == key) {
+        if (s.n != n) throw config_error("adam: key " + std::to_string(key) + " was " + std::to_string(s.n) + " elements, now " + std::to_string(n));
+        return s;
+      }
+    state s;
+    s.key = key;
+    s.n = n;
+#if defined(LOOM_HAS_CUDA)
+    if (device) {
+      void* p = nullptr;
+      LOOM_CUDA_TRY(cudaMalloc(&p, 2 * n * sizeof(T) + 1));
+      LOOM_CUDA_TRY(cudaMemset(p, 0, 2 * n * sizeof(T) + 1));
+      cuda::name_memory(p, "adam moments");
+      s.owner = std::shared_ptr<void>(p, [](void* q) { (void)cudaFree(q); });
+      s.dm = static_cast<T*>(p);
+      s.dv = s.dm + n;
+    } else
+#endif
+    {
+      s.m.assign(n, T{});
+      s.v.assign(n, T{});
+    }
+    moments.push_back(std::move(s));
+    return moments.back();
+  }
+};
+
 //! Knobs of `data_parallel` (designated initialisers).
 struct data_parallel_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;  //!< bucket capacity (DDP's default 25 MB)
@@ -196,7 +291,7 @@ class data_parallel final : public step_observer {
 
   //! Builds the groups (collective over the mesh: `dp`, `dp x tp`, `dp x sp`, `dp x tp x sp`).
   explicit data_parallel(MeshComm& mesh, data_parallel_options opt = {}, Opt optimizer = {})
-      : mesh_(&mesh), opt_(opt), optimizer_(optimizer) {
+      : mesh_(&mesh), opt_(opt), optimizer_(std::move(optimizer)) {
     if (opt_.bucket_bytes < sizeof(value_type))
       throw config_error("data_parallel: bucket_bytes " + std::to_string(opt_.bucket_bytes) +
                          " is smaller than one gradient element (" + std::to_string(sizeof(value_type)) + " bytes)");
@@ -341,6 +436,8 @@ class data_parallel final : public step_observer {
   }
   //! The options in use.
   const data_parallel_options& options() const { return opt_; }
+  //! The optimizer (its state: `adam::state_bytes()`).
+  const Opt& optimizer() const { return optimizer_; }
 
   // ---- step_observer ------------------------------------------------------------------------
   //! Waits for the prefetched parameters of local stage `local` (sharded mode).
@@ -410,7 +507,7 @@ class data_parallel final : public step_observer {
       auto& c = *groups_[b.group];
       const std::size_t k = b.shard.size();
       std::span<value_type> mine = std::span<value_type>(b.param).subspan(static_cast<std::size_t>(c.rank()) * k, k);
-      optimizer_(mine, std::span<const value_type>(b.shard));
+      host_update(static_cast<std::size_t>(&b - buckets_.data()), mine, std::span<const value_type>(b.shard));
       if (c.size() == 1) {
         b.gathering = true;  // nothing to gather: written back at first use
         continue;
@@ -420,7 +517,14 @@ class data_parallel final : public step_observer {
       b.gather_in_flight = true;
     }
     if (!opt_.sharded)
-      for (auto& st : stages_) optimizer_(std::span<value_type>(st.params()), std::span<const value_type>(st.weight_grad()));
+      for (std::size_t li = 0; li < stages_.size(); ++li)
+        host_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(stages_[li].weight_grad()));
+  }
+  //! The optimizer on the host: `step(key, ...)` for a stateful one (key: the stage, or sharded
+  //! the bucket), else the call.
+  void host_update(std::size_t key, std::span<value_type> params, std::span<const value_type> grads) {
+    if constexpr (requires { optimizer_.step(key, params, grads); }) optimizer_.step(key, params, grads);
+    else optimizer_(params, grads);
   }
 
   struct piece {
@@ -693,7 +797,7 @@ class data_parallel final : public step_observer {
       auto& c = *groups_[b.group];
       const std::size_t k = b.dshard.size();
       std::span<value_type> mine = b.dparam.subspan(static_cast<std::size_t>(c.rank()) * k, k);
-      device_update(mine, std::span<const value_type>(b.dshard));
+      device_update(static_cast<std::size_t>(&b - buckets_.data()), mine, std::span<const value_type>(b.dshard));
       b.gathering = true;
       if (c.size() == 1) continue;  // nothing to gather: written back at first use
       join(dp_stream_.get(), compute_);
@@ -701,7 +805,8 @@ class data_parallel final : public step_observer {
       b.gather_in_flight = true;
     }
     if (!opt_.sharded)
-      for (auto& st : stages_) device_update(std::span<value_type>(st.params()), std::span<const value_type>(st.weight_grad()));
+      for (std::size_t li = 0; li < stages_.size(); ++li)
+        device_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(stages_[li].weight_grad()));
   }
   //! `g *= grad_scale` on the compute stream (nothing when the scale is 1).
   void device_scale(std::span<value_type> g) {
@@ -711,10 +816,11 @@ class data_parallel final : public step_observer {
     cuda::detail::scale_async(g.data(), static_cast<value_type>(opt_.grad_scale), g.size(), compute_);
   }
   //! The optimizer on device memory, on the compute stream.
-  void device_update(std::span<value_type> params, std::span<const value_type> grads) {
+  void device_update(std::size_t key, std::span<value_type> params, std::span<const value_type> grads) {
     const cuda::byte_access acc[] = {cuda::reads(grads), cuda::writes(params)};
     cuda::region reg(compute_, "dp optimizer", acc);
-    optimizer_(params, grads, compute_);
+    if constexpr (requires { optimizer_.step(key, params, grads, compute_); }) optimizer_.step(key, params, grads, compute_);
+    else optimizer_(params, grads, compute_);
   }
   //! The compute stream waits for the bucket's parameter all-gather, then copies them back.
   void device_finish_gather(bucket& b) {
