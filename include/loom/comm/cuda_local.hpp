@@ -63,6 +63,9 @@
 //!   of its own) followed by an all-gather of the slices; the results are bitwise those of the
 //!   threads backend and the simulator's NCCL (`rank_ordered_reductions`).
 //! - Reductions take `float` and `double`; the copies any trivially copyable element type.
+//! - `all_reduce`'s scratch buffer grows (`cudaMalloc`) the first time a larger buffer is reduced:
+//!   do that once outside a graph capture. A grown-out buffer is kept until the communicator goes
+//!   (another rank may still read it).
 //! - A collective ends when every rank's phase has ended: each rank's `stream` then waits for
 //!   all of them, so no rank writes a buffer another still reads. The next collective on the
 //!   communicator also waits for them, whatever stream it is on.
