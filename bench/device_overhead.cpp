@@ -59,18 +59,30 @@ void time_steps(Pipeline& p, bool root, int microbatches, int warmup, int timed,
   }
 }
 
+//! One rank's steps: the pipeline alone on `c` (`dp == 1`), or one rank of a `dp x pp` mesh over
+//! `c` with the pipeline on the pp group and `data_parallel` as its observer.
 template <class Comm>
-void steps(Comm& c, const loom::schedule& s, bool graph, bool flags, int warmup, int timed, double& host, std::size_t& actions) {
+void steps(Comm& c, const loom::schedule& s, int dp, bool graph, bool flags, int warmup, int timed, double& host,
+           std::size_t& actions) {
   if constexpr (requires { c.set_device_flags(flags); }) c.set_device_flags(flags);
-  loom::pipeline p(s, c, [](loom::stage_id) { return noop_stage{}; }, {.graph = graph});
-  time_steps(p, c.rank() == 0, s.microbatches, warmup, timed, host, actions);
+  if (dp == 1) {
+    loom::pipeline p(s, c, [](loom::stage_id) { return noop_stage{}; }, {.graph = graph});
+    return time_steps(p, c.rank() == 0, s.microbatches, warmup, timed, host, actions);
+  }
+  using mesh_t = loom::mesh<loom::dp<>, loom::pp<>>;
+  loom::mesh_comm g(mesh_t{loom::dp<>{dp}, loom::pp<>{s.ranks}}, c);
+  loom::data_parallel<decltype(g), noop_stage> sync(g);
+  loom::pipeline p(s, g.pp(), [](loom::stage_id) { return noop_stage{}; }, {.observer = &sync});
+  sync.attach(p);
+  time_steps(p, g.rank() == 0, s.microbatches, warmup, timed, host, actions);
 }
 
-void run_case(benchmark::State& state, bool nccl, bool graph, bool flags = false) {
-  const int P = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));
+//! Range 0: pipeline ranks; range 1: microbatches. `dp > 1`: the mesh case (`dp` times the ranks).
+void run_case(benchmark::State& state, bool nccl, bool graph, bool flags = false, int dp = 1) {
+  const int P = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1)), ranks = dp * P;
   auto avail = loom::cuda::available();
-  if (!avail || (nccl && avail.devices < P)) {
-    state.SkipWithError(("needs " + std::to_string(nccl ? P : 1) + " CUDA device(s): " + (avail ? "too few" : avail.why)).c_str());
+  if (!avail || (nccl && avail.devices < ranks)) {
+    state.SkipWithError(("needs " + std::to_string(nccl ? ranks : 1) + " CUDA device(s): " + (avail ? "too few" : avail.why)).c_str());
     return;
   }
 #if defined(LOOM_CUDA_SIM)
@@ -82,55 +94,19 @@ void run_case(benchmark::State& state, bool nccl, bool graph, bool flags = false
   double host = 0;
   std::size_t actions = 1;
   for (auto _ : state) {
-    if (nccl) loom::nccl::run(P, [&](loom::nccl::comm& c) { steps(c, s, graph, flags, 3, 20, host, actions); });
-    else loom::cuda_local::run(P, [&](loom::cuda_local::comm& c) { steps(c, s, graph, flags, 3, 20, host, actions); });
+    if (nccl) loom::nccl::run(ranks, [&](loom::nccl::comm& c) { steps(c, s, dp, graph, flags, 3, 20, host, actions); });
+    else loom::cuda_local::run(ranks, [&](loom::cuda_local::comm& c) { steps(c, s, dp, graph, flags, 3, 20, host, actions); });
     state.SetIterationTime(host);
   }
   state.counters["actions"] = static_cast<double>(actions);
   state.counters["host_us_per_action"] = host * 1e6 / static_cast<double>(actions);
-  state.SetLabel(std::string(nccl ? "nccl" : "cuda_local") + (graph ? " graph replay" : " eager") +
-                 (flags ? " (device flags)" : "") + ", zb-h1");
-}
-
-//! One rank of a dp2 x pp-P/2 mesh: the pipeline on the pp group, data_parallel on dp.
-template <class Comm>
-void mesh_steps(Comm& world, const loom::schedule& s, int warmup, int timed, double& host, std::size_t& actions) {
-  using mesh_t = loom::mesh<loom::dp<2>, loom::pp<>>;
-  loom::mesh_comm g(mesh_t{loom::dp<2>{}, loom::pp<>{s.ranks}}, world);
-  loom::data_parallel<decltype(g), noop_stage> sync(g);
-  loom::pipeline p(s, g.pp(), [](loom::stage_id) { return noop_stage{}; }, {.observer = &sync});
-  sync.attach(p);
-  time_steps(p, g.rank() == 0, s.microbatches, warmup, timed, host, actions);
-}
-
-void run_mesh_case(benchmark::State& state, bool nccl) {
-  const int P = static_cast<int>(state.range(0)), m = static_cast<int>(state.range(1));  // P: pipeline ranks
-  auto avail = loom::cuda::available();
-  if (!avail || (nccl && avail.devices < 2 * P)) {
-    state.SkipWithError(("needs " + std::to_string(nccl ? 2 * P : 1) + " CUDA device(s): " + (avail ? "too few" : avail.why)).c_str());
-    return;
-  }
-#if defined(LOOM_CUDA_SIM)
-  loom::cudasim::config cfg;
-  cfg.delays = false;
-  loom::cudasim::configure(cfg);
-#endif
-  loom::schedule s = loom::generate(loom::zb_h1{}, {.ranks = P, .microbatches = m});
-  double host = 0;
-  std::size_t actions = 1;
-  for (auto _ : state) {
-    if (nccl) loom::nccl::run(2 * P, [&](loom::nccl::comm& c) { mesh_steps(c, s, 3, 20, host, actions); });
-    else loom::cuda_local::run(2 * P, [&](loom::cuda_local::comm& c) { mesh_steps(c, s, 3, 20, host, actions); });
-    state.SetIterationTime(host);
-  }
-  state.counters["actions"] = static_cast<double>(actions);
-  state.counters["host_us_per_action"] = host * 1e6 / static_cast<double>(actions);
-  state.SetLabel(std::string(nccl ? "nccl" : "cuda_local") + " eager, dp2 x pp" + std::to_string(P) + " with data_parallel, zb-h1");
+  state.SetLabel(std::string(nccl ? "nccl" : "cuda_local") + (graph ? " graph replay" : " eager") + (flags ? " (device flags)" : "") +
+                 (dp > 1 ? ", dp" + std::to_string(dp) + " x pp" + std::to_string(P) + " with data_parallel" : "") + ", zb-h1");
 }
 
 void BM_cuda_local_eager(benchmark::State& s) { run_case(s, false, false); }
-void BM_cuda_local_mesh_eager(benchmark::State& s) { run_mesh_case(s, false); }
-void BM_nccl_mesh_eager(benchmark::State& s) { run_mesh_case(s, true); }
+void BM_cuda_local_mesh_eager(benchmark::State& s) { run_case(s, false, false, false, 2); }
+void BM_nccl_mesh_eager(benchmark::State& s) { run_case(s, true, false, false, 2); }
 [[maybe_unused]] void BM_cuda_local_eager_flags(benchmark::State& s) { run_case(s, false, false, true); }
 void BM_cuda_local_graph(benchmark::State& s) { run_case(s, false, true); }
 void BM_nccl_eager(benchmark::State& s) { run_case(s, true, false); }

@@ -101,22 +101,40 @@ results<T> on_threads(int n) {
   return out;
 }
 
-//! Device memory for `v`, filled by a copy on `st` (the producer the collective must follow);
-//! `v` must stay alive until `st` has run the copy.
+//! Copies `v` into `d` on `st` (the producer the collective must follow); `v` must stay alive
+//! until `st` has run the copy.
 template <class T>
-T* upload(const std::vector<T>& v, cudaStream_t st) {
-  T* p = nullptr;
-  LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), v.size() * sizeof(T) + 1));
-  LOOM_CUDA_TRY(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st));
-  return p;
+void upload(std::span<T> d, const std::vector<T>& v, cudaStream_t st) {
+  LOOM_CUDA_TRY(cudaMemcpyAsync(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st));
 }
+//! Device memory holding `v`, filled by a copy on `st` (see the other overload).
 template <class T>
-std::vector<T> download(const T* p, std::size_t n, cudaStream_t st) {
-  std::vector<T> v(n);
-  LOOM_CUDA_TRY(cudaMemcpyAsync(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, st));
+loom::cuda::device_buffer<T> upload(const std::vector<T>& v, cudaStream_t st) {
+  loom::cuda::device_buffer<T> d(v.size());
+  upload(d.span(), v, st);
+  return d;
+}
+//! The first `n` elements of `d` (all of them by default), once `st` has run its work so far.
+template <class T>
+std::vector<T> download(const loom::cuda::device_buffer<T>& d, cudaStream_t st, std::size_t n = std::size_t(-1)) {
+  std::vector<T> v(std::min(n, d.span().size()));
+  LOOM_CUDA_TRY(cudaMemcpyAsync(v.data(), d.data(), v.size() * sizeof(T), cudaMemcpyDeviceToHost, st));
   LOOM_CUDA_TRY(cudaStreamSynchronize(st));
   return v;
 }
+
+//! A group split from a device world, counted, bound to a stream of its own (not movable: the
+//! binding points at the group).
+template <class W>
+struct bound_group {
+  using comm = loom::counted<W>;
+  comm c;
+  loom::cuda::stream st;
+  loom::on_stream<comm> on{c, st.get()};
+  explicit bound_group(W& w) : c(w.split(0, w.rank())) {}
+  bound_group(const bound_group&) = delete;
+  bound_group& operator=(const bound_group&) = delete;
+};
 
 //! One of each collective on a device communicator, every buffer written by a copy on the
 //! rank's stream just before the collective (so a collective that did not follow the stream
@@ -124,35 +142,30 @@ std::vector<T> download(const T* p, std::size_t n, cudaStream_t st) {
 template <class T, class C>
 results<T> device_one_of_each(C& c, const std::vector<T>& mine) {
   const int n = c.size();
-  cudaStream_t st = nullptr;
-  LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  loom::cuda::stream stream;
+  cudaStream_t st = stream.get();
   results<T> r = sized<T>(1);
   const std::size_t all = mine.size();
   {
-    T* d = upload(mine, st);
-    c.all_reduce(std::span<T>(d, all), reduce_op::sum, st);
-    r.sum[0] = download(d, all, st);
-    LOOM_CUDA_TRY(cudaMemcpyAsync(d, mine.data(), all * sizeof(T), cudaMemcpyHostToDevice, st));
-    c.all_reduce(std::span<T>(d, all), reduce_op::max, st);
-    r.max[0] = download(d, all, st);
-    LOOM_CUDA_TRY(cudaFree(d));
+    auto d = upload(mine, st);
+    c.all_reduce(d.span(), reduce_op::sum, st);
+    r.sum[0] = download(d, st);
+    upload(d.span(), mine, st);
+    c.all_reduce(d.span(), reduce_op::max, st);
+    r.max[0] = download(d, st);
   }
   {
-    T* in = upload(mine, st);
-    T* out = nullptr;
-    LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&out), all * static_cast<std::size_t>(n) * sizeof(T)));
-    c.all_gather(std::span<const T>(in, all), std::span<T>(out, all * static_cast<std::size_t>(n)), st);
-    r.gathered[0] = download(out, all * static_cast<std::size_t>(n), st);
-    c.reduce_scatter(std::span<const T>(in, all), std::span<T>(out, count), reduce_op::sum, st);
-    r.scattered[0] = download(out, count, st);
-    c.all_to_all(std::span<const T>(in, all), std::span<T>(out, all), st);
-    r.exchanged[0] = download(out, all, st);
-    c.broadcast(std::span<T>(in, all), n - 1, st);
-    r.broadcast[0] = download(in, all, st);
-    LOOM_CUDA_TRY(cudaFree(in));
-    LOOM_CUDA_TRY(cudaFree(out));
+    auto in = upload(mine, st);
+    loom::cuda::device_buffer<T> out(all * static_cast<std::size_t>(n));
+    c.all_gather(std::span<const T>(in.span()), out.span(), st);
+    r.gathered[0] = download(out, st);
+    c.reduce_scatter(std::span<const T>(in.span()), out.span().first(count), reduce_op::sum, st);
+    r.scattered[0] = download(out, st, count);
+    c.all_to_all(std::span<const T>(in.span()), out.span().first(all), st);
+    r.exchanged[0] = download(out, st, all);
+    c.broadcast(in.span(), n - 1, st);
+    r.broadcast[0] = download(in, st);
   }
-  LOOM_CUDA_TRY(cudaStreamDestroy(st));
   return r;
 }
 
@@ -202,19 +215,14 @@ TEST_CASE("a device collective not ordered after its producer is a race naming b
     loom::cudasim::configure(cfg);
     auto body = [&](auto& c) {
       // The producer writes on one stream; the all-reduce runs on another that does not wait.
-      cudaStream_t producer = nullptr, comm_stream = nullptr;
-      LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
-      LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
-      loom::cuda::name_stream(producer, "r" + std::to_string(c.rank()) + " producer");
+      loom::cuda::stream producer, comm_stream;
+      loom::cuda::name_stream(producer.get(), "r" + std::to_string(c.rank()) + " producer");
       std::vector<float> h(64, 1.0f);
-      float* d = upload(h, producer);
-      c.all_reduce(std::span<float>(d, h.size()), reduce_op::sum, comm_stream);
-      LOOM_CUDA_TRY(cudaStreamSynchronize(comm_stream));
-      LOOM_CUDA_TRY(cudaStreamSynchronize(producer));
+      auto d = upload(h, producer.get());
+      c.all_reduce(d.span(), reduce_op::sum, comm_stream.get());
+      LOOM_CUDA_TRY(cudaStreamSynchronize(comm_stream.get()));
+      LOOM_CUDA_TRY(cudaStreamSynchronize(producer.get()));
       c.all_reduce(std::span<std::int64_t>(), reduce_op::sum);  // both ranks are done before the buffers go
-      LOOM_CUDA_TRY(cudaFree(d));
-      LOOM_CUDA_TRY(cudaStreamDestroy(producer));
-      LOOM_CUDA_TRY(cudaStreamDestroy(comm_stream));
     };
     if (b == backend::cuda_local) loom::cuda_local::run(2, body);
     else loom::nccl::run(2, body);
@@ -263,27 +271,21 @@ TEST_CASE("a mesh binds to a device world: its groups reduce on the device, coun
     auto body = [&](auto& w) {
       loom::mesh_comm g(mesh{}, w);
       const auto r = static_cast<std::size_t>(g.rank());
-      cudaStream_t st = nullptr;
-      LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      loom::cuda::stream stream;
+      cudaStream_t st = stream.get();
       std::vector<float> x(8);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] = value<float>(g.rank(), i);
-      float* dx = upload(x, st);
-      float *dy = nullptr, *dz = nullptr;
-      LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&dy), 16 * sizeof(float)));
-      LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&dz), 4 * sizeof(float)));
-      g.tp().all_reduce(std::span<float>(dx, 8), reduce_op::sum, st);
-      g.dp().all_gather(std::span<const float>(dx, 8), std::span<float>(dy, 16), st);
-      g.world().reduce_scatter(std::span<const float>(dy, 16), std::span<float>(dz, 4), reduce_op::sum, st);
-      dev_tp[r] = download(dx, 8, st);
-      dev_dp[r] = download(dy, 16, st);
-      dev_world[r] = download(dz, 4, st);
+      auto dx = upload(x, st);
+      loom::cuda::device_buffer<float> dy(16), dz(4);
+      g.tp().all_reduce(dx.span(), reduce_op::sum, st);
+      g.dp().all_gather(std::span<const float>(dx.span()), dy.span(), st);
+      g.world().reduce_scatter(std::span<const float>(dy.span()), dz.span(), reduce_op::sum, st);
+      dev_tp[r] = download(dx, st);
+      dev_dp[r] = download(dy, st);
+      dev_world[r] = download(dz, st);
       dev.tp[r] = g.tp().counters();
       dev.dp[r] = g.dp().counters();
       dev.world[r] = g.world().counters();
-      LOOM_CUDA_TRY(cudaFree(dx));
-      LOOM_CUDA_TRY(cudaFree(dy));
-      LOOM_CUDA_TRY(cudaFree(dz));
-      LOOM_CUDA_TRY(cudaStreamDestroy(st));
     };
     if (b == backend::cuda_local) loom::cuda_local::run(4, body);
     else loom::nccl::run(4, body);
@@ -343,24 +345,15 @@ TEST_CASE("Megatron's tensor-parallel operators run unchanged on a device group 
           CAPTURE(seed);
           loom_device_test::simulate_with(seed);
           auto body = [&](auto& w) {
-            using C = loom::counted<std::remove_cvref_t<decltype(w)>>;
-            C c(w.split(0, w.rank()));
-            cudaStream_t st = nullptr;
-            LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-            loom::on_stream<C> bound(c, st);
-            loom::tp_group<loom::on_stream<C>> g{&bound, mode, ordered};
-            const auto host_x = input(c.rank());  // alive until the copy ran (downloads synchronise)
-            float* x = upload(host_x, st);
-            float *full = nullptr, *part = nullptr;
-            LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&full), full_n * sizeof(float)));
-            LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&part), full_n * sizeof(float)));
-            tp_operators(g, std::span<float>(x, local), std::span<float>(full, full_n), std::span<float>(part, full_n));
-            got[static_cast<std::size_t>(c.rank())] = download(x, local, st);
-            got_counts[static_cast<std::size_t>(c.rank())] = c.counters();
-            LOOM_CUDA_TRY(cudaFree(x));
-            LOOM_CUDA_TRY(cudaFree(full));
-            LOOM_CUDA_TRY(cudaFree(part));
-            LOOM_CUDA_TRY(cudaStreamDestroy(st));
+            bound_group<std::remove_cvref_t<decltype(w)>> b(w);
+            loom::tp_group<std::remove_reference_t<decltype(b.on)>> g{&b.on, mode, ordered};
+            const auto r = static_cast<std::size_t>(b.c.rank());
+            const auto host_x = input(b.c.rank());  // alive until the copy ran (downloads synchronise)
+            auto x = upload(host_x, b.st.get());
+            loom::cuda::device_buffer<float> full(full_n), part(full_n);
+            tp_operators(g, x.span(), full.span(), part.span());
+            got[r] = download(x, b.st.get());
+            got_counts[r] = b.c.counters();
           };
           if (b == backend::cuda_local) loom::cuda_local::run(n, body);
           else loom::nccl::run(n, body);
@@ -385,21 +378,20 @@ TEST_CASE("a rank that throws inside a tensor-parallel region ends every rank wi
     std::string thrown;
     const auto t0 = std::chrono::steady_clock::now();
     auto body = [&](auto& w) {
-      using C = loom::counted<std::remove_cvref_t<decltype(w)>>;
-      C c(w.split(0, w.rank()));
-      cudaStream_t st = nullptr;
-      LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      loom::on_stream<C> bound(c, st);
-      loom::tp_group<loom::on_stream<C>> g{&bound, loom::tp_mode::sequence_sharded, false};
+      bound_group<std::remove_cvref_t<decltype(w)>> b(w);
+      auto& c = b.c;
+      loom::tp_group<std::remove_reference_t<decltype(b.on)>> g{&b.on, loom::tp_mode::sequence_sharded, false};
       std::vector<float> h(8, 1.0f);
-      float* x = upload(h, st);
-      float *full = nullptr;
-      LOOM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&full), 8 * n * sizeof(float)));
+      auto x = upload(h, b.st.get());
+      loom::cuda::device_buffer<float> full(8 * static_cast<std::size_t>(n));
       try {
-        loom::tp_enter_forward(g, std::span<const float>(x, 8), std::span<float>(full, 8 * n));
-        if (c.rank() == 1) throw std::runtime_error("the attention kernel of rank 1 failed");  // inside the region
-        loom::tp_exit_forward(g, std::span<float>(full, 8 * n), std::span<float>(x, 8));
-        c.synchronize(st);  // bounded: ends with the failure of any rank
+        loom::tp_enter_forward(g, std::span<const float>(x.span()), full.span());
+        if (c.rank() == 1) {  // inside the region; its own buffers go only after the all-gather ran
+          LOOM_CUDA_TRY(cudaStreamSynchronize(b.st.get()));
+          throw std::runtime_error("the attention kernel of rank 1 failed");
+        }
+        loom::tp_exit_forward(g, full.span(), x.span());
+        c.synchronize(b.st.get());  // bounded: ends with the failure of any rank
       } catch (const loom::comm_error& e) {
         std::lock_guard lk(mu);
         seen[static_cast<std::size_t>(c.rank())] = e.what();

@@ -385,7 +385,6 @@ class data_parallel final : public step_observer {
       for (std::size_t li : b.stages) b.launch_after = std::max(b.launch_after, launch_after_[li]);
       const auto n = static_cast<std::size_t>(groups_[b.group]->size());
       const std::size_t padded = opt_.sharded ? (b.elements + n - 1) / n * n : b.elements;
-      b.padded = padded;
 #if defined(LOOM_HAS_CUDA)
       if constexpr (on_device) {
         b.dgrad = device_zeros(padded, "dp bucket gradient");
@@ -492,7 +491,7 @@ class data_parallel final : public step_observer {
     for (bucket& b : buckets_) {
       if (!opt_.sharded) {
         for (const piece& pc : b.pieces) {
-          std::span<value_type> g = std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
+          std::span<value_type> g = grad_of(pc);
           for (std::size_t i = 0; i < pc.size; ++i) g[i] = opt_.grad_scale == 1.0 ? b.grad[pc.at + i] : b.grad[pc.at + i] * scale;
         }
         continue;
@@ -501,7 +500,7 @@ class data_parallel final : public step_observer {
         for (auto& v : b.shard) v *= scale;
       // The shard of the parameters, from the stages (padding stays zero), updated in place.
       for (const piece& pc : b.pieces) {
-        std::span<value_type> w = std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
+        std::span<value_type> w = params_of(pc);
         std::copy(w.begin(), w.end(), b.param.begin() + static_cast<std::ptrdiff_t>(pc.at));
       }
       auto& c = *groups_[b.group];
@@ -530,13 +529,20 @@ class data_parallel final : public step_observer {
   struct piece {
     std::size_t local, offset, size, at;  // stage, range in its parameters, position in the bucket
   };
+  //! The part of its stage's gradient that piece `pc` covers.
+  std::span<value_type> grad_of(const piece& pc) {
+    return std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
+  }
+  //! The part of its stage's parameters that piece `pc` covers.
+  std::span<value_type> params_of(const piece& pc) {
+    return std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
+  }
   struct bucket {
     unsigned group = 0;
     std::size_t elements = 0;
     std::vector<piece> pieces;
     std::vector<std::size_t> stages;
     std::vector<value_type> grad, param, shard;
-    std::size_t padded = 0;                         // elements of grad (and param)
     std::span<value_type> dgrad, dparam, dshard;    // on a device: grad, param, shard
     reduction<comm_type, value_type> red;
     typename comm_type::request gather{};
@@ -648,7 +654,7 @@ class data_parallel final : public step_observer {
   void host_launch(bucket& b) {
     std::fill(b.grad.begin(), b.grad.end(), value_type{});
     for (const piece& pc : b.pieces) {
-      std::span<value_type> g = std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
+      std::span<value_type> g = grad_of(pc);
       std::copy(g.begin(), g.end(), b.grad.begin() + static_cast<std::ptrdiff_t>(pc.at));
     }
     auto& c = *groups_[b.group];
@@ -676,7 +682,7 @@ class data_parallel final : public step_observer {
     b.gather_in_flight = false;
     b.gathering = false;
     for (const piece& pc : b.pieces) {
-      std::span<value_type> w = std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
+      std::span<value_type> w = params_of(pc);
       std::copy(b.param.begin() + static_cast<std::ptrdiff_t>(pc.at),
                 b.param.begin() + static_cast<std::ptrdiff_t>(pc.at + pc.size), w.begin());
     }
@@ -729,13 +735,6 @@ class data_parallel final : public step_observer {
   void join(cudaStream_t waiter, cudaStream_t s) {
     LOOM_CUDA_TRY(cudaEventRecord(join_.get(), s));
     LOOM_CUDA_TRY(cudaStreamWaitEvent(waiter, join_.get(), 0));
-  }
-  //! The stage gradient span of piece `pc`.
-  std::span<value_type> grad_of(const piece& pc) {
-    return std::span<value_type>(stages_[pc.local].weight_grad()).subspan(pc.offset, pc.size);
-  }
-  std::span<value_type> params_of(const piece& pc) {
-    return std::span<value_type>(stages_[pc.local].params()).subspan(pc.offset, pc.size);
   }
   //! Copies each piece between the bucket buffer `flat` and the stages (`to_flat`: gather the
   //! stages' `what` into it; else scatter it back), on `s`, as one region named `label`.
