@@ -374,7 +374,7 @@ TEST_CASE("a cost-aware family's placement flag and chunk count follow each othe
   CHECK(nlohmann::json::parse(three.out).at("placement") == "loop");
 }
 
-TEST_CASE("--costs FILE: simulate and best use the stage- and link-resolved model; bad files name the field") {
+TEST_CASE("--costs FILE: simulate and best use the stage- and link-resolved model, and bad files name the field") {
   auto write = [](const std::string& name, const std::string& text) {
     const std::string p = tmp_path(name);
     std::ofstream(p, std::ios::binary) << text;

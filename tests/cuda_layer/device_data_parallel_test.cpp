@@ -157,7 +157,7 @@ TEST_CASE("data_parallel on dp4: nccl's rank-ordered device sums equal cuda_loca
   }
 }
 
-TEST_CASE("data_parallel with Adam on a device world: ZeRO-2 equals plain and nccl equals cuda_local bitwise; the shard's moments are half") {
+TEST_CASE("data_parallel with Adam on a device world: ZeRO-2 equals plain and nccl equals cuda_local bitwise, and the shard's moments are half") {
   const int steps = 3;
   const auto s = family("zb-h1", 2, 4);
   const auto m = loom_device_test::spec_for(s.stages);

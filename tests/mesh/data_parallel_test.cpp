@@ -279,7 +279,7 @@ TEST_CASE("data_parallel: a stage failure in one replica stops every rank with t
   CHECK(retried_ok == 4);
 }
 
-TEST_CASE("data_parallel with Adam: dp x pp trains to the single-rank Adam reference bitwise, sharded or not; ZeRO keeps 1/dp of the moments") {
+TEST_CASE("data_parallel with Adam: dp x pp trains to the single-rank Adam reference bitwise, sharded or not, and ZeRO keeps 1/dp of the moments") {
   const loom::adam<double> adam{.lr = 0.02};
   for (const char* fam : {"1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v"}) {
     const auto& e = loom::default_registry().at(fam);

@@ -77,7 +77,7 @@ TEST_CASE("volume: Ulysses sends 4 N h / P per layer forward and the same backwa
   }
 }
 
-TEST_CASE("volume: ring attention passes K/V P - 1 times forward; USP splits the volume between its all-to-alls and its ring") {
+TEST_CASE("volume: ring attention passes K/V P - 1 times forward, and USP splits the volume between its all-to-alls and its ring") {
   // One attention call, counted at the communicators (heads 4, head size 2: h = 8 as the model).
   for (auto [u, R] : {std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
     const int sp = u * R;
