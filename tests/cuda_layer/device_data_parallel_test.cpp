@@ -36,6 +36,10 @@ struct dp_run {
   bool sharded = false;
   bool same_batch = true;  // every replica trains on the step's batch 0 (else replica d on batch d)
   double grad_scale = 1.0;
+  bool after_step = false;                               // eager = false
+  std::vector<loom::reduction_overlap>* overlaps = nullptr;  // measure: world rank 0's, per step
+  std::size_t* buckets = nullptr;                        // world rank 0's bucket count
+  loom::data_parallel_faults faults{};                   // deliberate bugs
 };
 
 //! Parameters per model layer after `steps` steps, from the replica `dp - 1` (and a check that
@@ -55,8 +59,9 @@ std::vector<std::vector<float>> train(backend b, const loom::schedule& s, const 
       loom::cuda::device_buffer<float> inputs(static_cast<std::size_t>(s.microbatches) * in0);
       loom::cuda::device_buffer<float> targets(static_cast<std::size_t>(s.microbatches) * fin);
       if constexpr (std::is_same_v<Opt, loom::sgd>) opt.lr = m.lr;
-      loom::data_parallel<decltype(g), dp_stage, Opt> sync(g, {.sharded = r.sharded, .deterministic = true, .grad_scale = r.grad_scale},
-                                                           opt);
+      loom::data_parallel<decltype(g), dp_stage, Opt> sync(
+          g, {.sharded = r.sharded, .deterministic = true, .eager = !r.after_step, .grad_scale = r.grad_scale, .measure = r.overlaps != nullptr, .faults = r.faults},
+          opt);
       loom::pipeline p(s, g.pp(), [&](loom::stage_id id) {
         auto [a, z] = quickstart::stage_layers(m, id.stage, s.stages);
         return dp_stage(m, a, z, id.stage == s.stages - 1, targets.data());
@@ -67,7 +72,9 @@ std::vector<std::vector<float>> train(backend b, const loom::schedule& s, const 
         loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
         loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
         (void)p.step(std::span<const float>(inputs.span()));
+        if (r.overlaps != nullptr && g.rank() == 0) r.overlaps->push_back(sync.overlap());
       }
+      if (r.buckets != nullptr && g.rank() == 0) *r.buckets = sync.report().size();
       sync.finish();
       std::lock_guard lk(mu);
       if constexpr (requires { sync.optimizer().state_bytes(); })
@@ -189,3 +196,84 @@ TEST_CASE("data_parallel with Adam on a device world: ZeRO-2 equals plain and nc
     CHECK(train(backend::cuda_local, s, m, steps, {.dp = 2, .same_batch = false, .grad_scale = 0.5}, e5) != local);
   }
 }
+
+TEST_CASE("data_parallel measures on a device how much of its reductions the pipeline hid: none when they run after the step") {
+  const auto s = family("1f1b", 2, 4);
+  const auto m = loom_device_test::spec_for(s.stages);
+  for (backend b : {backend::cuda_local, backend::nccl}) {
+    CAPTURE(loom_device_test::name(b));
+    if (loom_device_test::skip_unless_devices(b, 4)) continue;
+    for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+      CAPTURE(seed);
+      loom_device_test::simulate_with(seed);
+      std::string e1, e2, e3;
+      std::vector<loom::reduction_overlap> after, eager, single;
+      std::size_t buckets = 0;
+      (void)train(b, s, m, 2, {.dp = 2, .same_batch = false, .grad_scale = 0.5, .after_step = true, .overlaps = &after, .buckets = &buckets}, e1);
+      (void)train(b, s, m, 2, {.dp = 2, .same_batch = false, .grad_scale = 0.5, .overlaps = &eager}, e2);
+      (void)train(b, s, m, 2, {.dp = 1, .overlaps = &single}, e3);
+      CHECK(e1 == "");
+      CHECK(e2 == "");
+      CHECK(e3 == "");
+      REQUIRE(after.size() == 2);
+      REQUIRE(eager.size() == 2);
+      REQUIRE(single.size() == 2);
+      CHECK(buckets > 0);
+      for (std::size_t i = 0; i < 2; ++i) {
+        CAPTURE(i);
+        // Reduced after the pipeline's work: every second of it is exposed (the float
+        // milliseconds of several events summed against one: a rounding's slack).
+        CHECK(after[i].buckets == static_cast<int>(buckets));
+        CHECK(after[i].reduce_seconds >= 0);
+        CHECK(after[i].exposed_seconds >= after[i].reduce_seconds * (1 - 1e-4));
+        CHECK(after[i].hidden() <= 1e-4);
+        CHECK(eager[i].buckets == static_cast<int>(buckets));
+        CHECK((eager[i].hidden() >= 0.0 && eager[i].hidden() <= 1.0));
+        // A group of one rank reduces nothing: nothing measured, nothing exposed.
+        CHECK(single[i].buckets == 0);
+        CHECK(single[i].exposed_seconds == 0.0);
+        CHECK(single[i].hidden() == 1.0);
+      }
+      CHECK(loom_device_test::findings() == "");
+    }
+  }
+}
+
+#if defined(LOOM_CUDA_SIM)
+// The reducer's two orderings on a device, removed one at a time (data_parallel_faults). The
+// race detector records each on every configuration and seed here; the host call that first
+// synchronises with both operations reports it (for the update's, `finish()`'s wait for the
+// communication stream: nothing else in a step waits for that stream).
+TEST_CASE("a bucket packed before its stages' last W, or an update before the reduction ends, is a race naming both operations") {
+  struct broken {
+    const char* what;
+    loom::data_parallel_faults faults;
+    const char* reducer;  // the reducer's operation the report must name
+    const char* other;    // and a word of the other one
+  };
+  const broken variants[] = {
+      {"bucket does not wait for W", {.skip_bucket_wait = true}, "dp bucket pack on stream 'r", " compute'"},
+      {"update does not wait for the reduction", {.skip_update_wait = true}, "dp gradient scale on stream 'r", " dp'"},
+  };
+  for (const broken& v : variants)
+    for (const char* fam : {"1f1b", "zb-h1", "interleaved-1f1b"})
+      for (backend b : {backend::cuda_local, backend::nccl}) {
+        CAPTURE(std::string(v.what));
+        CAPTURE(std::string(fam));
+        CAPTURE(std::string(loom_device_test::name(b)));
+        const auto s = family(fam, 2, 4);
+        const auto m = loom_device_test::spec_for(s.stages);
+        for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+          CAPTURE(seed);
+          loom_device_test::simulate_with(seed);
+          std::string e;
+          (void)train(b, s, m, 2, {.dp = 2, .same_batch = false, .grad_scale = 0.5, .faults = v.faults}, e);
+          CAPTURE(e);
+          CHECK(e.find("race: ") != std::string::npos);
+          CHECK(e.find(v.reducer) != std::string::npos);
+          CHECK(e.find(v.other) != std::string::npos);
+          CHECK(e.find("neither is ordered before the other") != std::string::npos);
+        }
+      }
+}
+#endif

@@ -80,6 +80,13 @@
 //! (`loom::ordered_all_reduce` / `ordered_reduce_scatter` of `loom/comm/device.hpp`: the group's
 //! own sums on `cuda_local`, an all-to-all and loom's kernel on `nccl`). Graph mode is refused
 //! (the reducer's host calls would not be replayed).
+//!
+//! Measuring the overlap on a device (`measure = true`): timing events around each bucket's pack
+//! and reduction on the communication stream, one on the compute stream where the step's pipeline
+//! work ends (the start of `step_end`) and one at the end of the communication stream's work of the
+//! step. `overlap()` gives the reductions' summed device time and how long the communication
+//! stream ran on after the pipeline's work; `hidden()` is the fraction the pipeline hid (0 with
+//! `eager = false`, where every reduction starts after the pipeline's work: tested).
 
 #include <algorithm>
 #include <chrono>
@@ -255,6 +262,13 @@ struct adam {
   }
 };
 
+//! Deliberate bugs of the reducer on a device, for loom's tests: the race detector must catch and
+//! name each (`tests/cuda_layer/device_data_parallel_test.cpp`).
+struct data_parallel_faults {
+  bool skip_bucket_wait = false;  //!< a bucket is packed without waiting for the compute stream (its stages' last `W`)
+  bool skip_update_wait = false;  //!< the write-back and update do not wait for the reducer's stream (the reduction)
+};
+
 //! Knobs of `data_parallel` (designated initialisers).
 struct data_parallel_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;  //!< bucket capacity (DDP's default 25 MB)
@@ -267,6 +281,21 @@ struct data_parallel_options {
   //! MPI calls; PyTorch's ProcessGroupMPI runs its collectives on a worker thread for the same
   //! reason). Needs a backend that allows calls from two threads (MPI_THREAD_MULTIPLE).
   std::chrono::microseconds progress_interval{0};
+  //! On a device: time every bucket's pack and reduction on the reducer's stream, and how far
+  //! that stream runs past the pipeline's work at the step's end (`data_parallel::overlap()`).
+  //! Adds two event records per bucket and two per step; off by default.
+  bool measure = false;
+  data_parallel_faults faults{};  //!< device: deliberate bugs, for loom's tests
+};
+
+//! What `data_parallel::overlap()` measured of the last step on a device.
+struct reduction_overlap {
+  double reduce_seconds = 0;   //!< device time of the buckets' packs and reductions, summed (reducer's stream)
+  double exposed_seconds = 0;  //!< how long the reducer's stream ran on after the compute stream's last work of the step
+  int buckets = 0;             //!< buckets reduced (those of groups of more than one rank)
+  //! The fraction of the reductions' time the pipeline hid: `1 - exposed / reduce`, in [0, 1]
+  //! (1 when nothing was reduced).
+  double hidden() const { return reduce_seconds > 0 ? std::clamp(1.0 - exposed_seconds / reduce_seconds, 0.0, 1.0) : 1.0; }
 };
 
 //! What `data_parallel` recorded about one bucket (for tests and reports).
@@ -401,6 +430,10 @@ class data_parallel final : public step_observer {
         b.shard.assign(padded / n, value_type{});
       }
     }
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device)
+      if (opt_.measure) timing_ = std::vector<bucket_timing>(buckets_.size());
+#endif
     for (std::size_t li = 0; li < L; ++li) {
       std::size_t covered = 0;
       for (const grad_range& r : ranges_of(li)) covered += r.size;
@@ -417,13 +450,17 @@ class data_parallel final : public step_observer {
   }
 
   //! Completes the parameter all-gathers still in flight (sharded mode). Call before reading
-  //! parameters outside a step; harmless otherwise.
+  //! parameters outside a step; harmless otherwise. On a device it waits for the compute and the
+  //! communication stream (so an error or a race report of either reaches the caller).
   void finish() {
     std::lock_guard lk(mu_);
     for (bucket& b : buckets_) finish_gather(b);
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device)
-      if (compute_ != nullptr) LOOM_CUDA_TRY(cudaStreamSynchronize(compute_));
+      if (compute_ != nullptr) {
+        LOOM_CUDA_TRY(cudaStreamSynchronize(compute_));
+        LOOM_CUDA_TRY(cudaStreamSynchronize(dp_stream_.get()));
+      }
 #endif
   }
 
@@ -435,6 +472,26 @@ class data_parallel final : public step_observer {
   }
   //! The options in use.
   const data_parallel_options& options() const { return opt_; }
+  //! On a device with `measure`: the last step's reduction time and the part of it that ran after
+  //! the pipeline's own work (waits for the step's device work). Zeros on the host, without
+  //! `measure`, or before the first step.
+  reduction_overlap overlap() const {
+    reduction_overlap r;
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) {
+      if (measured_ < 0) return r;
+      compute_done_.synchronize();
+      dp_done_.synchronize();
+      for (const bucket_timing& t : timing_) {
+        if (t.step != measured_) continue;
+        r.reduce_seconds += 1e-3 * cuda::event::elapsed_ms(t.start, t.end);
+        ++r.buckets;
+      }
+      if (r.buckets > 0) r.exposed_seconds = std::max(0.0, 1e-3 * cuda::event::elapsed_ms(compute_done_, dp_done_));
+    }
+#endif
+    return r;
+  }
   //! The optimizer (its state: `adam::state_bytes()`).
   const Opt& optimizer() const { return optimizer_; }
 
@@ -470,6 +527,10 @@ class data_parallel final : public step_observer {
   void step_end(int failed_rank, const std::string& cause) override {
     if (!attached_) throw config_error("data_parallel: attach(pipeline) was not called before the step");
     std::lock_guard lk(mu_);
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device)
+      if (opt_.measure) compute_done_.record(cuda::stream_ref(compute_));  // the pipeline's work ends here
+#endif
     for (unsigned x = 0; x < 4; ++x) launch_ready(x, true);
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device) device_step_end(failed_rank, cause);
@@ -760,7 +821,9 @@ class data_parallel final : public step_observer {
   void device_launch(bucket& b) {
     auto& c = *groups_[b.group];
     cudaStream_t s = dp_stream_.get();
-    join(s, compute_);  // after the stages' last weight-gradient actions (and their folds)
+    if (!opt_.faults.skip_bucket_wait) join(s, compute_);  // after the stages' last weight-gradient actions (and their folds)
+    bucket_timing* t = timing_.empty() || c.size() == 1 ? nullptr : &timing_[static_cast<std::size_t>(&b - buckets_.data())];
+    if (t != nullptr) t->start.record(cuda::stream_ref(s));
     move_pieces(b, b.dgrad, true, s, "dp bucket pack", [&](const piece& pc) { return grad_of(pc); });
     if (c.size() == 1) {
       if (opt_.sharded) {
@@ -779,10 +842,19 @@ class data_parallel final : public step_observer {
       c.all_reduce(b.dgrad, reduce_op::sum, s);
     }
     b.reducing = true;
+    if (t != nullptr) {
+      t->end.record(cuda::stream_ref(s));
+      t->step = steps_;
+    }
   }
   //! The step's end on a device (see the file comment).
   void device_step_end(int failed_rank, const std::string& cause) {
-    join(compute_, dp_stream_.get());  // every bucket's reduction
+    if (opt_.measure) {
+      dp_done_.record(cuda::stream_ref(dp_stream_.get()));
+      measured_ = steps_;
+    }
+    ++steps_;
+    if (!opt_.faults.skip_update_wait) join(compute_, dp_stream_.get());  // every bucket's reduction
     for (bucket& b : buckets_) b.reducing = false;
     agree(failed_rank, cause);
     for (bucket& b : buckets_) {
@@ -834,6 +906,13 @@ class data_parallel final : public step_observer {
   std::conditional_t<on_device, cuda::stream, char> dp_stream_{};    // the reducer's communication stream
   std::conditional_t<on_device, cuda::event, char> join_{};          // see join()
   std::vector<cuda::device_buffer<value_type>> dmem_;
+  struct bucket_timing {  // measure: a bucket's pack and reduction on the reducer's stream
+    cuda::event start{true}, end{true};
+    long step = -1;  // the step whose reduction they timed
+  };
+  std::vector<bucket_timing> timing_;
+  std::conditional_t<on_device, cuda::event, char> compute_done_{true}, dp_done_{true};  // measure: the step's ends
+  long steps_ = 0, measured_ = -1;  // device steps ended; the last one measured
 #endif
 
   MeshComm* mesh_;
