@@ -28,8 +28,10 @@
 #include <loom/comm/cuda_local.hpp>
 #include <loom/comm/nccl.hpp>
 #include <loom/cuda/device.hpp>
+#include <loom/exec/data_parallel.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/exec/timeline.hpp>
+#include <loom/mesh/mesh_comm.hpp>
 #include <loom/render/measured.hpp>
 #include <loom/schedule.hpp>
 #if defined(LOOM_HAS_MPI)
@@ -62,6 +64,8 @@ struct options {
   int layers = 9;
   int samples = 4;
   long long seed = 1;
+  int dp = 1;              // data-parallel replicas (a dp x pp mesh with loom::data_parallel)
+  bool dp_after = false;   // reduce every bucket after the step instead of during it (for comparison)
   std::string trace, svg;  // where to write the last step's measured timeline (implies measure)
 };
 
@@ -69,9 +73,9 @@ struct options {
 //! SVG, above the schedule's prediction at unit costs scaled to the measured mean stage call (a
 //! cost model calibrated on the device would replace the scale; calibration is host-only today).
 template <class Comm>
-void write_timeline(Comm& comm, const options& o, const loom::schedule& s, std::span<const loom::measured_action> mine) {
+void write_timeline(Comm& comm, const options& o, const loom::schedule& s, std::span<const loom::measured_action> mine, bool writer) {
   auto all = loom::gather_timeline(comm, mine);
-  if (comm.rank() != 0) return;
+  if (comm.rank() != 0 || !writer) return;
   if (all.empty()) {
     std::printf("timeline: none (the last step was a graph replay, one launch; run without --graph to draw it)\n");
     return;
@@ -97,36 +101,64 @@ struct verdict {
   std::int64_t differing = 0;
 };
 
-//! The training loop of one rank over a device communicator; returns the rank's verdict.
-template <class Comm>
-verdict train(Comm& comm, const options& o, const loom::schedule& s, const quickstart::mlp_spec& m, const cuda_mlp::reference& ref) {
-  const bool root = comm.rank() == 0;
+//! The CUDA MLP's stage without its own update, for `--dp`: the reducer's optimizer updates it.
+struct dp_stage : cuda_mlp::stage {
+  using cuda_mlp::stage::stage;
+  void update() = delete;
+};
+
+//! The batch of data-parallel replica `replica` at step `step` (replica 0's is the plain run's).
+cuda_mlp::batch batch_of(const options& o, const quickstart::mlp_spec& m, int step, int replica) {
+  return cuda_mlp::float_batch(m, o.microbatches, step * o.dp + replica);
+}
+
+//! The training loop of one rank: the pipeline over `pp` (the world, or its mesh's pp group), with
+//! `sync` (a `loom::data_parallel`, or null) as its observer; returns the world's verdict.
+template <class Stage, class World, class PpComm, class Sync>
+verdict train_on(World& world, PpComm& pp, Sync* sync, int replica, const options& o, const loom::schedule& s,
+                 const quickstart::mlp_spec& m, const cuda_mlp::reference& ref) {
+  const bool root = world.rank() == 0;
   const std::size_t in0 = static_cast<std::size_t>(m.samples) * m.width(0), fin = static_cast<std::size_t>(m.samples) * m.width(m.layers());
   loom::cuda::device_buffer<float> inputs(static_cast<std::size_t>(o.microbatches) * in0), targets(static_cast<std::size_t>(o.microbatches) * fin);
-  loom::pipeline p(s, comm, [&](loom::stage_id id) {
+  loom::step_observer* observer = nullptr;
+  if constexpr (!std::is_same_v<Sync, std::nullptr_t>) observer = sync;
+  loom::pipeline p(s, pp, [&](loom::stage_id id) {
     auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
-    return cuda_mlp::stage(m, a, b, id.stage == s.stages - 1, targets.data(), o.block_reductions && !o.deterministic);
-  }, {.deterministic = o.deterministic, .measure = o.measure || !o.trace.empty() || !o.svg.empty(), .graph = o.graph});
+    return Stage(m, a, b, id.stage == s.stages - 1, targets.data(), o.block_reductions && !o.deterministic);
+  }, {.deterministic = o.deterministic, .measure = o.measure || !o.trace.empty() || !o.svg.empty(), .graph = o.graph, .observer = observer});
+  if constexpr (!std::is_same_v<Sync, std::nullptr_t>) sync->attach(p);
   verdict v;
   for (int st = 0; st < o.steps; ++st) {
-    auto data = cuda_mlp::float_batch(m, o.microbatches, st);
+    auto data = batch_of(o, m, st, replica);
     loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
     loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
     auto r = p.step(std::span<const float>(inputs.span()));
     if (o.measure && root) {
-      if (o.graph && st > 0)
-        std::printf("      step %.6f s, host issue %.6f s (a graph replay: stage calls are not timed)\n", r.seconds, r.host_seconds);
+      if (o.graph)  // the first step captures the graph, then replays it like the others
+        std::printf("      step %.6f s, host issue %.6f s (a graph %s: stage calls are not timed)\n", r.seconds, r.host_seconds,
+                    st == 0 ? "capture and replay" : "replay");
       else
         std::printf("      step %.6f s, host issue %.6f s, device busy %.6f s (rank 0), all ranks busy %.6f s -> %.1f%% busy\n",
                     r.seconds, r.host_seconds, r.busy_seconds, r.busy_sum, 100.0 * r.busy_sum / (s.ranks * r.makespan));
     }
-    if (o.no_reference) continue;
+    if constexpr (!std::is_same_v<Sync, std::nullptr_t>)
+      if (o.measure) {  // summed over the world's ranks
+        const auto ov = sync->overlap();
+        std::vector<double> t{ov.reduce_seconds, ov.exposed_seconds};
+        world.all_reduce(std::span<double>(t), loom::reduce_op::sum);
+        const loom::reduction_overlap all{.reduce_seconds = t[0], .exposed_seconds = t[1], .buckets = ov.buckets};
+        if (root)
+          std::printf("      dp gradient reductions %.3f ms (all ranks' buckets), %.3f ms of it after the pipeline's work -> %.1f%% hidden%s\n",
+                      1e3 * all.reduce_seconds, 1e3 * all.exposed_seconds, 100.0 * all.hidden(), o.dp_after ? " (--sync-after-step)" : "");
+      }
+    if (o.no_reference || replica != 0) continue;  // the reference's loss is replica 0's
     const double want = ref.losses[static_cast<std::size_t>(st)];
     v.loss = std::max(v.loss, std::abs(r.loss - want) / std::max(std::abs(want), 1e-300));
     if (std::memcmp(&r.loss, &want, sizeof(double)) != 0) ++v.differing;
     if (root) std::printf("%4d  %.17g  %.17g\n", st, r.loss, want);
   }
-  if (!o.trace.empty() || !o.svg.empty()) write_timeline(comm, o, s, p.last_timeline());
+  if constexpr (!std::is_same_v<Sync, std::nullptr_t>) sync->finish();
+  if (!o.trace.empty() || !o.svg.empty()) write_timeline(pp, o, s, p.last_timeline(), replica == 0);  // replica 0's pipeline
   for (auto& stg : p.stages())
     for (int l = stg.first_layer(); l < stg.last_layer() && !o.no_reference; ++l) {
       auto w = stg.layer_params(l);
@@ -140,10 +172,21 @@ verdict train(Comm& comm, const options& o, const loom::schedule& s, const quick
       v.params = std::max(v.params, n > 0 ? d / n : d);
     }
   std::vector<double> worst{v.params, v.loss};
-  comm.all_reduce(std::span<double>(worst), loom::reduce_op::max);
+  world.all_reduce(std::span<double>(worst), loom::reduce_op::max);
   std::vector<std::int64_t> diff{v.differing};
-  comm.all_reduce(std::span<std::int64_t>(diff), loom::reduce_op::sum);
+  world.all_reduce(std::span<std::int64_t>(diff), loom::reduce_op::sum);
   return {worst[0], worst[1], diff[0]};
+}
+
+//! One rank's training over a device world: the plain pipeline, or with `--dp` a dp x pp mesh
+//! over it whose replicas' gradients `loom::data_parallel` reduces on the device.
+template <class Comm>
+verdict train(Comm& world, const options& o, const loom::schedule& s, const quickstart::mlp_spec& m, const cuda_mlp::reference& ref) {
+  if (o.dp == 1) return train_on<cuda_mlp::stage>(world, world, static_cast<std::nullptr_t*>(nullptr), 0, o, s, m, ref);
+  loom::mesh_comm g(loom::mesh<loom::dp<>, loom::pp<>>{loom::dp<>{o.dp}, loom::pp<>{s.ranks}}, world);
+  loom::data_parallel<decltype(g), dp_stage> sync(g, {.deterministic = o.deterministic, .eager = !o.dp_after, .grad_scale = 1.0 / o.dp,
+                                                      .measure = o.measure}, loom::sgd{.lr = m.lr});
+  return train_on<dp_stage>(world, g.pp(), &sync, g.coord(loom::dim::dp), o, s, m, ref);
 }
 
 int report(const options& o, const verdict& v) {
@@ -180,6 +223,9 @@ int main(int argc, char** argv) {
   app.add_option("--layers", o.layers, "layers (raised to the number of virtual stages if smaller)")->check(CLI::Range(1, 4096));
   app.add_option("--samples", o.samples, "samples per microbatch")->check(CLI::Range(1, 1 << 16));
   app.add_option("--seed", o.seed, "simulator: seed of the operation order and delays")->check(CLI::NonNegativeNumber);
+  app.add_option("--dp", o.dp, "data-parallel replicas: a dp x pp mesh of dp * ranks ranks, gradients reduced by loom::data_parallel")
+      ->check(CLI::Range(1, 64));
+  app.add_flag("--sync-after-step", o.dp_after, "with --dp: reduce every bucket after the step instead of while the pipeline runs");
   app.add_option("--trace", o.trace, "write the last step's measured timeline as a Perfetto trace (JSON) here (implies --measure)");
   app.add_option("--svg", o.svg, "write the last step's measured timeline as an SVG here (implies --measure)");
   try {
@@ -195,6 +241,9 @@ int main(int argc, char** argv) {
 #endif
   try {
     if (o.backend == "cuda_local" && o.launch != "threads") throw loom::config_error("--launch " + o.launch + " needs --backend nccl");
+    if (o.dp > 1 && o.launch != "threads") throw loom::config_error("--dp needs --launch threads");
+    if (o.dp > 1 && o.graph) throw loom::config_error("--dp and --graph: data_parallel does not run in graph mode");
+    if (o.dp_after && o.dp == 1) throw loom::config_error("--sync-after-step needs --dp 2 or more");
     auto avail = loom::cuda::available();
     if (!avail) {
       std::cerr << "cuda_mlp: no usable CUDA device: " << avail.why << " (build against loom's simulator to run without a GPU)\n";
@@ -218,7 +267,15 @@ int main(int argc, char** argv) {
     auto reference_for = [&](const loom::schedule& s, const quickstart::mlp_spec& m) {
       cuda_mlp::reference ref(m);
       const double scale = 1.0 / o.microbatches;
-      for (int st = 0; st < o.steps && !o.no_reference; ++st) ref.step(m, o.microbatches, cuda_mlp::float_batch(m, o.microbatches, st), scale);
+      for (int st = 0; st < o.steps && !o.no_reference; ++st) {
+        if (o.dp == 1) {
+          ref.step(m, o.microbatches, batch_of(o, m, st, 0), scale);
+          continue;
+        }
+        std::vector<cuda_mlp::batch> replicas;
+        for (int d = 0; d < o.dp; ++d) replicas.push_back(batch_of(o, m, st, d));
+        ref.data_parallel_step(m, o.microbatches, replicas, scale, static_cast<float>(1.0 / o.dp));
+      }
       (void)s;
       return ref;
     };
@@ -226,10 +283,14 @@ int main(int argc, char** argv) {
       loom::schedule s = make(o.ranks);
       auto m = spec_for(s);
       auto ref = reference_for(s, m);
-      if (o.backend == "nccl" && o.ranks > avail.devices)
-        throw loom::config_error("--backend nccl needs a device per rank: " + std::to_string(o.ranks) + " ranks, " +
+      const int world = o.dp * o.ranks;
+      if (o.backend == "nccl" && world > avail.devices)
+        throw loom::config_error("--backend nccl needs a device per rank: " + std::to_string(world) + " ranks, " +
                                  std::to_string(avail.devices) + " device(s)");
       describe(s, o.backend == "nccl" ? "NCCL, threads" : "cuda_local");
+      if (o.dp > 1)
+        std::printf("mesh dp%d x pp%d: %d ranks, replica d trains on its own batch; loom::data_parallel reduces the gradients%s\n", o.dp,
+                    o.ranks, world, o.dp_after ? " after each step" : " while the pipeline runs");
       verdict v;
       std::mutex mu;
       auto body = [&](auto& c) {
@@ -237,8 +298,8 @@ int main(int argc, char** argv) {
         std::lock_guard lk(mu);
         if (c.rank() == 0) v = r;
       };
-      if (o.backend == "cuda_local") loom::cuda_local::run(o.ranks, body);
-      else loom::nccl::run(o.ranks, body);
+      if (o.backend == "cuda_local") loom::cuda_local::run(world, body);
+      else loom::nccl::run(world, body);
       return report(o, v);
     }
     if (o.launch == "env") {

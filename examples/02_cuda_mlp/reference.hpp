@@ -7,7 +7,8 @@
 //! kernels use, called in loops on the host: microbatch by microbatch, forward, loss terms
 //! (summed in double in order, as loom sums a last stage's output), backward into a zeroed
 //! per-microbatch gradient, `acc += g` in microbatch order, then SGD. loom's deterministic mode
-//! performs exactly these operations, so the two agree bit for bit.
+//! performs exactly these operations, so the two agree bit for bit; `data_parallel_step` is the
+//! same for replicas under `loom::data_parallel` (their sums in replica order, loom's SGD).
 
 #include <cstddef>
 #include <vector>
@@ -29,18 +30,56 @@ struct reference {
 
   //! One SGD step over `microbatches` microbatches with loss scale `scale` (1/m or 1).
   void step(const quickstart::mlp_spec& m, int microbatches, const batch& data, double scale) {
+    losses.push_back(gradients(m, microbatches, data, scale, grads) * scale);
+    for (int l = 0; l < m.layers(); ++l) {
+      const auto ul = static_cast<std::size_t>(l);
+      sgd u{params[ul].data(), grads[ul].data(), static_cast<float>(m.lr)};
+      for (std::size_t e = 0; e < params[ul].size(); ++e) u(e);
+    }
+  }
+
+  //! One step of `data.size()` data-parallel replicas as `loom::data_parallel` performs it in
+  //! deterministic mode: replica d's gradient over its batch `data[d]` (loss scale `scale`), the
+  //! replicas' gradients summed in replica order, `* grad_scale`, then `loom::sgd`'s update
+  //! `p -= lr * g` (the product rounded before the subtraction). The loss is replica 0's.
+  void data_parallel_step(const quickstart::mlp_spec& m, int microbatches, const std::vector<batch>& data, double scale,
+                          float grad_scale) {
+    std::vector<std::vector<float>> mine;
+    for (std::size_t d = 0; d < data.size(); ++d) {
+      const double loss = gradients(m, microbatches, data[d], scale, d == 0 ? grads : mine);
+      if (d == 0) {
+        losses.push_back(loss * scale);
+        continue;
+      }
+      for (std::size_t l = 0; l < grads.size(); ++l)
+        for (std::size_t e = 0; e < grads[l].size(); ++e) grads[l][e] += mine[l][e];
+    }
+    const auto lr = static_cast<float>(m.lr);
+    for (std::size_t l = 0; l < grads.size(); ++l)
+      for (std::size_t e = 0; e < grads[l].size(); ++e) {
+        if (grad_scale != 1.0f) grads[l][e] *= grad_scale;
+        const float step = lr * grads[l][e];
+        params[l][e] -= step;
+      }
+  }
+
+ private:
+  //! Every layer's gradient over the microbatches of `data` into `into` (zeroed first, summed in
+  //! microbatch order); returns the unscaled loss.
+  double gradients(const quickstart::mlp_spec& m, int microbatches, const batch& data, double scale,
+                   std::vector<std::vector<float>>& into) const {
     const int L = m.layers();
     const auto n = static_cast<unsigned>(m.samples);
-    grads.assign(static_cast<std::size_t>(L), {});
+    into.assign(static_cast<std::size_t>(L), {});
     std::vector<std::vector<float>> y(static_cast<std::size_t>(L)), dz(static_cast<std::size_t>(L)), g(static_cast<std::size_t>(L));
     for (int l = 0; l < L; ++l) {
       const auto ul = static_cast<std::size_t>(l);
-      grads[ul].assign(m.params(l), 0.0f);
+      into[ul].assign(m.params(l), 0.0f);
       y[ul].resize(n * m.width(l + 1));
       dz[ul].resize(n * m.width(l + 1));
     }
     const std::size_t fin = n * m.width(static_cast<std::size_t>(L));
-    std::vector<float> terms(fin), seed(fin, static_cast<float>(scale)), gx0(n * m.width(0));
+    std::vector<float> seed(fin, static_cast<float>(scale)), gx0(n * m.width(0));
     double total = 0;
     for (int j = 0; j < microbatches; ++j) {
       const float* x0 = data.inputs.data() + static_cast<std::size_t>(j) * n * m.width(0);
@@ -73,15 +112,10 @@ struct reference {
         weight_grad_add w{l == 0 ? x0 : y[ul - 1].data(), dz[ul].data(), g[ul].data(), static_cast<unsigned>(m.width(l)),
                       static_cast<unsigned>(m.width(l + 1)), n};
         for (std::size_t e = 0; e < g[ul].size(); ++e) w(e);
-        for (std::size_t e = 0; e < g[ul].size(); ++e) grads[ul][e] += g[ul][e];
+        for (std::size_t e = 0; e < g[ul].size(); ++e) into[ul][e] += g[ul][e];
       }
     }
-    losses.push_back(total * scale);
-    for (int l = 0; l < L; ++l) {
-      const auto ul = static_cast<std::size_t>(l);
-      sgd u{params[ul].data(), grads[ul].data(), static_cast<float>(m.lr)};
-      for (std::size_t e = 0; e < params[ul].size(); ++e) u(e);
-    }
+    return total;
   }
 };
 
