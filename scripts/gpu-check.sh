@@ -7,7 +7,7 @@
 # device benchmarks. Logs go to $OUT (default ./gpu-out); a summary is printed last.
 # Packages missing on a machine without a package registry may be given as Debian packages in
 # .devdeps/*.deb (extracted, not installed). Phases (default: all of them, in order):
-#   bash scripts/gpu-check.sh [build] [test] [sweep] [busy] [bench]
+#   bash scripts/gpu-check.sh [build] [test] [sweep] [busy] [bench] [mesh]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-out}
@@ -18,8 +18,20 @@ if compgen -G ".devdeps/*.deb" >/dev/null; then
   for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/loom-deps; done
   prefix=/tmp/loom-deps/usr
 fi
+# NCCL: next to the toolkit, else the one a Python wheel (nvidia-nccl-cu*) brings, which ships
+# libnccl.so.2 without the unversioned name CMake's find_library wants.
+if [ -z "${NCCL_HOME:-}" ] && [ ! -e "$(dirname "$(command -v nvcc)")/../include/nccl.h" ]; then
+  wheel=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null)
+  if [ -n "$wheel" ] && [ -e "$wheel/include/nccl.h" ]; then
+    mkdir -p /tmp/loom-nccl/lib
+    ln -sf "$wheel/include" /tmp/loom-nccl/include
+    ln -sf "$wheel"/lib/libnccl.so.2 /tmp/loom-nccl/lib/libnccl.so
+    ln -sf "$wheel"/lib/libnccl.so.2 /tmp/loom-nccl/lib/libnccl.so.2
+    export NCCL_HOME=/tmp/loom-nccl LD_LIBRARY_PATH=/tmp/loom-nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+fi
 jobs=$(nproc)
-{ nvidia-smi -L; nvcc --version | tail -2; g++ --version | head -1; cmake --version | head -1; } 2>&1 | tee "$out/machine.txt"
+{ nvidia-smi -L; nvcc --version | tail -2; g++ --version | head -1; cmake --version | head -1; echo "NCCL_HOME=${NCCL_HOME:-(toolkit)}"; } 2>&1 | tee "$out/machine.txt"
 
 t0=$(date +%s)
 build() {
@@ -79,7 +91,23 @@ done
 grep -E "^# loom|Out of bounds|Avg bus" "$out/p2p.txt" | tee -a "$out/summary.txt"
 }
 
+# 5. The mesh on the GPU: dp2 x pp2 of the CUDA MLP on cuda_local (four ranks as streams of the one
+#    GPU), checked against the CPU reference (deterministic: bitwise), then the fraction of the
+#    data-parallel reductions hidden behind the pipeline, eager against --sync-after-step.
+mesh() {
+for sched in 1f1b zb-h1; do
+  for d in "--deterministic" ""; do
+    ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule "$sched" --ranks 2 --dp 2 --microbatches 8 --steps 3 $d 2>&1 | tee -a "$out/mesh.txt" | tail -1 | tee -a "$out/summary.txt"
+  done
+done
+for samples in 512 32; do for sched in 1f1b zb-h1; do for after in "" "--sync-after-step"; do
+  echo "# $sched dp2 x pp2, width 1024, 8 layers, $samples samples per microbatch, 8 microbatches $after" | tee -a "$out/mesh.txt" >>"$out/summary.txt"
+  ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule "$sched" --ranks 2 --dp 2 --microbatches 8 --width 1024 --layers 8 \
+    --samples "$samples" --steps 5 --measure --no-reference $after 2>&1 | tee -a "$out/mesh.txt" | grep -E "hidden|busy" | tail -2 | tee -a "$out/summary.txt"
+done; done; done
+}
+
 phases=("$@")
-((${#phases[@]})) || phases=(build test sweep busy bench)
+((${#phases[@]})) || phases=(build test sweep busy bench mesh)
 for p in "${phases[@]}"; do "$p"; done
 echo "total: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
