@@ -13,6 +13,9 @@
 
 namespace loom::cudasim::impl {
 
+thread_local access_log* current_log = nullptr;
+bool tracking_seen = false;
+
 namespace {
 
 thread_local host_thread tl_host;
@@ -80,6 +83,10 @@ state::state() {
   cfg.devices = static_cast<int>(env_u64("LOOM_CUDASIM_DEVICES", 8));
   if (const char* r = std::getenv("LOOM_CUDASIM_RACES"); r != nullptr && std::string_view(r) == "record")
     cfg.races = race_policy::record;
+  cfg.regions = env_u64("LOOM_CUDASIM_REGIONS", 1) != 0;
+  cfg.actual_accesses = env_u64("LOOM_CUDASIM_ACTUAL", 1) != 0;
+  if (const char* r = std::getenv("LOOM_CUDASIM_UNDECLARED"); r != nullptr && std::string_view(r) == "record")
+    cfg.undeclared = race_policy::record;
   rng.seed(cfg.seed);
   device_use.resize(static_cast<std::size_t>(std::max(cfg.devices, 1)));
   legacy.resize(device_use.size(), nullptr);
@@ -255,6 +262,7 @@ cudaError_t enqueue(stream_state& st, op_ptr o, std::vector<op_ptr> extra_preds)
   auto& h = H();
   o->device = st.device;
   if (!o->desc) o->desc = make_desc(st, kind_name(o->k));
+  if (st.in_region && o->k == kind::kernel) o->declared = st.region_declared;
   if (st.in_region) {
     // The operations of a region are one logical operation: one tick, the region's label.
     auto d = std::make_shared<op_desc>(*o->desc);
@@ -443,6 +451,110 @@ void check_accesses(op& o) {
   for (auto const& acc : o.acc) check_access(o, acc);
 }
 
+namespace {
+
+//! The parts of [lo, hi) not covered by the declared ranges of `o` that may cover this access
+//! (a write by declared writes, a read by any); empty when none of them touches allocation `a`
+//! (the kernel's own memory, which loom did not hand it and does not judge).
+std::vector<std::pair<std::uintptr_t, std::uintptr_t>> undeclared_parts(const op& o, const allocation& a, std::uintptr_t lo,
+                                                                        std::uintptr_t hi, bool write) {
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> cover, out;
+  bool touches = false;
+  for (auto const& d : *o.declared) {
+    if (d.hi <= a.base || d.lo >= a.base + a.size) continue;
+    touches = true;
+    if (write && !d.write) continue;
+    cover.emplace_back(std::max(d.lo, lo), std::min(d.hi, hi));
+  }
+  if (!touches) return out;
+  std::sort(cover.begin(), cover.end());
+  std::uintptr_t cur = lo;
+  for (auto [clo, chi] : cover) {
+    if (chi <= clo) continue;
+    if (clo > cur) out.emplace_back(cur, clo);
+    cur = std::max(cur, chi);
+  }
+  if (cur < hi) out.emplace_back(cur, hi);
+  return out;
+}
+
+//! What `o`'s region declares of allocation `a`, for the report ("bytes [x, y) read, ...").
+std::string declared_of(const op& o, const allocation& a) {
+  std::string out;
+  for (auto const& d : *o.declared) {
+    if (d.hi <= a.base || d.lo >= a.base + a.size) continue;
+    if (!out.empty()) out += ", ";
+    out += "bytes [" + std::to_string(std::max(d.lo, a.base) - a.base) + ", " + std::to_string(std::min(d.hi, a.base + a.size) - a.base) +
+           (d.write ? ") to write" : ") to read");
+  }
+  return out;
+}
+
+//! A finding about one operation's own access (at most one of each kind per operation):
+//! "<kind>: <op> wrote|read bytes [lo, hi) <where>".
+void own_access(op& o, report_kind k, const allocation& a, std::uintptr_t lo, std::uintptr_t hi, bool write, const std::string& where) {
+  auto& s = S();
+  for (auto const& f : s.findings)
+    if (f.r.kind == k && f.a_agent == o.agent && f.a_tick == o.tick) return;
+  finding f;
+  std::string text = std::string(to_string(k)) + ": " + o.desc->describe() + (write ? " wrote" : " read") + " bytes [" +
+                     std::to_string(lo - a.base) + ", " + std::to_string(hi - a.base) + ") " + where;
+  f.r = {k, std::move(text), o.desc->describe(), {}};
+  f.a_agent = f.b_agent = o.agent;
+  f.a_tick = f.b_tick = o.tick;
+  f.key = op_key(*o.desc);
+  s.findings.push_back(std::move(f));
+}
+
+void undeclared(op& o, const allocation& a, std::uintptr_t lo, std::uintptr_t hi, bool write) {
+  own_access(o, report_kind::undeclared, a, lo, hi, write,
+             "of " + a.label() + ", which loom did not hand it (of that memory, its region hands it " + declared_of(o, a) + ")");
+}
+
+//! An instrumented access past the end of allocation `a` (inside the padding the simulator
+//! rounds allocations up with, so it is not some other memory): a bad pointer.
+void past_the_end(op& o, const allocation& a, std::uintptr_t lo, std::uintptr_t hi, bool write) {
+  own_access(o, report_kind::bad_pointer, a, lo, hi, write, "past the end of " + a.label());
+}
+
+//! Checks the ranges an instrumented payload touched (merged), allocation by allocation.
+void check_actual(op& o, access_log& log) {
+  auto& s = S();
+  s.actual_accesses += log.accesses;
+  log.finish();
+  for (bool write : {false, true})
+    for (auto const& r : write ? log.writes : log.reads) {
+      std::uintptr_t lo = r.lo;
+      while (lo < r.hi) {
+        auto it = s.allocs.upper_bound(lo);
+        if (it != s.allocs.begin()) {
+          auto prev = std::prev(it);
+          const allocation& p = prev->second;
+          if (lo < p.base + p.size) {
+            it = prev;
+          } else if (lo < p.base + (p.size + 255) / 256 * 256) {  // the allocation's own padding
+            past_the_end(o, p, lo, std::min(r.hi, p.base + (p.size + 255) / 256 * 256), write);
+            lo = std::min(r.hi, p.base + (p.size + 255) / 256 * 256);
+            continue;
+          }
+        }
+        if (it == s.allocs.end() || it->second.base >= r.hi) break;  // the rest is host memory
+        allocation& a = it->second;
+        lo = std::max(lo, a.base);
+        const std::uintptr_t hi = std::min(r.hi, a.base + a.size);
+        if (o.declared && !a.freed)
+          for (auto [ulo, uhi] : undeclared_parts(o, a, lo, hi, write)) {
+            undeclared(o, a, ulo, uhi, write);
+            break;
+          }
+        check_access(o, {lo, hi, write});
+        lo = hi;
+      }
+    }
+}
+
+}  // namespace
+
 cudaError_t report_findings_for_host(const char* call) {
   auto& s = S();
   auto& h = H();
@@ -456,9 +568,11 @@ cudaError_t report_findings_for_host(const char* call) {
     if (h.vc.at(f.a_agent) < f.a_tick || h.vc.at(f.b_agent) < f.b_tick) continue;
     if (std::find(f.reported_to.begin(), f.reported_to.end(), h.id) != f.reported_to.end()) continue;
     f.reported_to.push_back(h.id);
+    const race_policy policy = f.r.kind == report_kind::undeclared ? s.cfg.undeclared : s.cfg.races;
+    if (policy == race_policy::record) continue;
     if (best == nullptr || f.key < best->key) best = &f;
   }
-  if (best == nullptr || s.cfg.races == race_policy::record) return cudaSuccess;
+  if (best == nullptr) return cudaSuccess;
   return fail(cudaErrorLaunchFailure, best->r.text + " (found by the simulator's race detector; reported to " + call +
                                           "; every finding is in loom::cudasim::reports())");
 }
@@ -686,10 +800,20 @@ void engine_loop() {
         }
         o.state = op::st::running;
         check_accesses(o);
+        std::optional<access_log> log;
+        if (s.cfg.actual_accesses && tracking_seen && (o.k == kind::kernel || o.k == kind::host) && !s.allocs.empty()) {
+          log.emplace();
+          log->lo_bound = s.allocs.begin()->first;
+          const auto& last = std::prev(s.allocs.end())->second;
+          log->hi_bound = last.base + last.size;
+        }
         lk.unlock();
         if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+        current_log = log ? &*log : nullptr;
         run_payload(o);
+        current_log = nullptr;
         lk.lock();
+        if (log) check_actual(o, *log);
         if (o.k == kind::record && o.timed_event != nullptr) {
           o.timed_event->when = o.when;
           o.timed_event->recorded_time = true;

@@ -51,6 +51,7 @@
 #include <nccl.h>
 
 #include "loom/cudasim/sim.hpp"
+#include "tracking.hpp"
 
 namespace loom::cudasim::impl {
 
@@ -144,6 +145,8 @@ struct op {
   int pending = 0;
   std::vector<op_ptr> succs;
   std::vector<access_rec> acc;
+  //! A kernel inside a region: what the region declares (for the undeclared-access check).
+  std::shared_ptr<const std::vector<access_rec>> declared;
   enum class st : unsigned char { waiting, ready, running, active, done } state = st::waiting;
   bool stuck = false;    // named by the deadlock detector
   bool failed = false;   // NCCL part of an aborted communicator
@@ -226,7 +229,7 @@ struct stream_state {
   bool region_ticked = false;
   std::uint64_t region_id = 0;
   desc_ptr region_desc;
-  std::vector<access_rec> region_acc;
+  std::shared_ptr<const std::vector<access_rec>> region_declared;
 };
 
 struct event_state {
@@ -394,6 +397,7 @@ struct state {
   std::vector<report> reports;
   std::vector<finding> findings;
   std::vector<trace_entry> traces;
+  std::size_t actual_accesses = 0;  // loads and stores of instrumented kernels recorded (tracking.hpp)
 
   std::unordered_map<nccl_comm*, std::shared_ptr<nccl_comm>> comms;
   std::map<std::string, std::shared_ptr<nccl_world>> inits;  // unique id -> world being formed

@@ -41,6 +41,7 @@ std::string_view to_string(report_kind k) {
     case report_kind::capture: return "capture";
     case report_kind::nccl: return "nccl";
     case report_kind::api: return "api";
+    case report_kind::undeclared: return "undeclared access";
   }
   return "?";
 }
@@ -56,6 +57,7 @@ void configure(const config& c) {
   s.reports.clear();
   s.findings.clear();
   s.traces.clear();
+  s.actual_accesses = 0;
   s.deadlocked = false;
   for (auto& [base, a] : s.allocs) a.shadow.clear();
   for (auto& d : s.device_use) d.peak = d.current;
@@ -138,6 +140,7 @@ void begin_region(cudaStream_t stream, std::string_view label, std::span<const a
   o->k = kind::marker;
   o->desc = make_desc(*st, std::string(label));
   for (auto const& a : accesses) {
+    if (!s.cfg.regions) break;  // declared regions switched off: the region only names its kernels
     std::string why;
     if (!check_range(a.ptr, a.bytes, false, why)) {
       add_report(report_kind::bad_pointer, std::string(label) + " on stream '" + st->name + "' " + (a.write ? "writes " : "reads ") + why);
@@ -150,6 +153,7 @@ void begin_region(cudaStream_t stream, std::string_view label, std::span<const a
   st->region_ticked = false;
   st->region_id = ++s.region_ids;
   st->region_desc = o->desc;
+  st->region_declared = std::make_shared<const std::vector<access_rec>>(o->acc);
   if (auto e = enqueue(*st, o); e != cudaSuccess) add_report(report_kind::api, "begin_region(" + std::string(label) + "): " + H().detail);
 }
 
@@ -160,6 +164,7 @@ void end_region(cudaStream_t stream) {
   if (st == nullptr) return;
   st->in_region = false;
   st->region_ticked = false;
+  st->region_declared.reset();
 }
 
 void launch(cudaStream_t stream, std::string_view label, std::function<void()> fn) {
@@ -209,6 +214,14 @@ std::size_t pending_operations() {
   auto& s = S();
   std::lock_guard lk(s.m);
   return s.pending;
+}
+
+bool actual_accesses_linked() { return tracking_seen; }
+
+std::size_t actual_accesses_seen() {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  return s.actual_accesses;
 }
 
 }  // namespace loom::cudasim

@@ -28,11 +28,16 @@
 //!
 //! What it checks, stricter than CUDA.
 //! - Races: every operation carries the device byte ranges it reads and writes (copies, memsets,
-//!   NCCL buffers, and for kernels the ranges named by `begin_region`). Conflicting accesses of two
+//!   NCCL buffers, and for kernels the ranges named by `begin_region` and, for kernels compiled
+//!   with clang's load/store tracing (`loom_cuda_stage(target)` in CMake), the bytes they actually
+//!   load and store, side streams included). Conflicting accesses of two
 //!   operations that are not ordered by happens-before (stream order, events, host
 //!   synchronisation, NCCL completion; vector clocks) are a race, found whatever order the
 //!   operations ran in, and reported naming both operations (label and stream), the memory and
 //!   the bytes. The happens-before relation depends on what was enqueued, not on timing.
+//! - An instrumented kernel inside a region that touches bytes of an allocation the region
+//!   declares parts of, outside those parts (`report_kind::undeclared`, policy
+//!   `config::undeclared`): an off-by-one into a neighbour's slot.
 //! - Use after free and accesses outside any allocation; capture-rule violations
 //!   (synchronising or querying inside a capture, unjoined streams, isolation); CUDA calls from a
 //!   host function; deadlocks (no operation can run, none ran or was enqueued for
@@ -71,7 +76,8 @@ enum class race_policy : unsigned char {
 
 //! Settings of the simulator (`configure`). Environment variables give the defaults:
 //! `LOOM_CUDASIM_SEED`, `LOOM_CUDASIM_DELAYS` (0/1), `LOOM_CUDASIM_DEADLOCK_MS`,
-//! `LOOM_CUDASIM_DEVICES`, `LOOM_CUDASIM_RACES` (fail/record).
+//! `LOOM_CUDASIM_DEVICES`, `LOOM_CUDASIM_RACES` (fail/record), `LOOM_CUDASIM_REGIONS` (0/1),
+//! `LOOM_CUDASIM_ACTUAL` (0/1), `LOOM_CUDASIM_UNDECLARED` (fail/record).
 struct config {
   std::uint64_t seed = 1;                        //!< seeds the order and the delays
   bool delays = true;                            //!< random order and delays (false: FIFO, no sleep)
@@ -82,6 +88,14 @@ struct config {
   bool trace = false;                            //!< keep the executed-operation trace
   int devices = 8;                               //!< simulated devices
   std::size_t device_memory = std::size_t{80} << 30;  //!< bytes per device
+  //! Check the byte ranges `begin_region` declares for kernels (false: only copies, memsets,
+  //! NCCL buffers and the actual accesses of instrumented kernels are checked).
+  bool regions = true;
+  //! Check the bytes instrumented kernels actually load and store (`loom_cuda_stage`, clang).
+  bool actual_accesses = true;
+  //! What to do when an instrumented kernel inside a region touches bytes of an allocation the
+  //! region declares parts of, outside those parts ("which loom did not hand it").
+  race_policy undeclared = race_policy::fail;
 };
 
 //! Waits until no operation is pending, then applies `c`, clears reports, trace and race
@@ -94,7 +108,7 @@ config current_config();
 void reseed(std::uint64_t seed);
 
 //! Kinds of findings.
-enum class report_kind : unsigned char { race, use_after_free, bad_pointer, deadlock, capture, nccl, api };
+enum class report_kind : unsigned char { race, use_after_free, bad_pointer, deadlock, capture, nccl, api, undeclared };
 //! Name of a report kind ("race", ...).
 std::string_view to_string(report_kind k);
 
@@ -170,5 +184,11 @@ void fail_nccl_after(ncclComm_t comm, int operations, ncclResult_t error);
 
 //! Number of operations enqueued and not finished, on every device.
 std::size_t pending_operations();
+
+//! Whether code instrumented for actual-access tracking is linked into this program (a stage
+//! built with `loom_cuda_stage(target)` under clang; see `docs/cuda.md`, "Actual accesses").
+bool actual_accesses_linked();
+//! Device-memory loads and stores of instrumented kernels recorded since the last `configure`.
+std::size_t actual_accesses_seen();
 
 }  // namespace loom::cudasim
