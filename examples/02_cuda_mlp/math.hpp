@@ -102,6 +102,12 @@ struct weight_grad_add {
   }
 };
 
+//! Writes 0 at `p` (the race detector's tests: a kernel that writes where it should not).
+struct poke {
+  float* p;
+  __host__ __device__ void operator()(std::size_t) const { *p = 0.0f; }
+};
+
 //! SGD: p -= lr g (one fused multiply-add).
 struct sgd {
   float* p;

@@ -15,10 +15,12 @@
 //! stash (the layers' outputs, then their dz), weight gradient (every layer's W then b).
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include <loom/cuda/buffer.hpp>
+#include <loom/cuda/stream.hpp>
 #include <loom/stage/stage.hpp>
 
 #include "../01_quickstart/mlp.hpp"
@@ -71,6 +73,11 @@ class stage {
   int fail_on = -1;            //!< forward throws for this microbatch (fault tests)
   bool sync_in_forward = false;  //!< forward synchronises its stream (capture-rule fault test)
   int hang_ms = 0;             //!< forward of microbatch 0 blocks the host this long (hang test)
+  // Tests of the race detector's actual-access tracking (simulator, loom_cuda_stage under clang):
+  int side_stream = 0;             //!< forward runs its layers on a stream of its own: 1 ordered by events, 2 without waits (broken)
+  bool write_past_output = false;  //!< forward also writes one element past its output slot (broken)
+  bool update_unordered = false;   //!< update() runs on a stream of its own without waiting for the compute stream (broken)
+  bool write_freed = false;        //!< forward also writes to device memory it has just freed (broken)
 
  private:
   std::size_t idx(int l) const { return static_cast<std::size_t>(l - first_); }
@@ -84,6 +91,12 @@ class stage {
   std::size_t act_total_ = 0;
   loom::cuda::device_buffer<float> params_, grad_;
   cudaStream_t last_stream_ = nullptr;
+  struct side {  // side_stream / update_unordered: the stage's own stream and its two events
+    loom::cuda::stream s;
+    loom::cuda::event in, out;
+  };
+  std::shared_ptr<side> side_;
+  side& side_state();
 };
 
 static_assert(loom::split_stage<stage>);

@@ -18,6 +18,7 @@
 #include <thrust/execution_policy.h>
 #include <thrust/transform.h>
 
+#include <loom/cuda/annotate.hpp>
 #include <loom/cuda/error.hpp>
 #include <loom/cuda/launch.cuh>
 
@@ -79,12 +80,26 @@ void stage::forward(const loom::stage_context& c, loom::forward_buffers<float> b
   last_stream_ = s;
   const auto n = static_cast<unsigned>(m_->samples);
   const float* x = b.input.data();
+  cudaStream_t k = s;  // where the layers run
+  if (side_stream != 0) {
+    side& sd = side_state();
+    if (side_stream == 1) {  // after the compute stream's work so far (the input is there)
+      sd.in.record(loom::cuda::stream_ref(s));
+      LOOM_CUDA_TRY(cudaStreamWaitEvent(sd.s.get(), sd.in.get(), 0));
+    }
+    k = sd.s.get();
+  }
   for (int l = first_; l < last_; ++l) {
     float* y = b.stash.data() + act_offsets_[idx(l)];
     const auto in = static_cast<unsigned>(m_->width(l)), out = static_cast<unsigned>(m_->width(l + 1));
-    loom::cuda::for_each(s, std::size_t{n} * out,
+    loom::cuda::for_each(k, std::size_t{n} * out,
                          layer_forward{params_.data() + offsets_[idx(l)], x, y, in, out, l + 1 < m_->layers()}, "layer forward");
     x = y;
+  }
+  if (side_stream == 1) {  // the compute stream continues after the layers
+    side& sd = side_state();
+    sd.out.record(loom::cuda::stream_ref(k));
+    LOOM_CUDA_TRY(cudaStreamWaitEvent(s, sd.out.get(), 0));
   }
   if (is_last_) {
     const float* t = targets_ + static_cast<std::size_t>(c.microbatch) * final_size();
@@ -99,7 +114,22 @@ void stage::forward(const loom::stage_context& c, loom::forward_buffers<float> b
   } else {
     LOOM_CUDA_TRY(cudaMemcpyAsync(b.output.data(), x, output_size() * sizeof(float), cudaMemcpyDeviceToDevice, s));
   }
+  if (write_past_output) loom::cuda::for_each(s, 1, poke{b.output.data() + b.output.size()}, "write past output");
+  if (write_freed) {
+    void* gone = nullptr;
+    LOOM_CUDA_TRY(cudaMalloc(&gone, sizeof(float)));
+    LOOM_CUDA_TRY(cudaFree(gone));
+    loom::cuda::for_each(s, 1, poke{static_cast<float*>(gone)}, "write freed");
+  }
   if (sync_in_forward) LOOM_CUDA_TRY(cudaStreamSynchronize(s));
+}
+
+stage::side& stage::side_state() {
+  if (!side_) {
+    side_ = std::make_shared<side>(side{loom::cuda::stream(), loom::cuda::event(), loom::cuda::event()});
+    loom::cuda::name_stream(side_->s.get(), "side stream of layers " + std::to_string(first_) + ".." + std::to_string(last_));
+  }
+  return *side_;
 }
 
 void stage::backward_input(const loom::stage_context& c, loom::backward_buffers<float> b) {
@@ -154,7 +184,8 @@ void stage::backward(const loom::stage_context& c, loom::backward_buffers<float>
 
 void stage::update() {
   if (last_stream_ == nullptr) return;
-  loom::cuda::for_each(last_stream_, params_.size(), sgd{params_.data(), grad_.data(), static_cast<float>(m_->lr)}, "sgd");
+  cudaStream_t u = update_unordered ? side_state().s.get() : last_stream_;
+  loom::cuda::for_each(u, params_.size(), sgd{params_.data(), grad_.data(), static_cast<float>(m_->lr)}, "sgd");
 }
 
 std::vector<float> stage::layer_params(int l) const {

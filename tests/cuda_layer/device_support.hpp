@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <loom/comm/cuda_local.hpp>
@@ -215,6 +217,9 @@ inline void simulate_with(std::uint64_t seed, int deadlock_ms = 3000) {
   loom::cudasim::config c;
   c.seed = seed;
   c.races = loom::cudasim::race_policy::fail;
+  // LOOM_CUDASIM_ACTUAL=0 turns actual-access tracking off (to measure what it costs).
+  const char* actual = std::getenv("LOOM_CUDASIM_ACTUAL");
+  c.actual_accesses = actual == nullptr || std::string_view(actual) != "0";
   c.deadlock_after = std::chrono::milliseconds(deadlock_ms);
   loom::cudasim::configure(c);
 #else
