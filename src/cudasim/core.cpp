@@ -530,11 +530,12 @@ void check_actual(op& o, access_log& log) {
         if (it != s.allocs.begin()) {
           auto prev = std::prev(it);
           const allocation& p = prev->second;
+          const std::uintptr_t reserved_end = p.base + reserved_size(p.size);
           if (lo < p.base + p.size) {
             it = prev;
-          } else if (lo < p.base + (p.size + 255) / 256 * 256) {  // the allocation's own padding
-            past_the_end(o, p, lo, std::min(r.hi, p.base + (p.size + 255) / 256 * 256), write);
-            lo = std::min(r.hi, p.base + (p.size + 255) / 256 * 256);
+          } else if (lo < reserved_end) {  // the allocation's own padding
+            past_the_end(o, p, lo, std::min(r.hi, reserved_end), write);
+            lo = std::min(r.hi, reserved_end);
             continue;
           }
         }
@@ -543,10 +544,8 @@ void check_actual(op& o, access_log& log) {
         lo = std::max(lo, a.base);
         const std::uintptr_t hi = std::min(r.hi, a.base + a.size);
         if (o.declared && !a.freed)
-          for (auto [ulo, uhi] : undeclared_parts(o, a, lo, hi, write)) {
-            undeclared(o, a, ulo, uhi, write);
-            break;
-          }
+          if (auto parts = undeclared_parts(o, a, lo, hi, write); !parts.empty())  // the first is reported
+            undeclared(o, a, parts.front().first, parts.front().second, write);
         check_access(o, {lo, hi, write});
         lo = hi;
       }

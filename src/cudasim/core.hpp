@@ -241,6 +241,10 @@ struct event_state {
   bool recorded_time = false;
 };
 
+//! The bytes the simulator reserves for an allocation of `n` bytes (rounded up to 256, as CUDA's
+//! alignment): the padding is nobody else's memory, so an access there is past the end.
+inline std::size_t reserved_size(std::size_t n) { return (n + 255) / 256 * 256; }
+
 struct allocation {
   std::uintptr_t base = 0;
   std::size_t size = 0;

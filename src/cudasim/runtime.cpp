@@ -75,7 +75,7 @@ cudaError_t allocate(void** p, std::size_t size, bool pinned, const char* call) 
     *p = nullptr;
     return cudaSuccess;
   }
-  const std::size_t rounded = (size + 255) / 256 * 256;
+  const std::size_t rounded = reserved_size(size);
   void* raw = std::aligned_alloc(256, rounded);
   if (raw == nullptr) return fail(cudaErrorMemoryAllocation, std::string(call) + ": the host is out of memory");
   allocation a;
