@@ -164,6 +164,14 @@ class mlp_stage {
   std::span<double> weight_grad() { return grad_; }
   //! All parameters of the stage, laid out as `weight_grad()` (for `loom::data_parallel`).
   std::span<double> params() { return params_; }
+  //! Gives up the parameters' storage (ZeRO-3, `loom::releasable_stage`): `params()` is empty
+  //! until `acquire_params()`.
+  void release_params() {
+    params_.clear();
+    params_.shrink_to_fit();
+  }
+  //! Storage for the parameters again (contents unspecified: the reducer fills them).
+  void acquire_params() { params_.resize(grad_.size()); }
 
   void forward(const loom::stage_context& c, loom::forward_buffers<double> b) {
     if (c.microbatch == fail_on) {

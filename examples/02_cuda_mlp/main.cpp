@@ -66,6 +66,9 @@ struct options {
   long long seed = 1;
   int dp = 1;              // data-parallel replicas (a dp x pp mesh with loom::data_parallel)
   bool dp_after = false;   // reduce every bucket after the step instead of during it (for comparison)
+  int zero_stage = 0;      // with --dp: ZeRO stage 0..3 of loom::data_parallel
+  std::string optimizer = "sgd";  // with --dp: sgd or adam
+  double adam_lr = 0.01;   // Adam's learning rate
   std::string trace, svg;  // where to write the last step's measured timeline (implies measure)
 };
 
@@ -99,6 +102,7 @@ void write_timeline(Comm& comm, const options& o, const loom::schedule& s, std::
 struct verdict {
   double params = 0, loss = 0;
   std::int64_t differing = 0;
+  std::size_t held = 0, stage_params = 0;  //!< with --dp: rank 0's parameters_held() after the last step, and its stages' parameters
 };
 
 //! The CUDA MLP's stage without its own update, for `--dp`: the reducer's optimizer updates it.
@@ -157,7 +161,12 @@ verdict train_on(World& world, PpComm& pp, Sync* sync, int replica, const option
     if (std::memcmp(&r.loss, &want, sizeof(double)) != 0) ++v.differing;
     if (root) std::printf("%4d  %.17g  %.17g\n", st, r.loss, want);
   }
-  if constexpr (!std::is_same_v<Sync, std::nullptr_t>) sync->finish();
+  std::size_t held = 0, stage_params = 0;
+  if constexpr (!std::is_same_v<Sync, std::nullptr_t>) {
+    held = sync->parameters_held();  // before finish(), which gathers ZeRO-3's parameters
+    for (auto& stg : p.stages()) stage_params += stg.weight_grad().size();
+    sync->finish();
+  }
   if (!o.trace.empty() || !o.svg.empty()) write_timeline(pp, o, s, p.last_timeline(), replica == 0);  // replica 0's pipeline
   for (auto& stg : p.stages())
     for (int l = stg.first_layer(); l < stg.last_layer() && !o.no_reference; ++l) {
@@ -175,7 +184,7 @@ verdict train_on(World& world, PpComm& pp, Sync* sync, int replica, const option
   world.all_reduce(std::span<double>(worst), loom::reduce_op::max);
   std::vector<std::int64_t> diff{v.differing};
   world.all_reduce(std::span<std::int64_t>(diff), loom::reduce_op::sum);
-  return {worst[0], worst[1], diff[0]};
+  return {worst[0], worst[1], diff[0], held, stage_params};
 }
 
 //! One rank's training over a device world: the plain pipeline, or with `--dp` a dp x pp mesh
@@ -184,9 +193,18 @@ template <class Comm>
 verdict train(Comm& world, const options& o, const loom::schedule& s, const quickstart::mlp_spec& m, const cuda_mlp::reference& ref) {
   if (o.dp == 1) return train_on<cuda_mlp::stage>(world, world, static_cast<std::nullptr_t*>(nullptr), 0, o, s, m, ref);
   loom::mesh_comm g(loom::mesh<loom::dp<>, loom::pp<>>{loom::dp<>{o.dp}, loom::pp<>{s.ranks}}, world);
-  loom::data_parallel<decltype(g), dp_stage> sync(g, {.deterministic = o.deterministic, .eager = !o.dp_after, .grad_scale = 1.0 / o.dp,
-                                                      .measure = o.measure}, loom::sgd{.lr = m.lr});
-  return train_on<dp_stage>(world, g.pp(), &sync, g.coord(loom::dim::dp), o, s, m, ref);
+  auto with = [&](auto optimizer) {
+    loom::data_parallel<decltype(g), dp_stage, decltype(optimizer)> sync(
+        g, {.zero_stage = o.zero_stage, .deterministic = o.deterministic, .eager = !o.dp_after, .grad_scale = 1.0 / o.dp, .measure = o.measure},
+        optimizer);
+    auto v = train_on<dp_stage>(world, g.pp(), &sync, g.coord(loom::dim::dp), o, s, m, ref);
+    if (world.rank() == 0 && o.zero_stage > 0)
+      std::printf("ZeRO stage %d: rank 0 held %zu parameter elements after the last step, for its stages' %zu\n", o.zero_stage,
+                  v.held, v.stage_params);
+    return v;
+  };
+  if (o.optimizer == "adam") return with(loom::adam<float>{.lr = o.adam_lr});
+  return with(loom::sgd{.lr = m.lr});
 }
 
 int report(const options& o, const verdict& v) {
@@ -225,6 +243,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "simulator: seed of the operation order and delays")->check(CLI::NonNegativeNumber);
   app.add_option("--dp", o.dp, "data-parallel replicas: a dp x pp mesh of dp * ranks ranks, gradients reduced by loom::data_parallel")
       ->check(CLI::Range(1, 64));
+  app.add_option("--zero-stage", o.zero_stage, "with --dp: ZeRO stage 0 none, 1 optimizer state, 2 and gradients, 3 and parameters")
+      ->check(CLI::Range(0, 3));
+  app.add_option("--optimizer", o.optimizer, "with --dp: sgd or adam")->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--adam-lr", o.adam_lr, "Adam's learning rate (default 0.01)")->check(CLI::PositiveNumber);
   app.add_flag("--sync-after-step", o.dp_after, "with --dp: reduce every bucket after the step instead of while the pipeline runs");
   app.add_option("--trace", o.trace, "write the last step's measured timeline as a Perfetto trace (JSON) here (implies --measure)");
   app.add_option("--svg", o.svg, "write the last step's measured timeline as an SVG here (implies --measure)");
@@ -244,6 +266,8 @@ int main(int argc, char** argv) {
     if (o.dp > 1 && o.launch != "threads") throw loom::config_error("--dp needs --launch threads");
     if (o.dp > 1 && o.graph) throw loom::config_error("--dp and --graph: data_parallel does not run in graph mode");
     if (o.dp_after && o.dp == 1) throw loom::config_error("--sync-after-step needs --dp 2 or more");
+    if ((o.zero_stage > 0 || o.optimizer != "sgd") && o.dp == 1)
+      throw loom::config_error("--zero-stage and --optimizer are loom::data_parallel's: they need --dp 2 or more");
     auto avail = loom::cuda::available();
     if (!avail) {
       std::cerr << "cuda_mlp: no usable CUDA device: " << avail.why << " (build against loom's simulator to run without a GPU)\n";
@@ -274,7 +298,8 @@ int main(int argc, char** argv) {
         }
         std::vector<cuda_mlp::batch> replicas;
         for (int d = 0; d < o.dp; ++d) replicas.push_back(batch_of(o, m, st, d));
-        ref.data_parallel_step(m, o.microbatches, replicas, scale, static_cast<float>(1.0 / o.dp));
+        const loom::adam<float> adam{.lr = o.adam_lr};
+        ref.data_parallel_step(m, o.microbatches, replicas, scale, static_cast<float>(1.0 / o.dp), o.optimizer == "adam" ? &adam : nullptr);
       }
       (void)s;
       return ref;
@@ -289,8 +314,9 @@ int main(int argc, char** argv) {
                                  std::to_string(avail.devices) + " device(s)");
       describe(s, o.backend == "nccl" ? "NCCL, threads" : "cuda_local");
       if (o.dp > 1)
-        std::printf("mesh dp%d x pp%d: %d ranks, replica d trains on its own batch; loom::data_parallel reduces the gradients%s\n", o.dp,
-                    o.ranks, world, o.dp_after ? " after each step" : " while the pipeline runs");
+        std::printf("mesh dp%d x pp%d: %d ranks, replica d trains on its own batch; loom::data_parallel reduces the gradients%s; %s%s\n", o.dp,
+                    o.ranks, world, o.dp_after ? " after each step" : " while the pipeline runs", o.optimizer.c_str(),
+                    o.zero_stage > 0 ? (", ZeRO stage " + std::to_string(o.zero_stage)).c_str() : "");
       verdict v;
       std::mutex mu;
       auto body = [&](auto& c) {

@@ -10,8 +10,11 @@
 //! performs exactly these operations, so the two agree bit for bit; `data_parallel_step` is the
 //! same for replicas under `loom::data_parallel` (their sums in replica order, loom's SGD).
 
+#include <cmath>
 #include <cstddef>
 #include <vector>
+
+#include <loom/exec/data_parallel.hpp>
 
 #include "math.hpp"
 #include "stage.hpp"
@@ -41,9 +44,10 @@ struct reference {
   //! One step of `data.size()` data-parallel replicas as `loom::data_parallel` performs it in
   //! deterministic mode: replica d's gradient over its batch `data[d]` (loss scale `scale`), the
   //! replicas' gradients summed in replica order, `* grad_scale`, then `loom::sgd`'s update
-  //! `p -= lr * g` (the product rounded before the subtraction). The loss is replica 0's.
+  //! `p -= lr * g` (the product rounded before the subtraction), or with `adam` its update
+  //! (`loom::detail::adam_element` in float, the device kernel's operations). The loss is replica 0's.
   void data_parallel_step(const quickstart::mlp_spec& m, int microbatches, const std::vector<batch>& data, double scale,
-                          float grad_scale) {
+                          float grad_scale, const loom::adam<float>* adam = nullptr) {
     std::vector<std::vector<float>> mine;
     for (std::size_t d = 0; d < data.size(); ++d) {
       const double loss = gradients(m, microbatches, data[d], scale, d == 0 ? grads : mine);
@@ -55,13 +59,25 @@ struct reference {
         for (std::size_t e = 0; e < grads[l].size(); ++e) grads[l][e] += mine[l][e];
     }
     const auto lr = static_cast<float>(m.lr);
+    if (adam != nullptr && m1.empty())
+      for (auto const& p : params) m1.emplace_back(p.size(), 0.0f), m2.emplace_back(p.size(), 0.0f);
+    const double t = static_cast<double>(++adam_t);
+    const double c1 = adam == nullptr ? 1 : 1 - std::pow(adam->beta1, t), c2 = adam == nullptr ? 1 : std::sqrt(1 - std::pow(adam->beta2, t));
     for (std::size_t l = 0; l < grads.size(); ++l)
       for (std::size_t e = 0; e < grads[l].size(); ++e) {
         if (grad_scale != 1.0f) grads[l][e] *= grad_scale;
+        if (adam != nullptr) {
+          loom::detail::adam_element(params[l][e], grads[l][e], m1[l][e], m2[l][e], static_cast<float>(adam->beta1),
+                                     static_cast<float>(adam->beta2), static_cast<float>(adam->lr * c2 / c1),
+                                     static_cast<float>(adam->eps * c2));
+          continue;
+        }
         const float step = lr * grads[l][e];
         params[l][e] -= step;
       }
   }
+  std::vector<std::vector<float>> m1, m2;  //!< Adam's moments (with `data_parallel_step`'s `adam`)
+  long adam_t = 0;                         //!< steps taken (Adam's bias correction)
 
  private:
   //! Every layer's gradient over the microbatches of `data` into `into` (zeroed first, summed in

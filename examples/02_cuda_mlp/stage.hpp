@@ -64,6 +64,11 @@ class stage {
   void backward_weight(const loom::stage_context& c, loom::weight_buffers<float> b);     //!< enqueues W
   void backward(const loom::stage_context& c, loom::backward_buffers<float> b);          //!< enqueues B then W
   void update();  //!< SGD on the stream of the last call (after every rank agreed)
+  //! Gives up the parameters' device memory (ZeRO-3, `loom::releasable_stage`), freed in the
+  //! order of the stream of the last call: `params()` is empty until `acquire_params()`.
+  void release_params();
+  //! Device memory for the parameters again (contents unspecified: the reducer fills them).
+  void acquire_params();
 
   //! Parameters of model layer `l` (synchronous copy to the host).
   std::vector<float> layer_params(int l) const;

@@ -188,6 +188,17 @@ void stage::update() {
   loom::cuda::for_each(u, params_.size(), sgd{params_.data(), grad_.data(), static_cast<float>(m_->lr)}, "sgd");
 }
 
+void stage::release_params() {
+  float* p = params_.release();
+  if (p == nullptr) return;
+  if (last_stream_ != nullptr) LOOM_CUDA_TRY(cudaFreeAsync(p, last_stream_));
+  else LOOM_CUDA_TRY(cudaFree(p));
+}
+
+void stage::acquire_params() {
+  if (params_.size() == 0) params_ = loom::cuda::device_buffer<float>(grad_.size());
+}
+
 std::vector<float> stage::layer_params(int l) const {
   if (last_stream_ != nullptr) LOOM_CUDA_TRY(cudaStreamSynchronize(last_stream_));
   std::vector<float> out(m_->params(l));

@@ -4,7 +4,7 @@
 // tp and sp, blocks pipelined over pp by any registered schedule, replicated over dp), over
 // threads or MPI processes, checked against the single-rank reference; prints what each mesh
 // dimension communicated in each step. Exit status: 0 when the result equals the reference
-// (bitwise with --deterministic, within 1e-12 relative otherwise), 1 when it differs, 2 on a bad
+// (bitwise with --deterministic, within 1e-12 relative otherwise, 1e-9 with Adam), 1 when it differs, 2 on a bad
 // option.
 //
 //   mesh --dp 2 --pp 2 --tp 2 --schedule zb-h1 --microbatches 4 --deterministic
@@ -41,6 +41,9 @@ struct options {
   std::string backend = "threads";
   bool deterministic = false;
   bool zero = false;
+  int zero_stage = -1;
+  std::string optimizer = "sgd";
+  double adam_lr = 0.01;
   std::size_t bucket_bytes = std::size_t{25} << 20;
   bool lazy = false;
   int calibrate = 0;
@@ -50,7 +53,8 @@ struct options {
 
 run_options run(const options& o) {
   return {.layout = o.layout, .microbatches = o.microbatches, .steps = o.steps, .deterministic = o.deterministic,
-          .zero = o.zero, .bucket_bytes = o.bucket_bytes, .sync_after_step = o.lazy, .print = true,
+          .zero = o.zero, .zero_stage = o.zero_stage < 0 ? 0 : o.zero_stage, .adam = o.optimizer == "adam", .adam_lr = o.adam_lr,
+          .bucket_bytes = o.bucket_bytes, .sync_after_step = o.lazy, .print = true,
           .calibrate = o.calibrate, .costs_out = o.costs_out};
 }
 
@@ -69,6 +73,10 @@ std::string configure(options& o) {
   s.ulysses = o.ulysses != 0 ? o.ulysses : loom::default_ulysses_degree(s.sp);
   if (o.microbatches < 1) return "--microbatches " + std::to_string(o.microbatches) + " must be at least 1";
   if (o.steps < 1) return "--steps " + std::to_string(o.steps) + " must be at least 1";
+  if (o.zero_stage > 3 || o.zero_stage < -1) return "--zero-stage " + std::to_string(o.zero_stage) + " is not 0, 1, 2 or 3";
+  if (o.zero && o.zero_stage >= 0 && o.zero_stage != 2)
+    return "--zero is ZeRO stage 2 but --zero-stage says " + std::to_string(o.zero_stage) + ": give one of them";
+  if (!(o.adam_lr > 0)) return "--adam-lr must be positive";
   if (o.calibrate < 0) return "--calibrate " + std::to_string(o.calibrate) + " must be at least 0";
   if (o.bucket_bytes < sizeof(double)) return "--bucket-bytes " + std::to_string(o.bucket_bytes) + " is smaller than one value";
   for (auto [name, v] : {std::pair<const char*, int>{"--vocab", o.model.vocab}, {"--seq", o.model.seq},
@@ -94,7 +102,11 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "training steps");
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}));
   app.add_flag("--deterministic", o.deterministic, "rank-ordered reductions: bitwise equal to the reference");
-  app.add_flag("--zero", o.zero, "shard gradients and the update over the data-parallel group (ZeRO-2 style)");
+  app.add_flag("--zero", o.zero, "ZeRO stage 2: shard gradients and the update over the data-parallel group");
+  app.add_option("--zero-stage", o.zero_stage,
+                 "ZeRO stage: 0 none, 1 optimizer state, 2 and gradients, 3 and parameters (sharded between steps)");
+  app.add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--adam-lr", o.adam_lr, "Adam's learning rate (default 0.01)");
   app.add_option("--bucket-bytes", o.bucket_bytes, "gradient bucket size in bytes (default 25 MB)");
   app.add_option("--calibrate", o.calibrate,
                  "calibrate on steps 1..N, then print the pipeline step time predicted from the calibrated costs beside "
@@ -124,9 +136,11 @@ int main(int argc, char** argv) {
     model_spec m = o.model;
     m.blocks = std::max(m.blocks, sched.stages);
     auto banner = [&](const char* backend) {
-      std::printf("loom mesh: %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s%s\n",
+      const int zs = o.zero_stage > 0 ? o.zero_stage : o.zero ? 2 : 0;
+      std::printf("loom mesh: %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s%s%s\n",
                   s.describe().c_str(), s.world(), backend, sched.name.c_str(), o.microbatches, sched.stages,
-                  o.deterministic ? ", deterministic" : "", o.zero ? ", zero" : "");
+                  o.deterministic ? ", deterministic" : "", zs > 0 ? (", ZeRO-" + std::to_string(zs)).c_str() : "",
+                  o.optimizer == "adam" ? ", adam" : "");
       std::printf("model: vocab %d, sequence %d, hidden %d, heads %d, ffn %d, blocks %d; buckets of %zu bytes%s\n", m.vocab,
                   m.seq, m.hidden, m.heads, m.ffn, m.blocks, o.bucket_bytes, o.lazy ? ", synchronised after the step" : "");
       std::fflush(stdout);

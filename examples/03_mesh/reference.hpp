@@ -82,6 +82,13 @@ class reference_model {
   //! The parameters.
   const std::map<key, std::vector<double>>& params() const { return params_; }
 
+  //! Updates with Adam (`a`'s hyper-parameters, the operations of `loom::detail::adam_element`)
+  //! instead of SGD.
+  void use_adam(const loom::adam<double>& a) {
+    adam_ = a;
+    use_adam_ = true;
+  }
+
   //! One SGD step over the microbatches of `data` (`replicas x per_replica` sequences), loss of
   //! each token scaled by 1 / (all tokens of the batch). Returns the step's loss.
   double step(const batch& data, int per_replica, const reduction_order& ord) {
@@ -118,8 +125,18 @@ class reference_model {
           else
             for (std::size_t i = 0; i < c.size(); ++i) total[i] += c[i];
         }
+      if (use_adam_) {
+        auto& [m1, m2] = moments_[k];
+        if (m1.empty()) m1.assign(w.size(), 0.0), m2.assign(w.size(), 0.0);
+        const double t = static_cast<double>(adam_t_ + 1);
+        const double c1 = 1 - std::pow(adam_.beta1, t), c2 = std::sqrt(1 - std::pow(adam_.beta2, t));
+        for (std::size_t i = 0; i < w.size(); ++i)
+          loom::detail::adam_element(w[i], total[i], m1[i], m2[i], adam_.beta1, adam_.beta2, adam_.lr * c2 / c1, adam_.eps * c2);
+        continue;
+      }
       for (std::size_t i = 0; i < w.size(); ++i) w[i] -= m_.lr * total[i];
     }
+    ++adam_t_;
     double loss = loss_fold[0];
     for (std::size_t i = 1; i < loss_fold.size(); ++i) loss += loss_fold[i];
     return loss;
@@ -402,6 +419,10 @@ class reference_model {
 
   model_spec m_;
   std::map<key, std::vector<double>> params_;
+  loom::adam<double> adam_{};
+  bool use_adam_ = false;
+  long adam_t_ = 0;  // steps taken (Adam's bias correction)
+  std::map<key, std::pair<std::vector<double>, std::vector<double>>> moments_;  // Adam's m, v
 };
 
 }  // namespace mesh_example

@@ -403,6 +403,14 @@ class transformer_stage {
   std::size_t stash_size() const { return stash_total_; }
   std::span<double> weight_grad() { return grads_; }
   std::span<double> params() { return params_; }
+  //! Gives up the parameters' storage (ZeRO-3, `loom::releasable_stage`): `params()` is empty
+  //! until `acquire_params()`.
+  void release_params() {
+    params_.clear();
+    params_.shrink_to_fit();
+  }
+  //! Storage for the parameters again (contents unspecified: the reducer fills them).
+  void acquire_params() { params_.resize(grads_.size()); }
   std::span<const loom::grad_range> grad_ranges() const { return ranges_; }
   //! The tensors this stage holds (to compare with the reference).
   const std::vector<tensor_slot>& tensors() const { return slots_; }

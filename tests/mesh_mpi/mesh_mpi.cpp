@@ -9,6 +9,7 @@
 //   fault  - 4 processes (pp2 x tp2): one rank's stage throws while its tensor-parallel peer
 //            waits in a collective; every process must end with the same error naming it.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,19 +26,25 @@ using mesh_test::layout;
 
 int runs = 0, failures = 0;
 
-void check(loom::mpi::comm& c, const sharding& s, const std::string& family, bool det, bool zero) {
+void check(loom::mpi::comm& c, const sharding& s, const std::string& family, bool det, bool zero, int zero_stage = 0,
+           bool adam = false) {
   const loom::schedule sched = loom::default_registry().at(family).make({s.pp, 2 * s.pp + 1, 0});
   model_spec m;
   m.blocks = std::max(m.blocks, sched.stages);
   run_options o{.layout = s, .microbatches = 2 * s.pp + 1, .steps = 2, .deterministic = det, .zero = zero,
-                .bucket_bytes = zero ? 512 : std::size_t{25} << 20};
+                .zero_stage = zero_stage, .adam = adam, .bucket_bytes = zero || zero_stage > 0 ? 512 : std::size_t{25} << 20};
+  if (std::getenv("LOOM_MESH_MPI_TRACE") != nullptr && c.rank() == 0) {
+    std::printf("run %s %s%s ZeRO stage %d%s\n", s.describe().c_str(), family.c_str(), det ? " deterministic" : "", zero ? 2 : zero_stage,
+                adam ? " adam" : "");
+    std::fflush(stdout);
+  }
   auto r = train(c, o, m, sched);
   ++runs;
   if (r.differing != 0 || r.values == 0) {
     ++failures;
     if (c.rank() == 0)
-      std::printf("MISMATCH %s %s%s%s: %lld of %lld differ\n", s.describe().c_str(), family.c_str(), det ? " deterministic" : "",
-                  zero ? " zero" : "", r.differing, r.values);
+      std::printf("MISMATCH %s %s%s%s ZeRO stage %d%s: %lld of %lld differ\n", s.describe().c_str(), family.c_str(),
+                  det ? " deterministic" : "", zero ? " zero" : "", zero_stage, adam ? " adam" : "", r.differing, r.values);
   }
 }
 
@@ -62,6 +69,11 @@ int mode_train8(loom::mpi::comm& c) {
   check(c, layout(2, 2, 1, 2, seq_kind::ulysses), "1f1b", true, true);
   check(c, layout(2, 4, 1, 4, seq_kind::megatron), "1f1b", true, false);
   check(c, layout(1, 1, 1, 8, seq_kind::usp, 4), "1f1b", false, false);
+  // ZeRO-1 and ZeRO-3 with Adam and SGD on the 8-rank mesh.
+  check(c, layout(2, 2, 2, 1), "zb-h1", true, false, 3, true);
+  check(c, layout(2, 2, 2, 1), "1f1b", true, false, 1, true);
+  check(c, layout(2, 2, 2, 1), "interleaved-1f1b", false, false, 3, false);
+  check(c, layout(2, 2, 2, 1), "dualpipe-v", false, false, 1, true);
   return finish(c);
 }
 
@@ -77,6 +89,8 @@ int mode_train4(loom::mpi::comm& c) {
     check(c, layout(1, 2, 1, 2, seq_kind::ulysses), "1f1b", det, false);
     check(c, layout(2, 2, 1, 2, seq_kind::megatron), "1f1b", det, det);
     check(c, layout(1, 1, 1, 4, seq_kind::usp), "1f1b", det, det);
+    check(c, layout(2, 1, 2, 1), "zb-h1", det, false, 3, true);  // ZeRO-3, Adam
+    check(c, layout(2, 1, 1, 2, seq_kind::ring), "1f1b", det, false, 1, true);  // ZeRO-1, Adam, over dp x sp
   }
   return finish(c);
 }

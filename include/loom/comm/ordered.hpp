@@ -95,6 +95,18 @@ class reduction {
       advance();
     }
   }
+  //! Posts every collective the reduction still needs, waiting for the ones before them (a
+  //! rank-ordered all-reduce is an all-to-all, then an all-gather posted when it completed). A
+  //! collective the caller posts next on the same communicator then follows all of them on every
+  //! rank: MPI matches non-blocking collectives by the order in which each rank posts them, and
+  //! `test` posts the second one whenever it finds the first complete, at a time that differs
+  //! between ranks. Does not wait for the last collective.
+  void post_remaining() {
+    while (phase_ == phase::exchange && all_reduce_) {
+      c_->wait(req_);
+      advance();
+    }
+  }
   //! Whether a reduction was started and has not completed yet.
   bool pending() const { return phase_ != phase::done && phase_ != phase::idle; }
 

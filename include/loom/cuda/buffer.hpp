@@ -57,6 +57,12 @@ class raw_buffer {
   std::size_t bytes() const noexcept { return n_ * sizeof(T); }
   //! All elements as a span.
   std::span<T> span() const noexcept { return {p_, n_}; }
+  //! Gives the memory up without freeing it (the caller frees it, e.g. stream-ordered with
+  //! `cudaFreeAsync`); the buffer is empty afterwards.
+  T* release() noexcept {
+    n_ = 0;
+    return std::exchange(p_, nullptr);
+  }
 
  private:
   void reset() noexcept {

@@ -33,14 +33,35 @@
 //! are reduced over `dp`. The groups `dp`, `dp x tp`, `dp x sp`, `dp x tp x sp` are created (with
 //! `split`) on every rank in that order when the reducer is built.
 //!
-//! Sharded mode (`sharded = true`, ZeRO-2 / FSDP style; Rajbhandari et al., SC 2020, §5): each
-//! bucket is padded to a multiple of the group size `n` and reduce-scattered, so each rank holds
-//! the reduced gradient of 1/n of it; after the agreement the optimizer updates that shard of the
-//! parameters, and the updated shards are all-gathered back into every rank's parameters. The
-//! all-gathers are launched at the end of the step and waited for just before the first forward
-//! of a stage in the next step (`before_first_use`): prefetched, they overlap the start of the
-//! next step. Call `finish()` before reading the parameters outside a step. A reduce-scatter plus
-//! an all-gather move exactly the bytes of one all-reduce (tests check it with the counters).
+//! ZeRO (Rajbhandari et al., SC 2020, §5), `zero_stage = 1, 2, 3` (`sharded = true` is stage 2).
+//! Every bucket is padded to a multiple of the group size `n`; rank `r` owns elements
+//! `[r k, (r + 1) k)` of it (`k = padded / n`), updates only those with the optimizer (so a
+//! stateful optimizer's moments cover 1/n of the parameters) and all-gathers the updated shards.
+//! - **Stage 1** (optimizer state sharded, as PyTorch's `ZeroRedundancyOptimizer`,
+//!   `torch/distributed/optim/zero_redundancy_optimizer.py`): the bucket is all-reduced as without
+//!   ZeRO, every rank keeps the whole reduced gradient and updates its shard from its slice; the
+//!   parameters' all-gather comes on top: 1.5 times the bytes of plain data parallelism.
+//! - **Stage 2** (gradients sharded too): the bucket is reduce-scattered, each rank holds the
+//!   reduced gradient of its shard only. A reduce-scatter plus an all-gather move exactly the bytes
+//!   of one all-reduce (tests check it with the counters).
+//!
+//! In stages 1 and 2 the all-gathers are launched at the end of the step and waited for just
+//! before the first action of a stage in the next step (`before_first_use`): prefetched, they
+//! overlap the start of the next step. Call `finish()` before reading the parameters outside a step.
+//!
+//! - **Stage 3** (parameters sharded, ZeRO-3 / FSDP, Zhao et al., VLDB 2023): between steps a rank
+//!   holds only its shards of the parameters (`parameters_held()` counts them); the stages give
+//!   up their own storage (`releasable_stage`: `release_params()` / `acquire_params()`). Before the
+//!   first action of a local stage in a step its buckets are all-gathered into a transient full
+//!   buffer, the stage's storage is acquired and filled, and the gather of the next local stage (in
+//!   first-use order) is started (prefetched one ahead); the full buffer is freed once every stage
+//!   in it is filled. After the stage's last weight-gradient action (`gradients_ready`) its
+//!   storage is released again; the step's end releases any stage still holding (a failed step).
+//!   Gradients are reduce-scattered as in stage 2 and the optimizer updates the shard in place; no
+//!   gather at the step's end. Per step the parameters are gathered once per stage (its forwards
+//!   and backwards interleave under 1F1B-like schedules, so a gather before every forward and again
+//!   before every backward, FSDP's per-layer rule, would gather once per microbatch); `finish()`
+//!   gathers every stage's parameters so they can be read.
 //!
 //! Agreement. `step_end` first completes every reduction (launching the ones a failed step left
 //! unlaunched, so every rank posts the same collectives), then all ranks of the mesh agree, with
@@ -57,8 +78,9 @@
 //! dimensions in mesh order), identical on every backend and rank; the optimizer then applies the
 //! same operations as a single-rank reference that sums in this order.
 //!
-//! Memory: every bucket keeps a flat gradient buffer (and in sharded mode a flat parameter buffer
-//! and a shard), i.e. about one extra copy of the gradients (two in sharded mode). Optimizers:
+//! Memory: every bucket keeps a flat gradient buffer (in stages 1 and 2 also a flat parameter
+//! buffer, in stages 2 and 3 a gradient shard, in stage 3 a parameter shard), i.e. about one extra
+//! copy of the gradients (two in stages 1 and 2). Optimizers:
 //! `sgd` (stateless, `opt(params, grads)`) and `adam` (stateful, `opt.step(key, params, grads)`,
 //! one key per stage, or per bucket in sharded mode), whose moments then cover the rank's shard
 //! only: ZeRO-1/2's saving of optimizer state (tested: half the moments at dp 2).
@@ -146,6 +168,17 @@ struct grad_range {
 template <class S>
 concept parameterized_stage = stage<S> && requires(S& s) {
   { s.params() } -> std::convertible_to<std::span<typename S::value_type>>;
+};
+
+//! A stage whose parameter storage can be given up between uses, for ZeRO-3: after
+//! `release_params()` it holds none (`params()` is empty) and must not run until
+//! `acquire_params()` gave it storage again (contents unspecified: `data_parallel` fills it
+//! before the stage's next action). On a device, the release must be ordered after the stage's
+//! work so far (e.g. `cudaFreeAsync` on its stream).
+template <class S>
+concept releasable_stage = parameterized_stage<S> && requires(S& s) {
+  s.release_params();
+  s.acquire_params();
 };
 
 //! A stage that says which parts of its gradient are partial over which dimensions (ranges
@@ -272,7 +305,10 @@ struct data_parallel_faults {
 //! Knobs of `data_parallel` (designated initialisers).
 struct data_parallel_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;  //!< bucket capacity (DDP's default 25 MB)
-  bool sharded = false;        //!< ZeRO-2/FSDP style: reduce-scatter, update the shard, all-gather
+  bool sharded = false;        //!< ZeRO stage 2 (when `zero_stage` is 0)
+  //! ZeRO stage (see the file comment): 0 none, 1 optimizer state, 2 and gradients, 3 and
+  //! parameters (the stage must be a `releasable_stage`). 0 with `sharded` is 2.
+  int zero_stage = 0;
   bool deterministic = false;  //!< rank-ordered sums (bitwise reproducible)
   bool eager = true;           //!< launch buckets when ready (false: all after the step)
   double grad_scale = 1.0;     //!< factor applied to the reduced gradients (1/dp: average)
@@ -324,6 +360,12 @@ class data_parallel final : public step_observer {
     if (opt_.bucket_bytes < sizeof(value_type))
       throw config_error("data_parallel: bucket_bytes " + std::to_string(opt_.bucket_bytes) +
                          " is smaller than one gradient element (" + std::to_string(sizeof(value_type)) + " bytes)");
+    if (opt_.zero_stage < 0 || opt_.zero_stage > 3)
+      throw config_error("data_parallel: zero_stage " + std::to_string(opt_.zero_stage) + " is not 0, 1, 2 or 3");
+    zero_ = opt_.zero_stage != 0 ? opt_.zero_stage : opt_.sharded ? 2 : 0;
+    if (zero_ == 3 && !releasable_stage<Stage>)
+      throw config_error("data_parallel: ZeRO stage 3 needs stages that can give up their parameters (release_params(), "
+                         "acquire_params(): loom::releasable_stage)");
     for (unsigned x = 0; x < 4; ++x) groups_[x] = &mesh.group(group_dims(x));
   }
 
@@ -369,6 +411,24 @@ class data_parallel final : public step_observer {
       for (std::size_t li = 0; li < L; ++li)
         if (ids[li].stage == st && ids[li].direction == s.direction_of(mb)) last[li] = static_cast<long>(i);
     }
+    // ZeRO-3 prefetch order: local stages by their first action in the program.
+    {
+      std::vector<long> first(L, -1);
+      auto touch = [&](int st, int mb, long at) {
+        for (std::size_t li = 0; li < L; ++li)
+          if (ids[li].stage == st && ids[li].direction == s.direction_of(mb) && first[li] < 0) first[li] = at;
+      };
+      for (std::size_t i = 0; i < prog.size(); ++i) {
+        const action& a = prog[i];
+        if (a.kind == op::send || a.kind == op::recv) continue;
+        touch(a.stage, a.mb, static_cast<long>(i));
+        if (a.kind == op::FB) touch(a.bstage, a.bmb, static_cast<long>(i));
+      }
+      use_order_.resize(L);
+      for (std::size_t i = 0; i < L; ++i) use_order_[i] = i;
+      std::sort(use_order_.begin(), use_order_.end(),
+                [&](std::size_t a, std::size_t b) { return first[a] != first[b] ? first[a] < first[b] : a < b; });
+    }
     // A stage's buckets go out after its last weight-gradient action and after the sends that
     // directly follow it (the input gradient it produced, on the pipeline's critical path).
     launch_after_.assign(L, -1);
@@ -413,22 +473,21 @@ class data_parallel final : public step_observer {
     for (bucket& b : buckets_) {
       for (std::size_t li : b.stages) b.launch_after = std::max(b.launch_after, launch_after_[li]);
       const auto n = static_cast<std::size_t>(groups_[b.group]->size());
-      const std::size_t padded = opt_.sharded ? (b.elements + n - 1) / n * n : b.elements;
+      const std::size_t padded = zero_ > 0 ? (b.elements + n - 1) / n * n : b.elements;
+      b.padded = padded;
 #if defined(LOOM_HAS_CUDA)
       if constexpr (on_device) {
         b.dgrad = device_zeros(padded, "dp bucket gradient");
-        if (opt_.sharded) {
-          b.dparam = device_zeros(padded, "dp bucket parameters");
-          b.dshard = device_zeros(padded / n, "dp bucket shard");
-        }
+        if (zero_ == 1 || zero_ == 2) b.dparam = device_zeros(padded, "dp bucket parameters");
+        if (zero_ >= 2) b.dshard = device_zeros(padded / n, "dp bucket shard");
+        if (zero_ == 3) b.dpshard = device_zeros(padded / n, "dp bucket parameter shard");
         continue;
       }
 #endif
       b.grad.assign(padded, value_type{});
-      if (opt_.sharded) {
-        b.param.assign(padded, value_type{});
-        b.shard.assign(padded / n, value_type{});
-      }
+      if (zero_ == 1 || zero_ == 2) b.param.assign(padded, value_type{});
+      if (zero_ >= 2) b.shard.assign(padded / n, value_type{});
+      if (zero_ == 3) b.pshard.assign(padded / n, value_type{});
     }
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device)
@@ -445,6 +504,8 @@ class data_parallel final : public step_observer {
                            std::to_string(covered));
     }
     check_layout();
+    if constexpr (releasable_stage<Stage>)
+      if (zero_ == 3) shard_parameters();
     attached_ = true;
     if (opt_.progress_interval.count() > 0 && !helper_.joinable()) helper_ = std::thread([this] { progress_loop(); });
   }
@@ -454,6 +515,9 @@ class data_parallel final : public step_observer {
   //! communication stream (so an error or a race report of either reaches the caller).
   void finish() {
     std::lock_guard lk(mu_);
+    if constexpr (releasable_stage<Stage>)
+      if (zero_ == 3)
+        for (std::size_t li : use_order_) materialise(li, false);
     for (bucket& b : buckets_) finish_gather(b);
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device)
@@ -492,14 +556,27 @@ class data_parallel final : public step_observer {
 #endif
     return r;
   }
+  //! The ZeRO stage in use (0: none).
+  int zero_stage() const { return zero_; }
+  //! Elements of parameter storage this rank holds now: its stages' parameters plus the reducer's
+  //! copies (the buckets' flat parameters in ZeRO stages 1 and 2, the shards in stage 3). Under
+  //! ZeRO-3, between steps, only the shards: 1/dp of the stages' parameters (plus padding).
+  std::size_t parameters_held() {
+    std::size_t n = 0;
+    for (auto& st : stages_) n += std::span<value_type>(st.params()).size();
+    for (const bucket& b : buckets_) n += b.param.size() + b.pshard.size() + b.dparam.size() + b.dpshard.size();
+    return n;
+  }
   //! The optimizer (its state: `adam::state_bytes()`).
   const Opt& optimizer() const { return optimizer_; }
 
   // ---- step_observer ------------------------------------------------------------------------
   //! Waits for the prefetched parameters of local stage `local` (sharded mode).
   void before_first_use(std::size_t local) override {
-    if (!opt_.sharded) return;
+    if (zero_ == 0) return;
     std::lock_guard lk(mu_);
+    if constexpr (releasable_stage<Stage>)
+      if (zero_ == 3) return materialise(local, true);
     for (bucket& b : buckets_)
       if (b.gathering && std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) finish_gather(b);
   }
@@ -509,6 +586,8 @@ class data_parallel final : public step_observer {
     std::lock_guard lk(mu_);
     for (bucket& b : buckets_)
       if (std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) --b.waiting;
+    if constexpr (releasable_stage<Stage>)
+      if (zero_ == 3) release(local);
   }
   //! After each action: launches the buckets whose stages are ready and whose launch point has
   //! passed (in order, per group), and tests the reductions in flight.
@@ -547,36 +626,45 @@ class data_parallel final : public step_observer {
         b.red.wait();
         b.reducing = false;
       }
+    release_all();
     agree(failed_rank, cause);
     const auto scale = static_cast<value_type>(opt_.grad_scale);
     for (bucket& b : buckets_) {
-      if (!opt_.sharded) {
+      if (zero_ == 0) {
         for (const piece& pc : b.pieces) {
           std::span<value_type> g = grad_of(pc);
           for (std::size_t i = 0; i < pc.size; ++i) g[i] = opt_.grad_scale == 1.0 ? b.grad[pc.at + i] : b.grad[pc.at + i] * scale;
         }
         continue;
       }
+      auto& c = *groups_[b.group];
+      const std::size_t k = b.padded / static_cast<std::size_t>(c.size()), at = static_cast<std::size_t>(c.rank()) * k;
+      // The reduced gradient of this rank's shard: its slice of the all-reduced bucket (stage 1) or the reduce-scatter's output.
+      std::span<value_type> g = zero_ == 1 ? std::span<value_type>(b.grad).subspan(at, k) : std::span<value_type>(b.shard);
       if (opt_.grad_scale != 1.0)
-        for (auto& v : b.shard) v *= scale;
+        for (auto& v : g) v *= scale;
+      const auto key = static_cast<std::size_t>(&b - buckets_.data());
+      if (zero_ == 3) {  // the shard is the parameters: updated in place, gathered at the next first use
+        host_update(key, std::span<value_type>(b.pshard), std::span<const value_type>(g));
+        continue;
+      }
       // The shard of the parameters, from the stages (padding stays zero), updated in place.
       for (const piece& pc : b.pieces) {
         std::span<value_type> w = params_of(pc);
         std::copy(w.begin(), w.end(), b.param.begin() + static_cast<std::ptrdiff_t>(pc.at));
       }
-      auto& c = *groups_[b.group];
-      const std::size_t k = b.shard.size();
-      std::span<value_type> mine = std::span<value_type>(b.param).subspan(static_cast<std::size_t>(c.rank()) * k, k);
-      host_update(static_cast<std::size_t>(&b - buckets_.data()), mine, std::span<const value_type>(b.shard));
+      std::span<value_type> mine = std::span<value_type>(b.param).subspan(at, k);
+      host_update(key, mine, std::span<const value_type>(g));
       if (c.size() == 1) {
         b.gathering = true;  // nothing to gather: written back at first use
         continue;
       }
+      settle(b.group);
       b.gather = c.iall_gather(std::span<const value_type>(mine), std::span<value_type>(b.param));
       b.gathering = true;
       b.gather_in_flight = true;
     }
-    if (!opt_.sharded)
+    if (zero_ == 0)
       for (std::size_t li = 0; li < stages_.size(); ++li)
         host_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(stages_[li].weight_grad()));
   }
@@ -603,8 +691,11 @@ class data_parallel final : public step_observer {
     std::size_t elements = 0;
     std::vector<piece> pieces;
     std::vector<std::size_t> stages;
-    std::vector<value_type> grad, param, shard;
-    std::span<value_type> dgrad, dparam, dshard;    // on a device: grad, param, shard
+    std::size_t padded = 0;  // elements, padded to a multiple of the group size under ZeRO
+    std::vector<value_type> grad, param, shard, pshard;  // pshard: ZeRO-3's parameter shard (param: its transient full buffer)
+    std::span<value_type> dgrad, dparam, dshard, dpshard;  // on a device: grad, param, shard, pshard
+    bool full_live = false;   // ZeRO-3: the full parameter buffer exists (gathering or gathered)
+    std::size_t need = 0;     // ZeRO-3: stages still to fill from it
     reduction<comm_type, value_type> red;
     typename comm_type::request gather{};
     int waiting = 0;
@@ -613,6 +704,15 @@ class data_parallel final : public step_observer {
     long launch_after = -1;  // the latest launch point of its stages (a program position)
   };
 
+  //! Before a collective is posted on group `x`: every reduction in flight on it posts the
+  //! collectives it still needs, so every rank posts the group's collectives in the same order
+  //! (`reduction::post_remaining`; found by the ZeRO-1 tests on MPI, where a rank-ordered
+  //! all-reduce's second collective crossed the next bucket's first).
+  void settle(unsigned x) {
+    if constexpr (!on_device)
+      for (bucket& b : buckets_)
+        if (b.group == x && b.reducing) b.red.post_remaining();
+  }
   //! Tests every reduction in flight (with `mu_` held).
   void test_all() {
     if constexpr (!on_device)  // on a device everything is enqueued: nothing to progress
@@ -720,10 +820,11 @@ class data_parallel final : public step_observer {
     }
     auto& c = *groups_[b.group];
     if (c.size() == 1) {
-      if (opt_.sharded) std::copy(b.grad.begin(), b.grad.end(), b.shard.begin());
+      if (zero_ >= 2) std::copy(b.grad.begin(), b.grad.end(), b.shard.begin());
       return;
     }
-    if (opt_.sharded) b.red.start_reduce_scatter(c, std::span<const value_type>(b.grad), std::span<value_type>(b.shard), opt_.deterministic);
+    settle(b.group);
+    if (zero_ >= 2) b.red.start_reduce_scatter(c, std::span<const value_type>(b.grad), std::span<value_type>(b.shard), opt_.deterministic);
     else b.red.start_all_reduce(c, std::span<value_type>(b.grad), opt_.deterministic);
     b.reducing = true;
   }
@@ -746,6 +847,158 @@ class data_parallel final : public step_observer {
       std::span<value_type> w = params_of(pc);
       std::copy(b.param.begin() + static_cast<std::ptrdiff_t>(pc.at),
                 b.param.begin() + static_cast<std::ptrdiff_t>(pc.at + pc.size), w.begin());
+    }
+  }
+
+  // ---- ZeRO-3 (see the file comment) ----------------------------------------------------------
+  bool in_bucket(const bucket& b, std::size_t li) const { return std::find(b.stages.begin(), b.stages.end(), li) != b.stages.end(); }
+
+  //! At attach: every rank keeps its shard of each bucket's parameters, the stages give theirs up.
+  void shard_parameters() {
+    held_.assign(stages_.size(), 1);
+    for (bucket& b : buckets_) {
+      auto& c = *groups_[b.group];
+      const std::size_t k = b.padded / static_cast<std::size_t>(c.size()), at = static_cast<std::size_t>(c.rank()) * k;
+#if defined(LOOM_HAS_CUDA)
+      if constexpr (on_device) {
+        cuda::device_buffer<value_type> full(b.padded);
+        LOOM_CUDA_TRY(cudaMemsetAsync(full.data(), 0, full.bytes(), compute_));
+        move_pieces(b, full.span(), true, compute_, "dp parameters pack", [&](const piece& pc) { return params_of(pc); });
+        LOOM_CUDA_TRY(cudaMemcpyAsync(b.dpshard.data(), full.data() + at, k * sizeof(value_type), cudaMemcpyDeviceToDevice, compute_));
+        LOOM_CUDA_TRY(cudaStreamSynchronize(compute_));
+        continue;
+      }
+#endif
+      std::vector<value_type> full(b.padded, value_type{});
+      for (const piece& pc : b.pieces) {
+        std::span<value_type> w = params_of(pc);
+        std::copy(w.begin(), w.end(), full.begin() + static_cast<std::ptrdiff_t>(pc.at));
+      }
+      std::copy(full.begin() + static_cast<std::ptrdiff_t>(at), full.begin() + static_cast<std::ptrdiff_t>(at + k), b.pshard.begin());
+    }
+    for (std::size_t li = 0; li < stages_.size(); ++li) release(li);
+  }
+  //! Local stage `li` gives up its parameters (after its work so far).
+  void release(std::size_t li) {
+    if constexpr (releasable_stage<Stage>) {
+      if (held_.empty() || held_[li] == 0) return;
+      stages_[li].release_params();
+      held_[li] = 0;
+    }
+  }
+  //! The step's end: every stage gives its parameters up, every full buffer left is freed.
+  void release_all() {
+    if (zero_ != 3) return;
+    for (std::size_t li = 0; li < stages_.size(); ++li) release(li);
+    for (bucket& b : buckets_)
+      if (b.full_live) {
+        wait_full(b);
+        free_full(b);
+      }
+  }
+  //! Starts the all-gather of bucket `b`'s shards into a new full buffer (nothing if it exists).
+  void start_full(bucket& b) {
+    if (b.full_live) return;
+    auto& c = *groups_[b.group];
+    b.need = 0;
+    for (std::size_t li : b.stages) b.need += held_[li] == 0 ? 1 : 0;
+    b.full_live = true;
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) {
+      cudaStream_t s = dp_stream_.get();
+      join(s, compute_);  // after the last update of the shard
+      value_type* p = nullptr;
+      LOOM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&p), b.padded * sizeof(value_type), s));
+      cuda::name_memory(p, "r" + std::to_string(mesh_->rank()) + " dp bucket parameters (ZeRO-3, transient)");
+      b.dparam = {p, b.padded};
+      if (c.size() == 1) {
+        const cuda::byte_access acc[] = {cuda::reads(b.dpshard), cuda::writes(b.dparam)};
+        cuda::region reg(s, "dp parameters gather", acc);
+        LOOM_CUDA_TRY(cudaMemcpyAsync(p, b.dpshard.data(), b.dpshard.size_bytes(), cudaMemcpyDeviceToDevice, s));
+      } else {
+        c.all_gather(std::span<const value_type>(b.dpshard), b.dparam, s);
+      }
+      b.gather_in_flight = true;
+      return;
+    }
+#endif
+    if constexpr (!on_device) {
+      settle(b.group);
+      b.param.assign(b.padded, value_type{});
+      if (c.size() == 1) {
+        std::copy(b.pshard.begin(), b.pshard.end(), b.param.begin());
+        return;
+      }
+      b.gather = c.iall_gather(std::span<const value_type>(b.pshard), std::span<value_type>(b.param));
+      b.gather_in_flight = true;
+    }
+  }
+  //! Completes the gather of `b` (on a device: the compute stream waits for it).
+  void wait_full(bucket& b) {
+    if (!b.gather_in_flight) return;
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) {
+      join(compute_, dp_stream_.get());
+      b.gather_in_flight = false;
+      return;
+    }
+#endif
+    if constexpr (!on_device) {
+      groups_[b.group]->wait(b.gather);
+      b.gather = typename comm_type::request{};
+      b.gather_in_flight = false;
+    }
+  }
+  //! Frees the full buffer of `b` (on a device: after the compute stream's work so far).
+  void free_full(bucket& b) {
+    b.full_live = false;
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) {
+      LOOM_CUDA_TRY(cudaFreeAsync(b.dparam.data(), compute_));
+      b.dparam = {};
+      return;
+    }
+#endif
+    b.param.clear();
+    b.param.shrink_to_fit();
+  }
+  //! Local stage `li` gets its parameters back from its buckets' gathers; with `prefetch` the
+  //! gathers of the next stage in first-use order start too.
+  void materialise(std::size_t li, bool prefetch) {
+    if constexpr (releasable_stage<Stage>) {
+      if (held_[li] == 0) {
+        for (bucket& b : buckets_)
+          if (in_bucket(b, li)) start_full(b);
+        stages_[li].acquire_params();
+        held_[li] = 1;
+        for (bucket& b : buckets_) {
+          if (!in_bucket(b, li)) continue;
+          wait_full(b);
+#if defined(LOOM_HAS_CUDA)
+          if constexpr (on_device) {
+            move_pieces(b, b.dparam, false, compute_, "dp parameters unpack", [&](const piece& pc) { return params_of(pc); }, li);
+          } else
+#endif
+          {
+            for (const piece& pc : b.pieces)
+              if (pc.local == li)
+                std::copy(b.param.begin() + static_cast<std::ptrdiff_t>(pc.at),
+                          b.param.begin() + static_cast<std::ptrdiff_t>(pc.at + pc.size), params_of(pc).begin());
+          }
+          if (b.need > 0 && --b.need == 0) free_full(b);
+        }
+      }
+      if (!prefetch) return;
+      const auto at = std::find(use_order_.begin(), use_order_.end(), li);
+      for (auto it = at == use_order_.end() ? at : at + 1; it != use_order_.end(); ++it) {
+        if (held_[*it] != 0) continue;
+        for (bucket& b : buckets_)
+          if (in_bucket(b, *it)) start_full(b);
+        break;
+      }
+    } else {
+      (void)li;
+      (void)prefetch;
     }
   }
 
@@ -799,10 +1052,13 @@ class data_parallel final : public step_observer {
   }
   //! Copies each piece between the bucket buffer `flat` and the stages (`to_flat`: gather the
   //! stages' `what` into it; else scatter it back), on `s`, as one region named `label`.
+  //! With `only` set, the pieces of that local stage only.
   template <class Of>
-  void move_pieces(const bucket& b, std::span<value_type> flat, bool to_flat, cudaStream_t s, const char* label, Of&& of) {
+  void move_pieces(const bucket& b, std::span<value_type> flat, bool to_flat, cudaStream_t s, const char* label, Of&& of,
+                   std::size_t only = static_cast<std::size_t>(-1)) {
     std::vector<cuda::byte_access> acc;
     for (const piece& pc : b.pieces) {
+      if (only != static_cast<std::size_t>(-1) && pc.local != only) continue;
       auto st = of(pc);
       auto fl = flat.subspan(pc.at, pc.size);
       acc.push_back(to_flat ? cuda::reads(st) : cuda::reads(fl));
@@ -810,6 +1066,7 @@ class data_parallel final : public step_observer {
     }
     cuda::region reg(s, label, acc);
     for (const piece& pc : b.pieces) {
+      if (only != static_cast<std::size_t>(-1) && pc.local != only) continue;
       auto st = of(pc);
       auto fl = flat.subspan(pc.at, pc.size);
       if (pc.size != 0)
@@ -826,7 +1083,7 @@ class data_parallel final : public step_observer {
     if (t != nullptr) t->start.record(cuda::stream_ref(s));
     move_pieces(b, b.dgrad, true, s, "dp bucket pack", [&](const piece& pc) { return grad_of(pc); });
     if (c.size() == 1) {
-      if (opt_.sharded) {
+      if (zero_ >= 2) {
         const cuda::byte_access acc[] = {cuda::reads(b.dgrad), cuda::writes(b.dshard)};
         cuda::region reg(s, "dp bucket shard", acc);
         LOOM_CUDA_TRY(cudaMemcpyAsync(b.dshard.data(), b.dgrad.data(), b.dshard.size_bytes(), cudaMemcpyDeviceToDevice, s));
@@ -834,9 +1091,9 @@ class data_parallel final : public step_observer {
       return;
     }
     if (opt_.deterministic) {  // rank-ordered (the group's own sums where they already are)
-      if (opt_.sharded) ordered_reduce_scatter(c, std::span<const value_type>(b.dgrad), b.dshard, s);
+      if (zero_ >= 2) ordered_reduce_scatter(c, std::span<const value_type>(b.dgrad), b.dshard, s);
       else ordered_all_reduce(c, b.dgrad, s);
-    } else if (opt_.sharded) {
+    } else if (zero_ >= 2) {
       c.reduce_scatter(std::span<const value_type>(b.dgrad), b.dshard, reduce_op::sum, s);
     } else {
       c.all_reduce(b.dgrad, reduce_op::sum, s);
@@ -856,26 +1113,33 @@ class data_parallel final : public step_observer {
     ++steps_;
     if (!opt_.faults.skip_update_wait) join(compute_, dp_stream_.get());  // every bucket's reduction
     for (bucket& b : buckets_) b.reducing = false;
+    release_all();
     agree(failed_rank, cause);
     for (bucket& b : buckets_) {
-      if (!opt_.sharded) {
+      if (zero_ == 0) {
         device_scale(b.dgrad.first(b.elements));
         move_pieces(b, b.dgrad, false, compute_, "dp gradient write-back", [&](const piece& pc) { return grad_of(pc); });
         continue;
       }
-      device_scale(b.dshard);
-      move_pieces(b, b.dparam, true, compute_, "dp parameters pack", [&](const piece& pc) { return params_of(pc); });
       auto& c = *groups_[b.group];
-      const std::size_t k = b.dshard.size();
-      std::span<value_type> mine = b.dparam.subspan(static_cast<std::size_t>(c.rank()) * k, k);
-      device_update(static_cast<std::size_t>(&b - buckets_.data()), mine, std::span<const value_type>(b.dshard));
+      const std::size_t k = b.padded / static_cast<std::size_t>(c.size()), at = static_cast<std::size_t>(c.rank()) * k;
+      std::span<value_type> g = zero_ == 1 ? b.dgrad.subspan(at, k) : b.dshard;
+      device_scale(g);
+      const auto key = static_cast<std::size_t>(&b - buckets_.data());
+      if (zero_ == 3) {
+        device_update(key, b.dpshard, std::span<const value_type>(g));
+        continue;
+      }
+      move_pieces(b, b.dparam, true, compute_, "dp parameters pack", [&](const piece& pc) { return params_of(pc); });
+      std::span<value_type> mine = b.dparam.subspan(at, k);
+      device_update(key, mine, std::span<const value_type>(g));
       b.gathering = true;
       if (c.size() == 1) continue;  // nothing to gather: written back at first use
       join(dp_stream_.get(), compute_);
       c.all_gather(std::span<const value_type>(mine), b.dparam, dp_stream_.get());
       b.gather_in_flight = true;
     }
-    if (!opt_.sharded)
+    if (zero_ == 0)
       for (std::size_t li = 0; li < stages_.size(); ++li)
         device_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(stages_[li].weight_grad()));
   }
@@ -917,6 +1181,9 @@ class data_parallel final : public step_observer {
 
   MeshComm* mesh_;
   data_parallel_options opt_;
+  int zero_ = 0;                        // the ZeRO stage
+  std::vector<std::size_t> use_order_;  // local stages by first action (ZeRO-3 prefetch)
+  std::vector<char> held_;              // ZeRO-3: whether local stage li holds its parameters
   Opt optimizer_;
   comm_type* groups_[4] = {};
   std::span<Stage> stages_;
