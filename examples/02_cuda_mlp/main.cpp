@@ -69,6 +69,8 @@ struct options {
   int zero_stage = 0;      // with --dp: ZeRO stage 0..3 of loom::data_parallel
   std::string optimizer = "sgd";  // with --dp: sgd or adam
   double adam_lr = 0.01;   // Adam's learning rate
+  int local_steps = 0;     // with --dp: local SGD, parameters averaged every H steps
+  bool one_shot = false;   // with --local-steps: averaged once, after the last step
   std::string trace, svg;  // where to write the last step's measured timeline (implies measure)
 };
 
@@ -190,14 +192,17 @@ verdict train_on(World& world, PpComm& pp, Sync* sync, int replica, const option
 //! One rank's training over a device world: the plain pipeline, or with `--dp` a dp x pp mesh
 //! over it whose replicas' gradients `loom::data_parallel` reduces on the device.
 template <class Comm>
-verdict train(Comm& world, const options& o, const loom::schedule& s, const quickstart::mlp_spec& m, const cuda_mlp::reference& ref) {
-  if (o.dp == 1) return train_on<cuda_mlp::stage>(world, world, static_cast<std::nullptr_t*>(nullptr), 0, o, s, m, ref);
+verdict train(Comm& world, const options& o, const loom::schedule& s, const quickstart::mlp_spec& m,
+              const std::vector<cuda_mlp::reference>& refs) {
+  if (o.dp == 1) return train_on<cuda_mlp::stage>(world, world, static_cast<std::nullptr_t*>(nullptr), 0, o, s, m, refs[0]);
   loom::mesh_comm g(loom::mesh<loom::dp<>, loom::pp<>>{loom::dp<>{o.dp}, loom::pp<>{s.ranks}}, world);
   auto with = [&](auto optimizer) {
     loom::data_parallel<decltype(g), dp_stage, decltype(optimizer)> sync(
-        g, {.zero_stage = o.zero_stage, .deterministic = o.deterministic, .eager = !o.dp_after, .grad_scale = 1.0 / o.dp, .measure = o.measure},
+        g, {.zero_stage = o.zero_stage, .local_steps = o.local_steps, .one_shot = o.one_shot, .deterministic = o.deterministic,
+            .eager = !o.dp_after, .grad_scale = o.local_steps > 0 ? 1.0 : 1.0 / o.dp, .measure = o.measure},
         optimizer);
-    auto v = train_on<dp_stage>(world, g.pp(), &sync, g.coord(loom::dim::dp), o, s, m, ref);
+    const int replica = g.coord(loom::dim::dp);
+    auto v = train_on<dp_stage>(world, g.pp(), &sync, replica, o, s, m, refs[refs.size() == 1 ? 0 : static_cast<std::size_t>(replica)]);
     if (world.rank() == 0 && o.zero_stage > 0)
       std::printf("ZeRO stage %d: rank 0 held %zu parameter elements after the last step, for its stages' %zu\n", o.zero_stage,
                   v.held, v.stage_params);
@@ -247,6 +252,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 3));
   app.add_option("--optimizer", o.optimizer, "with --dp: sgd or adam")->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--adam-lr", o.adam_lr, "Adam's learning rate (default 0.01)")->check(CLI::PositiveNumber);
+  app.add_option("--local-steps", o.local_steps, "with --dp: local SGD, replicas average their parameters every H steps (0: synchronous)");
+  app.add_flag("--one-shot", o.one_shot, "with --local-steps: average once, after the last step");
   app.add_flag("--sync-after-step", o.dp_after, "with --dp: reduce every bucket after the step instead of while the pipeline runs");
   app.add_option("--trace", o.trace, "write the last step's measured timeline as a Perfetto trace (JSON) here (implies --measure)");
   app.add_option("--svg", o.svg, "write the last step's measured timeline as an SVG here (implies --measure)");
@@ -266,7 +273,9 @@ int main(int argc, char** argv) {
     if (o.dp > 1 && o.launch != "threads") throw loom::config_error("--dp needs --launch threads");
     if (o.dp > 1 && o.graph) throw loom::config_error("--dp and --graph: data_parallel does not run in graph mode");
     if (o.dp_after && o.dp == 1) throw loom::config_error("--sync-after-step needs --dp 2 or more");
-    if ((o.zero_stage > 0 || o.optimizer != "sgd") && o.dp == 1)
+    if (o.local_steps < 0) throw loom::config_error("--local-steps " + std::to_string(o.local_steps) + " is negative");
+    if (o.one_shot && o.local_steps == 0) throw loom::config_error("--one-shot needs --local-steps H");
+    if ((o.zero_stage > 0 || o.optimizer != "sgd" || o.local_steps > 0) && o.dp == 1)
       throw loom::config_error("--zero-stage and --optimizer are loom::data_parallel's: they need --dp 2 or more");
     auto avail = loom::cuda::available();
     if (!avail) {
@@ -288,21 +297,30 @@ int main(int argc, char** argv) {
       m.samples = o.samples;
       return m;
     };
+    // The reference: one model (synchronous), or with --local-steps the replicas one after another,
+    // each its own model, averaged in replica order as loom::data_parallel averages.
     auto reference_for = [&](const loom::schedule& s, const quickstart::mlp_spec& m) {
-      cuda_mlp::reference ref(m);
+      std::vector<cuda_mlp::reference> refs(o.local_steps > 0 ? static_cast<std::size_t>(o.dp) : 1, cuda_mlp::reference(m));
       const double scale = 1.0 / o.microbatches;
+      const loom::adam<float> adam{.lr = o.adam_lr};
+      const loom::adam<float>* with = o.optimizer == "adam" ? &adam : nullptr;
       for (int st = 0; st < o.steps && !o.no_reference; ++st) {
         if (o.dp == 1) {
-          ref.step(m, o.microbatches, batch_of(o, m, st, 0), scale);
+          refs[0].step(m, o.microbatches, batch_of(o, m, st, 0), scale);
+          continue;
+        }
+        if (o.local_steps > 0) {
+          for (int d = 0; d < o.dp; ++d)
+            refs[static_cast<std::size_t>(d)].data_parallel_step(m, o.microbatches, {batch_of(o, m, st, d)}, scale, 1.0f, with);
+          if ((!o.one_shot && (st + 1) % o.local_steps == 0) || (o.one_shot && st + 1 == o.steps)) cuda_mlp::reference::average(refs);
           continue;
         }
         std::vector<cuda_mlp::batch> replicas;
         for (int d = 0; d < o.dp; ++d) replicas.push_back(batch_of(o, m, st, d));
-        const loom::adam<float> adam{.lr = o.adam_lr};
-        ref.data_parallel_step(m, o.microbatches, replicas, scale, static_cast<float>(1.0 / o.dp), o.optimizer == "adam" ? &adam : nullptr);
+        refs[0].data_parallel_step(m, o.microbatches, replicas, scale, static_cast<float>(1.0 / o.dp), with);
       }
       (void)s;
-      return ref;
+      return refs;
     };
     if (o.launch == "threads") {
       loom::schedule s = make(o.ranks);

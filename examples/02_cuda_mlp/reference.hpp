@@ -76,6 +76,17 @@ struct reference {
         params[l][e] -= step;
       }
   }
+  //! Local SGD's average: every replica's parameters become `(sum in replica order) * (1/replicas)`
+  //! (the product rounded once), as `loom::data_parallel` averages.
+  static void average(std::vector<reference>& replicas) {
+    const float inv = static_cast<float>(1.0 / static_cast<double>(replicas.size()));
+    for (std::size_t l = 0; l < replicas[0].params.size(); ++l)
+      for (std::size_t e = 0; e < replicas[0].params[l].size(); ++e) {
+        float sum = replicas[0].params[l][e];
+        for (std::size_t r = 1; r < replicas.size(); ++r) sum += replicas[r].params[l][e];
+        for (auto& rep : replicas) rep.params[l][e] = sum * inv;
+      }
+  }
   std::vector<std::vector<float>> m1, m2;  //!< Adam's moments (with `data_parallel_step`'s `adam`)
   long adam_t = 0;                         //!< steps taken (Adam's bias correction)
 

@@ -44,6 +44,8 @@ struct options {
   int zero_stage = -1;
   std::string optimizer = "sgd";
   double adam_lr = 0.01;
+  int local_steps = 0;
+  bool one_shot = false;
   std::size_t bucket_bytes = std::size_t{25} << 20;
   bool lazy = false;
   int calibrate = 0;
@@ -54,6 +56,7 @@ struct options {
 run_options run(const options& o) {
   return {.layout = o.layout, .microbatches = o.microbatches, .steps = o.steps, .deterministic = o.deterministic,
           .zero = o.zero, .zero_stage = o.zero_stage < 0 ? 0 : o.zero_stage, .adam = o.optimizer == "adam", .adam_lr = o.adam_lr,
+          .local_steps = o.local_steps, .one_shot = o.one_shot,
           .bucket_bytes = o.bucket_bytes, .sync_after_step = o.lazy, .print = true,
           .calibrate = o.calibrate, .costs_out = o.costs_out};
 }
@@ -77,6 +80,12 @@ std::string configure(options& o) {
   if (o.zero && o.zero_stage >= 0 && o.zero_stage != 2)
     return "--zero is ZeRO stage 2 but --zero-stage says " + std::to_string(o.zero_stage) + ": give one of them";
   if (!(o.adam_lr > 0)) return "--adam-lr must be positive";
+  if (o.local_steps < 0) return "--local-steps " + std::to_string(o.local_steps) + " is negative";
+  if (o.one_shot && o.local_steps == 0) return "--one-shot averages local SGD's replicas once: it needs --local-steps H";
+  if (o.local_steps > 0 && (o.zero || o.zero_stage > 0))
+    return "--local-steps and ZeRO: replicas that update on their own gradients cannot share shards";
+  if (o.local_steps > 0 && o.layout.kind != seq_kind::none)
+    return "--local-steps with a sequence split (--sp-kind): the replica's partial gradients are not reduced under local SGD yet";
   if (o.calibrate < 0) return "--calibrate " + std::to_string(o.calibrate) + " must be at least 0";
   if (o.bucket_bytes < sizeof(double)) return "--bucket-bytes " + std::to_string(o.bucket_bytes) + " is smaller than one value";
   for (auto [name, v] : {std::pair<const char*, int>{"--vocab", o.model.vocab}, {"--seq", o.model.seq},
@@ -107,6 +116,9 @@ int main(int argc, char** argv) {
                  "ZeRO stage: 0 none, 1 optimizer state, 2 and gradients, 3 and parameters (sharded between steps)");
   app.add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--adam-lr", o.adam_lr, "Adam's learning rate (default 0.01)");
+  app.add_option("--local-steps", o.local_steps,
+                 "local SGD: replicas update on their own gradients and average their parameters every H steps (0: synchronous)");
+  app.add_flag("--one-shot", o.one_shot, "with --local-steps: average once, after the last step (one-shot averaging)");
   app.add_option("--bucket-bytes", o.bucket_bytes, "gradient bucket size in bytes (default 25 MB)");
   app.add_option("--calibrate", o.calibrate,
                  "calibrate on steps 1..N, then print the pipeline step time predicted from the calibrated costs beside "
@@ -137,10 +149,13 @@ int main(int argc, char** argv) {
     m.blocks = std::max(m.blocks, sched.stages);
     auto banner = [&](const char* backend) {
       const int zs = o.zero_stage > 0 ? o.zero_stage : o.zero ? 2 : 0;
-      std::printf("loom mesh: %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s%s%s\n",
+      const std::string local = o.local_steps == 0 ? ""
+                                : o.one_shot ? ", local SGD, one-shot averaging"
+                                             : ", local SGD, averaged every " + std::to_string(o.local_steps) + " steps";
+      std::printf("loom mesh: %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s%s%s%s\n",
                   s.describe().c_str(), s.world(), backend, sched.name.c_str(), o.microbatches, sched.stages,
                   o.deterministic ? ", deterministic" : "", zs > 0 ? (", ZeRO-" + std::to_string(zs)).c_str() : "",
-                  o.optimizer == "adam" ? ", adam" : "");
+                  o.optimizer == "adam" ? ", adam" : "", local.c_str());
       std::printf("model: vocab %d, sequence %d, hidden %d, heads %d, ffn %d, blocks %d; buckets of %zu bytes%s\n", m.vocab,
                   m.seq, m.hidden, m.heads, m.ffn, m.blocks, o.bucket_bytes, o.lazy ? ", synchronised after the step" : "");
       std::fflush(stdout);

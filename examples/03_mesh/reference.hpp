@@ -82,6 +82,18 @@ class reference_model {
   //! The parameters.
   const std::map<key, std::vector<double>>& params() const { return params_; }
 
+  //! Local SGD's average: every parameter of every replica becomes `(sum in replica order) *
+  //! (1/replicas)`, as `loom::data_parallel` averages.
+  static void average(std::vector<reference_model>& replicas) {
+    const double inv = 1.0 / static_cast<double>(replicas.size());
+    for (auto& [k, w] : replicas[0].params_)
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        double sum = w[i];
+        for (std::size_t r = 1; r < replicas.size(); ++r) sum += replicas[r].params_.at(k)[i];
+        for (auto& rep : replicas) rep.params_.at(k)[i] = sum * inv;
+      }
+  }
+
   //! Updates with Adam (`a`'s hyper-parameters, the operations of `loom::detail::adam_element`)
   //! instead of SGD.
   void use_adam(const loom::adam<double>& a) {

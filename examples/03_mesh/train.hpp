@@ -42,6 +42,8 @@ struct run_options {
   int zero_stage = 0;                                  //!< ZeRO stage 0..3 (`loom::data_parallel_options`)
   bool adam = false;                                   //!< Adam instead of SGD (learning rate `adam_lr`)
   double adam_lr = 0.01;                               //!< Adam's learning rate
+  int local_steps = 0;                                 //!< local SGD: average over dp every H steps (0: synchronous)
+  bool one_shot = false;                               //!< local SGD: average once, after the last step
   std::size_t bucket_bytes = std::size_t{25} << 20;    //!< gradient bucket size
   bool sync_after_step = false;                        //!< launch reductions after the step
   bool print = false;                                  //!< rank 0 prints losses and counters
@@ -123,11 +125,13 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   stage_comms<C> sc{s.tp > 1 ? &g.tp() : nullptr, uly && s.u() > 1 ? &*uly : nullptr, ring && s.ring() > 1 ? &*ring : nullptr};
   using stage_t = transformer_stage<C>;
   loom::data_parallel<decltype(g), stage_t, Opt> sync(
-      g, {.bucket_bytes = o.bucket_bytes, .zero_stage = zero_stage(o), .deterministic = det, .eager = !o.sync_after_step},
+      g, {.bucket_bytes = o.bucket_bytes, .zero_stage = zero_stage(o), .local_steps = o.local_steps, .one_shot = o.one_shot,
+          .deterministic = det, .eager = !o.sync_after_step},
       optimizer);
   std::vector<double> targets;
   const int S = sched.stages, M = o.microbatches, T = s.tokens(m);
-  const double scale = 1.0 / (static_cast<double>(s.dp) * M * m.seq);
+  // The loss scale: the mean over the step's tokens; under local SGD each replica's own mean.
+  const double scale = 1.0 / (static_cast<double>(o.local_steps > 0 ? 1 : s.dp) * M * m.seq);
   loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
     auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
     return stage_t(m, s, tpr, spr, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale, &targets);
@@ -151,6 +155,12 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   const double tol = o.adam ? 1e-9 : 1e-12;
   reference_model ref(m);
   if (o.adam) ref.use_adam(loom::adam<double>{.lr = o.adam_lr});
+  // Local SGD: the replicas one after another, each its own model, averaged in replica order.
+  std::vector<reference_model> replicas;
+  if (o.local_steps > 0) replicas.assign(static_cast<std::size_t>(s.dp), ref);
+  reduction_order local_order = det ? reduction_order::of(m, s) : reduction_order::plain();
+  local_order.replicas = 1;
+  int since_average = 0;
   const reduction_order order = det ? reduction_order::of(m, s) : reduction_order::plain();
   run_report rep;
   long long bad = 0;
@@ -185,7 +195,21 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
     std::vector<double> loss{r.loss};
     if (det) loom::ordered_all_reduce(loss_group, std::span<double>(loss));
     else if (loss_group.size() > 1) loss_group.all_reduce(std::span<double>(loss), loom::reduce_op::sum);
-    if (o.check) {
+    if (o.check && o.local_steps > 0) {
+      double want = 0;
+      for (int r = 0; r < s.dp; ++r) {
+        const double l = replicas[static_cast<std::size_t>(r)].step(slice(m, data, r * M, M), M, local_order);
+        want = r == 0 ? l : want + l;
+      }
+      if (++since_average == o.local_steps && !o.one_shot) {
+        reference_model::average(replicas);
+        since_average = 0;
+      }
+      if (step + 1 == o.steps && o.one_shot) reference_model::average(replicas);
+      bad += det ? std::bit_cast<std::uint64_t>(loss[0]) != std::bit_cast<std::uint64_t>(want)
+                 : std::abs(loss[0] - want) > tol * std::abs(want);
+      if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
+    } else if (o.check) {
       const double want = ref.step(data, det ? M : s.dp * M, order);
       bad += det ? std::bit_cast<std::uint64_t>(loss[0]) != std::bit_cast<std::uint64_t>(want)
                  : std::abs(loss[0] - want) > tol * std::abs(want);
@@ -236,7 +260,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
     for (auto& st : p.stages()) {
       auto w = st.params();
       for (auto const& ts : st.tensors()) {
-        const auto& full = ref.params().at({ts.t, ts.block});
+        const auto& full = (o.local_steps > 0 ? replicas[static_cast<std::size_t>(d)] : ref).params().at({ts.t, ts.block});
         const int cols = full_shape(m, ts.t).second;
         double norm = 0;
         for (double v : full) norm = std::max(norm, std::abs(v));

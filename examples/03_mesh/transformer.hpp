@@ -341,6 +341,12 @@ inline void loss_backward(const double* probs, const double* target, double seed
 struct batch {
   std::vector<double> tokens, targets;  // [microbatches][seq]
 };
+//! Microbatches `[first, first + count)` of `b`.
+inline batch slice(const model_spec& m, const batch& b, int first, int count) {
+  const auto at = static_cast<std::ptrdiff_t>(first) * m.seq, n = static_cast<std::ptrdiff_t>(count) * m.seq;
+  return {{b.tokens.begin() + at, b.tokens.begin() + at + n}, {b.targets.begin() + at, b.targets.begin() + at + n}};
+}
+
 //! Tokens and next-token-like targets of `microbatches` sequences for step `step`.
 inline batch make_batch(const model_spec& m, int microbatches, int step) {
   batch b;

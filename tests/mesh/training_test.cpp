@@ -4,10 +4,12 @@
 // single-rank reference: bitwise in deterministic mode (the reference then adds in the mesh's
 // documented order), within 1e-12 relative otherwise. Each dimension alone, in pairs, the
 // 8-rank dp2 x pp2 x tp2 mesh over every registered schedule family, sp in its four kinds, ZeRO
-// on and off.
+// on and off, ZeRO stages 1-3 with SGD and Adam, local SGD (periodic and one-shot averaging).
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -173,4 +175,84 @@ TEST_CASE("mesh training: ZeRO stages 1, 2 and 3 with SGD and Adam equal the ref
     }
   }
   CHECK(runs == 2 * static_cast<int>(configs.size()));
+}
+
+TEST_CASE("mesh training: local SGD equals the replicas run one after another, averaging once per H steps") {
+  // Every family that fits 2 pipeline ranks on dp2 x pp2 (and dp2 x tp2), H = 1, 2, 3 over 4
+  // steps, SGD and Adam, one-shot averaging, both numerics modes: every rank equals its replica's
+  // reference (bitwise in deterministic mode), and the dp group carries exactly one all-reduce
+  // (of all the rank's parameters) in the steps that end a period, none in the others.
+  std::vector<config> configs;
+  for (auto const& e : loom::default_registry().entries())
+    if (e.check(e.resolve({2, 5, 0})).empty()) configs.push_back({layout(2, 1, 2, 1), e.name.c_str()});
+  configs.push_back({layout(2, 2, 1, 1), "1f1b"});
+  configs.push_back({layout(3, 1, 1, 1), "1f1b"});
+  int runs = 0, i = 0;
+  for (const config& c : configs) {
+    const int H = 1 + i % 3;
+    const bool adam = i % 4 == 1, one_shot = i % 5 == 4;
+    ++i;
+    for (bool det : {true, false}) {
+      run_options o{.layout = c.s, .microbatches = 2 * c.s.pp + 1, .steps = 4, .deterministic = det, .adam = adam,
+                    .local_steps = H, .one_shot = one_shot};
+      INFO(name(c, det, false) << " H " << H << (adam ? " adam" : " sgd") << (one_shot ? " one-shot" : ""));
+      auto r = run(c.family, o);
+      CHECK(r.values() > 0);
+      CHECK(r.differing() == 0);
+      for (int step = 0; step < 4; ++step) {
+        const auto dp = r.ranks[0].counts(step, "dp")[loom::comm_op::all_reduce];
+        CHECK(dp.calls == (!one_shot && (step + 1) % H == 0 ? 1u : 0u));
+      }
+      ++runs;
+    }
+  }
+  CHECK(runs == 2 * static_cast<int>(configs.size()));
+}
+
+TEST_CASE("mesh training: local SGD with H = 1 is synchronous data parallelism within 1e-12") {
+  // The synchronous reference (the replicas' mean gradient, one update) against the local-SGD
+  // reference with H = 1 (each replica's own update, then the average): the same model up to
+  // rounding. With the test above (the distributed runs equal these references) this is the
+  // distributed claim.
+  using mesh_example::batch;
+  using mesh_example::reduction_order;
+  using mesh_example::reference_model;
+  model_spec m;
+  const int dp = 3, M = 2;
+  reference_model sync(m);
+  std::vector<reference_model> local(static_cast<std::size_t>(dp), sync);
+  for (int step = 0; step < 3; ++step) {
+    const batch data = mesh_example::make_batch(m, dp * M, step);
+    sync.step(data, dp * M, reduction_order::plain());
+    for (int d = 0; d < dp; ++d) local[static_cast<std::size_t>(d)].step(mesh_example::slice(m, data, d * M, M), M, reduction_order::plain());
+    reference_model::average(local);
+  }
+  double worst = 0;
+  long long differing = 0;
+  for (auto const& [k, w] : sync.params()) {
+    double norm = 0;
+    for (double v : w) norm = std::max(norm, std::abs(v));
+    const auto& l = local[0].params().at(k);
+    for (std::size_t j = 0; j < w.size(); ++j) {
+      worst = std::max(worst, std::abs(l[j] - w[j]) / norm);
+      differing += l[j] != w[j];
+    }
+  }
+  INFO("max relative difference " << worst);
+  CHECK(worst <= 1e-12);
+  CHECK(differing > 0);  // rounding differs: they are two computations, not one
+}
+
+TEST_CASE("data_parallel refuses local SGD with ZeRO, one-shot averaging without local SGD, and a negative period") {
+  const sharding s = layout(2, 1, 1, 1);
+  loom::run_threads(2, [&](loom::threads::comm& c) {
+    loom::mesh_comm g(mesh_example::make_mesh(s), c);
+    using stage_t = mesh_example::transformer_stage<loom::counted<loom::threads::comm>>;
+    using dp_t = loom::data_parallel<decltype(g), stage_t>;
+    CHECK_THROWS_WITH_AS(dp_t(g, {.zero_stage = 2, .local_steps = 2}), doctest::Contains("cannot share parameter or state shards"),
+                         loom::config_error);
+    CHECK_THROWS_WITH_AS(dp_t(g, {.one_shot = true}), doctest::Contains("needs local_steps >= 1"), loom::config_error);
+    CHECK_THROWS_WITH_AS(dp_t(g, {.local_steps = -1}), doctest::Contains("is negative"), loom::config_error);
+    CHECK_THROWS_WITH_AS(dp_t(g, {.zero_stage = 4}), doctest::Contains("is not 0, 1, 2 or 3"), loom::config_error);
+  });
 }

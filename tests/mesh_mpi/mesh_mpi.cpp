@@ -27,15 +27,15 @@ using mesh_test::layout;
 int runs = 0, failures = 0;
 
 void check(loom::mpi::comm& c, const sharding& s, const std::string& family, bool det, bool zero, int zero_stage = 0,
-           bool adam = false) {
+           bool adam = false, int local_steps = 0) {
   const loom::schedule sched = loom::default_registry().at(family).make({s.pp, 2 * s.pp + 1, 0});
   model_spec m;
   m.blocks = std::max(m.blocks, sched.stages);
-  run_options o{.layout = s, .microbatches = 2 * s.pp + 1, .steps = 2, .deterministic = det, .zero = zero,
-                .zero_stage = zero_stage, .adam = adam, .bucket_bytes = zero || zero_stage > 0 ? 512 : std::size_t{25} << 20};
+  run_options o{.layout = s, .microbatches = 2 * s.pp + 1, .steps = local_steps > 0 ? 4 : 2, .deterministic = det, .zero = zero,
+                .zero_stage = zero_stage, .adam = adam, .local_steps = local_steps, .bucket_bytes = zero || zero_stage > 0 ? 512 : std::size_t{25} << 20};
   if (std::getenv("LOOM_MESH_MPI_TRACE") != nullptr && c.rank() == 0) {
-    std::printf("run %s %s%s ZeRO stage %d%s\n", s.describe().c_str(), family.c_str(), det ? " deterministic" : "", zero ? 2 : zero_stage,
-                adam ? " adam" : "");
+    std::printf("run %s %s%s ZeRO stage %d%s local steps %d\n", s.describe().c_str(), family.c_str(), det ? " deterministic" : "",
+                zero ? 2 : zero_stage, adam ? " adam" : "", local_steps);
     std::fflush(stdout);
   }
   auto r = train(c, o, m, sched);
@@ -91,6 +91,8 @@ int mode_train4(loom::mpi::comm& c) {
     check(c, layout(1, 1, 1, 4, seq_kind::usp), "1f1b", det, det);
     check(c, layout(2, 1, 2, 1), "zb-h1", det, false, 3, true);  // ZeRO-3, Adam
     check(c, layout(2, 1, 1, 2, seq_kind::ring), "1f1b", det, false, 1, true);  // ZeRO-1, Adam, over dp x sp
+    check(c, layout(2, 1, 2, 1), "interleaved-1f1b", det, false, 0, false, 2);   // local SGD, H = 2
+    check(c, layout(2, 2, 1, 1), "1f1b", det, false, 0, true, 3);                // local SGD with Adam, H = 3
   }
   return finish(c);
 }

@@ -78,6 +78,21 @@
 //! dimensions in mesh order), identical on every backend and rank; the optimizer then applies the
 //! same operations as a single-rank reference that sums in this order.
 //!
+//! Local SGD (`local_steps = H >= 1`; Stich, ICLR 2019, "Local SGD converges fast and communicates
+//! little", Algorithm 1; Zhang, De Sa, Mitliagkas and Ré 2016, "Parallel SGD: when does averaging
+//! help?"). The replicas do not reduce gradients: after the agreement each replica's optimizer
+//! updates its parameters with its own gradient (times `grad_scale`), and after every `H`-th step
+//! the parameters are averaged over `dp`, one all-reduce of all of them (rank-ordered in
+//! deterministic mode) followed by `p = sum * (1/dp)` (the product rounded once):
+//! `x_i <- x_i - lr g_i(x_i)` on every replica `i`, and every `H` steps `x_i <- (1/dp) sum_j x_j`.
+//! `H = 1` is synchronous data parallelism up to rounding (the average of `x - lr g_i` is
+//! `x - lr mean(g_i)`). With `one_shot = true` the parameters are averaged once, in `finish()`
+//! (one-shot averaging, Zhang et al. 2016, §2). A stateful optimizer's moments stay local to each
+//! replica (never averaged). ZeRO is refused (replicas that update independently cannot share
+//! shards), as are gradients partial over tp or sp (the sequence-split stages would need their
+//! partial gradients reduced inside the replica every step: not done yet). Works with every
+//! pipeline family, on host and device worlds.
+//!
 //! Memory: every bucket keeps a flat gradient buffer (in stages 1 and 2 also a flat parameter
 //! buffer, in stages 2 and 3 a gradient shard, in stage 3 a parameter shard), i.e. about one extra
 //! copy of the gradients (two in stages 1 and 2). Optimizers:
@@ -309,6 +324,11 @@ struct data_parallel_options {
   //! ZeRO stage (see the file comment): 0 none, 1 optimizer state, 2 and gradients, 3 and
   //! parameters (the stage must be a `releasable_stage`). 0 with `sharded` is 2.
   int zero_stage = 0;
+  //! Local SGD: average the parameters over `dp` after every `local_steps`-th step instead of
+  //! reducing gradients every step (0: synchronous data parallelism; see the file comment).
+  int local_steps = 0;
+  //! With `local_steps`: average once, in `finish()`, instead of every `local_steps` steps.
+  bool one_shot = false;
   bool deterministic = false;  //!< rank-ordered sums (bitwise reproducible)
   bool eager = true;           //!< launch buckets when ready (false: all after the step)
   double grad_scale = 1.0;     //!< factor applied to the reduced gradients (1/dp: average)
@@ -366,6 +386,13 @@ class data_parallel final : public step_observer {
     if (zero_ == 3 && !releasable_stage<Stage>)
       throw config_error("data_parallel: ZeRO stage 3 needs stages that can give up their parameters (release_params(), "
                          "acquire_params(): loom::releasable_stage)");
+    if (opt_.local_steps < 0)
+      throw config_error("data_parallel: local_steps " + std::to_string(opt_.local_steps) + " is negative");
+    if (opt_.one_shot && opt_.local_steps == 0)
+      throw config_error("data_parallel: one_shot averaging is a form of local SGD: it needs local_steps >= 1");
+    if (opt_.local_steps > 0 && zero_ > 0)
+      throw config_error("data_parallel: local SGD (local_steps " + std::to_string(opt_.local_steps) + ") with ZeRO stage " +
+                         std::to_string(zero_) + ": replicas that update on their own gradients cannot share parameter or state shards");
     for (unsigned x = 0; x < 4; ++x) groups_[x] = &mesh.group(group_dims(x));
   }
 
@@ -503,6 +530,21 @@ class data_parallel final : public step_observer {
                            std::to_string(std::span<value_type>(stages_[li].params()).size()) + " and " +
                            std::to_string(covered));
     }
+    if (opt_.local_steps > 0) {
+      std::size_t total = 0;
+      for (std::size_t li = 0; li < L; ++li)
+        for (const grad_range& r : ranges_of(li)) {
+          if (r.partial_over != dim_set{})
+            throw config_error("data_parallel: local SGD with gradients partial over " + to_string(r.partial_over) +
+                               " (a sequence split inside the replica) is not supported yet");
+          total += r.size;
+        }
+#if defined(LOOM_HAS_CUDA)
+      if constexpr (on_device) davg_ = device_zeros(total, "local SGD parameter average");
+      else
+#endif
+        avg_.assign(total, value_type{});
+    }
     check_layout();
     if constexpr (releasable_stage<Stage>)
       if (zero_ == 3) shard_parameters();
@@ -519,6 +561,7 @@ class data_parallel final : public step_observer {
       if (zero_ == 3)
         for (std::size_t li : use_order_) materialise(li, false);
     for (bucket& b : buckets_) finish_gather(b);
+    if (opt_.one_shot && local_since_ > 0) average();
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device)
       if (compute_ != nullptr) {
@@ -556,6 +599,8 @@ class data_parallel final : public step_observer {
 #endif
     return r;
   }
+  //! Parameter averages over `dp` done so far (local SGD).
+  long averages() const { return averages_; }
   //! The ZeRO stage in use (0: none).
   int zero_stage() const { return zero_; }
   //! Elements of parameter storage this rank holds now: its stages' parameters plus the reducer's
@@ -596,7 +641,7 @@ class data_parallel final : public step_observer {
     bool launched = false;
     {
       std::lock_guard lk(mu_);
-      if (opt_.eager)
+      if (opt_.eager && opt_.local_steps == 0)
         for (unsigned x = 0; x < 4; ++x) launched = launch_ready(x, false) || launched;
       test_all();
     }
@@ -610,6 +655,7 @@ class data_parallel final : public step_observer {
     if constexpr (on_device)
       if (opt_.measure) compute_done_.record(cuda::stream_ref(compute_));  // the pipeline's work ends here
 #endif
+    if (opt_.local_steps > 0) return local_step_end(failed_rank, cause);
     for (unsigned x = 0; x < 4; ++x) launch_ready(x, true);
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device) device_step_end(failed_rank, cause);
@@ -619,6 +665,95 @@ class data_parallel final : public step_observer {
   }
 
  private:
+  // ---- local SGD (see the file comment) ------------------------------------------------------
+  //! The step's end under local SGD: agree, update every stage with its own gradient, and
+  //! average every `local_steps` steps.
+  void local_step_end(int failed_rank, const std::string& cause) {
+    agree(failed_rank, cause);
+    const auto scale = static_cast<value_type>(opt_.grad_scale);
+    for (std::size_t li = 0; li < stages_.size(); ++li) {
+      std::span<value_type> g = stages_[li].weight_grad();
+#if defined(LOOM_HAS_CUDA)
+      if constexpr (on_device) {
+        device_scale(g);
+        device_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(g));
+        continue;
+      }
+#endif
+      if (opt_.grad_scale != 1.0)
+        for (auto& v : g) v *= scale;
+      host_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(g));
+    }
+    ++local_since_;
+    if (!opt_.one_shot && local_since_ == opt_.local_steps) average();
+  }
+  //! Every replica's parameters become their mean over `dp`: one all-reduce of all of them
+  //! (rank-ordered in deterministic mode), then `* (1/dp)`.
+  void average() {
+    local_since_ = 0;
+    ++averages_;
+    auto& dp = mesh_->dp();
+    if (dp.size() == 1) return;
+    const auto inv = static_cast<value_type>(1.0 / dp.size());
+    std::vector<std::pair<std::size_t, std::size_t>> at;  // (stage, offset in the flat buffer)
+    std::size_t off = 0;
+    for (std::size_t li = 0; li < stages_.size(); ++li) {
+      at.push_back({li, off});
+      off += std::span<value_type>(stages_[li].params()).size();
+    }
+#if defined(LOOM_HAS_CUDA)
+    if constexpr (on_device) {
+      {
+        std::vector<cuda::byte_access> acc;
+        for (auto [li, o] : at) {
+          std::span<value_type> w = stages_[li].params();
+          acc.push_back(cuda::reads(w));
+          acc.push_back(cuda::writes(davg_.subspan(o, w.size())));
+        }
+        cuda::region reg(compute_, "local SGD parameters pack", acc);
+        for (auto [li, o] : at) {
+          std::span<value_type> w = stages_[li].params();
+          if (!w.empty())
+            LOOM_CUDA_TRY(cudaMemcpyAsync(davg_.data() + o, w.data(), w.size_bytes(), cudaMemcpyDeviceToDevice, compute_));
+        }
+      }
+      if (opt_.deterministic) ordered_all_reduce(dp, davg_, compute_);
+      else dp.all_reduce(davg_, reduce_op::sum, compute_);
+      {
+        const cuda::byte_access acc[] = {cuda::writes(davg_)};
+        cuda::region reg(compute_, "local SGD average scale", acc);
+        cuda::detail::scale_async(davg_.data(), inv, davg_.size(), compute_);
+      }
+      std::vector<cuda::byte_access> acc;
+      for (auto [li, o] : at) {
+        std::span<value_type> w = stages_[li].params();
+        acc.push_back(cuda::reads(davg_.subspan(o, w.size())));
+        acc.push_back(cuda::writes(w));
+      }
+      cuda::region reg(compute_, "local SGD parameters unpack", acc);
+      for (auto [li, o] : at) {
+        std::span<value_type> w = stages_[li].params();
+        if (!w.empty())
+          LOOM_CUDA_TRY(cudaMemcpyAsync(w.data(), davg_.data() + o, w.size_bytes(), cudaMemcpyDeviceToDevice, compute_));
+      }
+      return;
+    }
+#endif
+    if constexpr (!on_device) {
+      for (auto [li, o] : at) {
+        std::span<value_type> w = stages_[li].params();
+        std::copy(w.begin(), w.end(), avg_.begin() + static_cast<std::ptrdiff_t>(o));
+      }
+      if (opt_.deterministic) ordered_all_reduce(dp, std::span<value_type>(avg_));
+      else dp.all_reduce(std::span<value_type>(avg_), reduce_op::sum);
+      for (auto& v : avg_) v *= inv;
+      for (auto [li, o] : at) {
+        std::span<value_type> w = stages_[li].params();
+        std::copy(avg_.begin() + static_cast<std::ptrdiff_t>(o), avg_.begin() + static_cast<std::ptrdiff_t>(o + w.size()), w.begin());
+      }
+    }
+  }
+
   //! The step's end on the host (see the file comment).
   void host_step_end(int failed_rank, const std::string& cause) {
     for (bucket& b : buckets_)
@@ -1182,6 +1317,10 @@ class data_parallel final : public step_observer {
   MeshComm* mesh_;
   data_parallel_options opt_;
   int zero_ = 0;                        // the ZeRO stage
+  std::vector<value_type> avg_;         // local SGD: every parameter, flat (host)
+  std::span<value_type> davg_;          // local SGD: the same on a device
+  int local_since_ = 0;                 // local SGD: steps since the last average
+  long averages_ = 0;                   // local SGD: averages done
   std::vector<std::size_t> use_order_;  // local stages by first action (ZeRO-3 prefetch)
   std::vector<char> held_;              // ZeRO-3: whether local stage li holds its parameters
   Opt optimizer_;
