@@ -84,8 +84,6 @@ std::string configure(options& o) {
   if (o.one_shot && o.local_steps == 0) return "--one-shot averages local SGD's replicas once: it needs --local-steps H";
   if (o.local_steps > 0 && (o.zero || o.zero_stage > 0))
     return "--local-steps and ZeRO: replicas that update on their own gradients cannot share shards";
-  if (o.local_steps > 0 && o.layout.kind != seq_kind::none)
-    return "--local-steps with a sequence split (--sp-kind): the replica's partial gradients are not reduced under local SGD yet";
   if (o.calibrate < 0) return "--calibrate " + std::to_string(o.calibrate) + " must be at least 0";
   if (o.bucket_bytes < sizeof(double)) return "--bucket-bytes " + std::to_string(o.bucket_bytes) + " is smaller than one value";
   for (auto [name, v] : {std::pair<const char*, int>{"--vocab", o.model.vocab}, {"--seq", o.model.seq},

@@ -82,6 +82,10 @@ class reference_model {
   //! The parameters.
   const std::map<key, std::vector<double>>& params() const { return params_; }
 
+  //! The last step's loss folds, one per (replica, token group), replica-major: what the mesh's
+  //! loss reduction adds, in its order.
+  const std::vector<double>& last_losses() const { return last_losses_; }
+
   //! Local SGD's average: every parameter of every replica becomes `(sum in replica order) *
   //! (1/replicas)`, as `loom::data_parallel` averages.
   static void average(std::vector<reference_model>& replicas) {
@@ -149,6 +153,7 @@ class reference_model {
       for (std::size_t i = 0; i < w.size(); ++i) w[i] -= m_.lr * total[i];
     }
     ++adam_t_;
+    last_losses_ = loss_fold;
     double loss = loss_fold[0];
     for (std::size_t i = 1; i < loss_fold.size(); ++i) loss += loss_fold[i];
     return loss;
@@ -434,6 +439,7 @@ class reference_model {
   loom::adam<double> adam_{};
   bool use_adam_ = false;
   long adam_t_ = 0;  // steps taken (Adam's bias correction)
+  std::vector<double> last_losses_;  // the last step's loss folds
   std::map<key, std::pair<std::vector<double>, std::vector<double>>> moments_;  // Adam's m, v
 };
 

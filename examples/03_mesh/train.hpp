@@ -196,10 +196,16 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
     if (det) loom::ordered_all_reduce(loss_group, std::span<double>(loss));
     else if (loss_group.size() > 1) loss_group.all_reduce(std::span<double>(loss), loom::reduce_op::sum);
     if (o.check && o.local_steps > 0) {
+      // The loss group (dp x the sequence split) adds every (replica, token group) fold in order.
       double want = 0;
+      bool first = true;
       for (int r = 0; r < s.dp; ++r) {
-        const double l = replicas[static_cast<std::size_t>(r)].step(slice(m, data, r * M, M), M, local_order);
-        want = r == 0 ? l : want + l;
+        auto& rm = replicas[static_cast<std::size_t>(r)];
+        (void)rm.step(slice(m, data, r * M, M), M, local_order);
+        for (double l : rm.last_losses()) {
+          want = first ? l : want + l;
+          first = false;
+        }
       }
       if (++since_average == o.local_steps && !o.one_shot) {
         reference_model::average(replicas);

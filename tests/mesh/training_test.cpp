@@ -178,7 +178,8 @@ TEST_CASE("mesh training: ZeRO stages 1, 2 and 3 with SGD and Adam equal the ref
 }
 
 TEST_CASE("mesh training: local SGD equals the replicas run one after another, averaging once per H steps") {
-  // Every family that fits 2 pipeline ranks on dp2 x pp2 (and dp2 x tp2), H = 1, 2, 3 over 4
+  // Every family that fits 2 pipeline ranks on dp2 x pp2 (and dp2 x tp2, dp3, and sequence splits
+  // inside the replica: ring, Ulysses, Megatron-SP), H = 1, 2, 3 over 4
   // steps, SGD and Adam, one-shot averaging, both numerics modes: every rank equals its replica's
   // reference (bitwise in deterministic mode), and the dp group carries exactly one all-reduce
   // (of all the rank's parameters) in the steps that end a period, none in the others.
@@ -187,6 +188,10 @@ TEST_CASE("mesh training: local SGD equals the replicas run one after another, a
     if (e.check(e.resolve({2, 5, 0})).empty()) configs.push_back({layout(2, 1, 2, 1), e.name.c_str()});
   configs.push_back({layout(2, 2, 1, 1), "1f1b"});
   configs.push_back({layout(3, 1, 1, 1), "1f1b"});
+  // A sequence split inside the replica: partial gradients reduced over sp (or tp) every step.
+  configs.push_back({layout(2, 1, 1, 2, seq_kind::ring), "1f1b"});
+  configs.push_back({layout(2, 1, 2, 2, seq_kind::ulysses), "zb-h1"});
+  configs.push_back({layout(2, 2, 1, 2, seq_kind::megatron), "1f1b"});
   int runs = 0, i = 0;
   for (const config& c : configs) {
     const int H = 1 + i % 3;

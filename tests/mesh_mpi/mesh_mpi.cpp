@@ -93,6 +93,7 @@ int mode_train4(loom::mpi::comm& c) {
     check(c, layout(2, 1, 1, 2, seq_kind::ring), "1f1b", det, false, 1, true);  // ZeRO-1, Adam, over dp x sp
     check(c, layout(2, 1, 2, 1), "interleaved-1f1b", det, false, 0, false, 2);   // local SGD, H = 2
     check(c, layout(2, 2, 1, 1), "1f1b", det, false, 0, true, 3);                // local SGD with Adam, H = 3
+    check(c, layout(2, 1, 1, 2, seq_kind::ring), "gpipe", det, false, 0, false, 2);  // local SGD, ring inside the replica
   }
   return finish(c);
 }

@@ -88,10 +88,10 @@
 //! `H = 1` is synchronous data parallelism up to rounding (the average of `x - lr g_i` is
 //! `x - lr mean(g_i)`). With `one_shot = true` the parameters are averaged once, in `finish()`
 //! (one-shot averaging, Zhang et al. 2016, §2). A stateful optimizer's moments stay local to each
-//! replica (never averaged). ZeRO is refused (replicas that update independently cannot share
-//! shards), as are gradients partial over tp or sp (the sequence-split stages would need their
-//! partial gradients reduced inside the replica every step: not done yet). Works with every
-//! pipeline family, on host and device worlds.
+//! replica (never averaged). Gradients partial over tp or sp (a sequence split inside the
+//! replica) are still reduced every step, over the replica's own ranks (`tp`, `sp`, `tp x sp`
+//! without `dp`), in the same buckets. ZeRO is refused (replicas that update independently cannot
+//! share shards). Works with every pipeline family, on host and device worlds.
 //!
 //! Memory: every bucket keeps a flat gradient buffer (in stages 1 and 2 also a flat parameter
 //! buffer, in stages 2 and 3 a gradient shard, in stage 3 a parameter shard), i.e. about one extra
@@ -393,7 +393,9 @@ class data_parallel final : public step_observer {
     if (opt_.local_steps > 0 && zero_ > 0)
       throw config_error("data_parallel: local SGD (local_steps " + std::to_string(opt_.local_steps) + ") with ZeRO stage " +
                          std::to_string(zero_) + ": replicas that update on their own gradients cannot share parameter or state shards");
-    for (unsigned x = 0; x < 4; ++x) groups_[x] = &mesh.group(group_dims(x));
+    // Local SGD: gradients partial over tp/sp are reduced inside the replica (the group without
+    // dp); group 0 (dp alone) is not reduced at all.
+    for (unsigned x = 0; x < 4; ++x) groups_[x] = &mesh.group(dims_of(x));
   }
 
   data_parallel(const data_parallel&) = delete;
@@ -533,12 +535,7 @@ class data_parallel final : public step_observer {
     if (opt_.local_steps > 0) {
       std::size_t total = 0;
       for (std::size_t li = 0; li < L; ++li)
-        for (const grad_range& r : ranges_of(li)) {
-          if (r.partial_over != dim_set{})
-            throw config_error("data_parallel: local SGD with gradients partial over " + to_string(r.partial_over) +
-                               " (a sequence split inside the replica) is not supported yet");
-          total += r.size;
-        }
+        for (const grad_range& r : ranges_of(li)) total += r.size;
 #if defined(LOOM_HAS_CUDA)
       if constexpr (on_device) davg_ = device_zeros(total, "local SGD parameter average");
       else
@@ -574,7 +571,7 @@ class data_parallel final : public step_observer {
   //! The buckets, with where each was launched in the last step.
   std::vector<bucket_report> report() const {
     std::vector<bucket_report> out;
-    for (const bucket& b : buckets_) out.push_back({group_dims(b.group), b.elements, b.stages, b.launched_at});
+    for (const bucket& b : buckets_) out.push_back({dims_of(b.group), b.elements, b.stages, b.launched_at});
     return out;
   }
   //! The options in use.
@@ -641,8 +638,8 @@ class data_parallel final : public step_observer {
     bool launched = false;
     {
       std::lock_guard lk(mu_);
-      if (opt_.eager && opt_.local_steps == 0)
-        for (unsigned x = 0; x < 4; ++x) launched = launch_ready(x, false) || launched;
+      if (opt_.eager)
+        for (unsigned x = local() ? 1 : 0; x < 4; ++x) launched = launch_ready(x, false) || launched;
       test_all();
     }
     if (launched) cv_.notify_all();
@@ -655,37 +652,29 @@ class data_parallel final : public step_observer {
     if constexpr (on_device)
       if (opt_.measure) compute_done_.record(cuda::stream_ref(compute_));  // the pipeline's work ends here
 #endif
-    if (opt_.local_steps > 0) return local_step_end(failed_rank, cause);
-    for (unsigned x = 0; x < 4; ++x) launch_ready(x, true);
+    for (unsigned x = local() ? 1 : 0; x < 4; ++x) launch_ready(x, true);
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device) device_step_end(failed_rank, cause);
     else
 #endif
       host_step_end(failed_rank, cause);
+    if (local()) {  // after the update (a failed step threw in the agreement)
+      ++local_since_;
+      if (!opt_.one_shot && local_since_ == opt_.local_steps) average();
+    }
   }
 
  private:
   // ---- local SGD (see the file comment) ------------------------------------------------------
-  //! The step's end under local SGD: agree, update every stage with its own gradient, and
-  //! average every `local_steps` steps.
-  void local_step_end(int failed_rank, const std::string& cause) {
-    agree(failed_rank, cause);
-    const auto scale = static_cast<value_type>(opt_.grad_scale);
-    for (std::size_t li = 0; li < stages_.size(); ++li) {
-      std::span<value_type> g = stages_[li].weight_grad();
-#if defined(LOOM_HAS_CUDA)
-      if constexpr (on_device) {
-        device_scale(g);
-        device_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(g));
-        continue;
-      }
-#endif
-      if (opt_.grad_scale != 1.0)
-        for (auto& v : g) v *= scale;
-      host_update(li, std::span<value_type>(stages_[li].params()), std::span<const value_type>(g));
-    }
-    ++local_since_;
-    if (!opt_.one_shot && local_since_ == opt_.local_steps) average();
+  bool local() const { return opt_.local_steps > 0; }
+  //! The dimensions group `x` reduces over.
+  dim_set dims_of(unsigned x) const { return local() && x != 0 ? replica_dims(x) : group_dims(x); }
+  //! The dimensions a partial gradient is reduced over inside a replica (local SGD).
+  static dim_set replica_dims(unsigned x) {
+    dim_set s{};
+    if (x & 1u) s = s | dim::tp;
+    if (x & 2u) s = s | dim::sp;
+    return s;
   }
   //! Every replica's parameters become their mean over `dp`: one all-reduce of all of them
   //! (rank-ordered in deterministic mode), then `* (1/dp)`.
@@ -768,6 +757,11 @@ class data_parallel final : public step_observer {
       if (zero_ == 0) {
         for (const piece& pc : b.pieces) {
           std::span<value_type> g = grad_of(pc);
+          if (unreduced(b)) {  // local SGD: the stage's own gradient, scaled in place
+            if (opt_.grad_scale != 1.0)
+              for (auto& v : g) v *= scale;
+            continue;
+          }
           for (std::size_t i = 0; i < pc.size; ++i) g[i] = opt_.grad_scale == 1.0 ? b.grad[pc.at + i] : b.grad[pc.at + i] * scale;
         }
         continue;
@@ -848,6 +842,8 @@ class data_parallel final : public step_observer {
       for (bucket& b : buckets_)
         if (b.group == x && b.reducing) b.red.post_remaining();
   }
+  //! Under local SGD a bucket of group 0 (dp alone) is not reduced: its gradients stay the stages'.
+  bool unreduced(const bucket& b) const { return local() && b.group == 0; }
   //! Tests every reduction in flight (with `mu_` held).
   void test_all() {
     if constexpr (!on_device)  // on a device everything is enqueued: nothing to progress
@@ -908,7 +904,7 @@ class data_parallel final : public step_observer {
       groups_[x]->all_reduce(std::span<std::int64_t>(lo), reduce_op::min);
       groups_[x]->all_reduce(std::span<std::int64_t>(hi), reduce_op::max);
       if (lo != hi)
-        throw config_error("data_parallel: the ranks of group " + to_string(group_dims(x)) +
+        throw config_error("data_parallel: the ranks of group " + to_string(dims_of(x)) +
                            " hold different gradient layouts (between " + std::to_string(lo[1]) + " and " +
                            std::to_string(hi[1]) + " elements in between " + std::to_string(lo[0]) + " and " +
                            std::to_string(hi[0]) + " buckets); their stages must be replicas");
@@ -1252,6 +1248,10 @@ class data_parallel final : public step_observer {
     agree(failed_rank, cause);
     for (bucket& b : buckets_) {
       if (zero_ == 0) {
+        if (unreduced(b)) {  // local SGD: the stage's own gradient, scaled in place
+          for (const piece& pc : b.pieces) device_scale(grad_of(pc));
+          continue;
+        }
         device_scale(b.dgrad.first(b.elements));
         move_pieces(b, b.dgrad, false, compute_, "dp gradient write-back", [&](const piece& pc) { return grad_of(pc); });
         continue;
