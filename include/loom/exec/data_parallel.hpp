@@ -315,6 +315,7 @@ struct adam {
 struct data_parallel_faults {
   bool skip_bucket_wait = false;  //!< a bucket is packed without waiting for the compute stream (its stages' last `W`)
   bool skip_update_wait = false;  //!< the write-back and update do not wait for the reducer's stream (the reduction)
+  bool skip_gather_wait = false;  //!< ZeRO-3: a stage's parameters are unpacked without waiting for their all-gather
 };
 
 //! Knobs of `data_parallel` (designated initialisers).
@@ -1069,7 +1070,7 @@ class data_parallel final : public step_observer {
     if (!b.gather_in_flight) return;
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device) {
-      join(compute_, dp_stream_.get());
+      if (!opt_.faults.skip_gather_wait) join(compute_, dp_stream_.get());
       b.gather_in_flight = false;
       return;
     }
