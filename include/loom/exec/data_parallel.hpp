@@ -539,9 +539,8 @@ class data_parallel final : public step_observer {
         for (const grad_range& r : ranges_of(li)) total += r.size;
 #if defined(LOOM_HAS_CUDA)
       if constexpr (on_device) davg_ = device_zeros(total, "local SGD parameter average");
-      else
 #endif
-        avg_.assign(total, value_type{});
+      if constexpr (!on_device) avg_.assign(total, value_type{});
     }
     check_layout();
     if constexpr (releasable_stage<Stage>)
