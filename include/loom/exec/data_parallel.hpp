@@ -430,35 +430,27 @@ class data_parallel final : public step_observer {
     // Readiness order: the position of each local stage's last weight-gradient action.
     const schedule& s = p.lowered();
     const auto& prog = s.programs[static_cast<std::size_t>(p.rank())];
-    std::vector<long> last(L, -1);
+    // Per local stage: its last weight-gradient action and (ZeRO-3's prefetch order) its first action.
+    std::vector<long> last(L, -1), first(L, -1);
     auto ids = p.ids();
+    auto touch = [&](int st, int mb, long at, bool weight) {
+      for (std::size_t li = 0; li < L; ++li)
+        if (ids[li].stage == st && ids[li].direction == s.direction_of(mb)) {
+          if (first[li] < 0) first[li] = at;
+          if (weight) last[li] = at;
+        }
+    };
     for (std::size_t i = 0; i < prog.size(); ++i) {
       const action& a = prog[i];
-      int mb = -1, st = -1;
-      if (a.kind == op::W || a.kind == op::BW) mb = a.mb, st = a.stage;
-      if (a.kind == op::FB && a.bkind == op::BW) mb = a.bmb, st = a.bstage;
-      if (mb < 0) continue;
-      for (std::size_t li = 0; li < L; ++li)
-        if (ids[li].stage == st && ids[li].direction == s.direction_of(mb)) last[li] = static_cast<long>(i);
+      if (a.kind == op::send || a.kind == op::recv) continue;
+      const auto at = static_cast<long>(i);
+      touch(a.stage, a.mb, at, a.kind == op::W || a.kind == op::BW);
+      if (a.kind == op::FB) touch(a.bstage, a.bmb, at, a.bkind == op::BW);
     }
-    // ZeRO-3 prefetch order: local stages by their first action in the program.
-    {
-      std::vector<long> first(L, -1);
-      auto touch = [&](int st, int mb, long at) {
-        for (std::size_t li = 0; li < L; ++li)
-          if (ids[li].stage == st && ids[li].direction == s.direction_of(mb) && first[li] < 0) first[li] = at;
-      };
-      for (std::size_t i = 0; i < prog.size(); ++i) {
-        const action& a = prog[i];
-        if (a.kind == op::send || a.kind == op::recv) continue;
-        touch(a.stage, a.mb, static_cast<long>(i));
-        if (a.kind == op::FB) touch(a.bstage, a.bmb, static_cast<long>(i));
-      }
-      use_order_.resize(L);
-      for (std::size_t i = 0; i < L; ++i) use_order_[i] = i;
-      std::sort(use_order_.begin(), use_order_.end(),
-                [&](std::size_t a, std::size_t b) { return first[a] != first[b] ? first[a] < first[b] : a < b; });
-    }
+    use_order_.resize(L);
+    for (std::size_t i = 0; i < L; ++i) use_order_[i] = i;
+    std::sort(use_order_.begin(), use_order_.end(),
+              [&](std::size_t a, std::size_t b) { return first[a] != first[b] ? first[a] < first[b] : a < b; });
     // A stage's buckets go out after its last weight-gradient action and after the sends that
     // directly follow it (the input gradient it produced, on the pipeline's critical path).
     launch_after_.assign(L, -1);
@@ -533,10 +525,9 @@ class data_parallel final : public step_observer {
                            std::to_string(std::span<value_type>(stages_[li].params()).size()) + " and " +
                            std::to_string(covered));
     }
-    if (opt_.local_steps > 0) {
+    if (opt_.local_steps > 0) {  // the average's flat buffer: the buckets one after another
       std::size_t total = 0;
-      for (std::size_t li = 0; li < L; ++li)
-        for (const grad_range& r : ranges_of(li)) total += r.size;
+      for (const bucket& b : buckets_) total += b.elements;
 #if defined(LOOM_HAS_CUDA)
       if constexpr (on_device) davg_ = device_zeros(total, "local SGD parameter average");
 #endif
@@ -596,10 +587,6 @@ class data_parallel final : public step_observer {
 #endif
     return r;
   }
-  //! Parameter averages over `dp` done so far (local SGD).
-  long averages() const { return averages_; }
-  //! The ZeRO stage in use (0: none).
-  int zero_stage() const { return zero_; }
   //! Elements of parameter storage this rank holds now: its stages' parameters plus the reducer's
   //! copies (the buckets' flat parameters in ZeRO stages 1 and 2, the shards in stage 3). Under
   //! ZeRO-3, between steps, only the shards: 1/dp of the stages' parameters (plus padding).
@@ -620,14 +607,14 @@ class data_parallel final : public step_observer {
     if constexpr (releasable_stage<Stage>)
       if (zero_ == 3) return materialise(local, true);
     for (bucket& b : buckets_)
-      if (b.gathering && std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) finish_gather(b);
+      if (b.gathering && in_bucket(b, local)) finish_gather(b);
   }
   //! Counts the stage ready (its buckets go out after the sends that follow, see `progress`).
   void gradients_ready(std::size_t local) override {
     if (!attached_) return;
     std::lock_guard lk(mu_);
     for (bucket& b : buckets_)
-      if (std::find(b.stages.begin(), b.stages.end(), local) != b.stages.end()) --b.waiting;
+      if (in_bucket(b, local)) --b.waiting;
     if constexpr (releasable_stage<Stage>)
       if (zero_ == 3) release(local);
   }
@@ -680,31 +667,16 @@ class data_parallel final : public step_observer {
   //! (rank-ordered in deterministic mode), then `* (1/dp)`.
   void average() {
     local_since_ = 0;
-    ++averages_;
     auto& dp = mesh_->dp();
     if (dp.size() == 1) return;
     const auto inv = static_cast<value_type>(1.0 / dp.size());
-    std::vector<std::pair<std::size_t, std::size_t>> at;  // (stage, offset in the flat buffer)
-    std::size_t off = 0;
-    for (std::size_t li = 0; li < stages_.size(); ++li) {
-      at.push_back({li, off});
-      off += std::span<value_type>(stages_[li].params()).size();
-    }
+    auto params = [&](const piece& pc) { return params_of(pc); };
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device) {
-      {
-        std::vector<cuda::byte_access> acc;
-        for (auto [li, o] : at) {
-          std::span<value_type> w = stages_[li].params();
-          acc.push_back(cuda::reads(w));
-          acc.push_back(cuda::writes(davg_.subspan(o, w.size())));
-        }
-        cuda::region reg(compute_, "local SGD parameters pack", acc);
-        for (auto [li, o] : at) {
-          std::span<value_type> w = stages_[li].params();
-          if (!w.empty())
-            LOOM_CUDA_TRY(cudaMemcpyAsync(davg_.data() + o, w.data(), w.size_bytes(), cudaMemcpyDeviceToDevice, compute_));
-        }
+      std::size_t off = 0;
+      for (const bucket& b : buckets_) {
+        move_pieces(b, davg_.subspan(off, b.elements), true, compute_, "local SGD parameters pack", params);
+        off += b.elements;
       }
       if (opt_.deterministic) ordered_all_reduce(dp, davg_, compute_);
       else dp.all_reduce(davg_, reduce_op::sum, compute_);
@@ -713,32 +685,28 @@ class data_parallel final : public step_observer {
         cuda::region reg(compute_, "local SGD average scale", acc);
         cuda::detail::scale_async(davg_.data(), inv, davg_.size(), compute_);
       }
-      std::vector<cuda::byte_access> acc;
-      for (auto [li, o] : at) {
-        std::span<value_type> w = stages_[li].params();
-        acc.push_back(cuda::reads(davg_.subspan(o, w.size())));
-        acc.push_back(cuda::writes(w));
-      }
-      cuda::region reg(compute_, "local SGD parameters unpack", acc);
-      for (auto [li, o] : at) {
-        std::span<value_type> w = stages_[li].params();
-        if (!w.empty())
-          LOOM_CUDA_TRY(cudaMemcpyAsync(w.data(), davg_.data() + o, w.size_bytes(), cudaMemcpyDeviceToDevice, compute_));
+      off = 0;
+      for (const bucket& b : buckets_) {
+        move_pieces(b, davg_.subspan(off, b.elements), false, compute_, "local SGD parameters unpack", params);
+        off += b.elements;
       }
       return;
     }
 #endif
     if constexpr (!on_device) {
-      for (auto [li, o] : at) {
-        std::span<value_type> w = stages_[li].params();
-        std::copy(w.begin(), w.end(), avg_.begin() + static_cast<std::ptrdiff_t>(o));
+      std::span<value_type> flat(avg_);
+      std::size_t off = 0;
+      for (const bucket& b : buckets_) {
+        host_move_pieces(b, flat.subspan(off, b.elements), true, params);
+        off += b.elements;
       }
-      if (opt_.deterministic) ordered_all_reduce(dp, std::span<value_type>(avg_));
-      else dp.all_reduce(std::span<value_type>(avg_), reduce_op::sum);
+      if (opt_.deterministic) ordered_all_reduce(dp, flat);
+      else dp.all_reduce(flat, reduce_op::sum);
       for (auto& v : avg_) v *= inv;
-      for (auto [li, o] : at) {
-        std::span<value_type> w = stages_[li].params();
-        std::copy(avg_.begin() + static_cast<std::ptrdiff_t>(o), avg_.begin() + static_cast<std::ptrdiff_t>(o + w.size()), w.begin());
+      off = 0;
+      for (const bucket& b : buckets_) {
+        host_move_pieces(b, flat.subspan(off, b.elements), false, params);
+        off += b.elements;
       }
     }
   }
@@ -778,18 +746,14 @@ class data_parallel final : public step_observer {
         continue;
       }
       // The shard of the parameters, from the stages (padding stays zero), updated in place.
-      for (const piece& pc : b.pieces) {
-        std::span<value_type> w = params_of(pc);
-        std::copy(w.begin(), w.end(), b.param.begin() + static_cast<std::ptrdiff_t>(pc.at));
-      }
+      host_move_pieces(b, std::span<value_type>(b.param), true, [&](const piece& pc) { return params_of(pc); });
       std::span<value_type> mine = std::span<value_type>(b.param).subspan(at, k);
       host_update(key, mine, std::span<const value_type>(g));
       if (c.size() == 1) {
         b.gathering = true;  // nothing to gather: written back at first use
         continue;
       }
-      settle(b.group);
-      b.gather = c.iall_gather(std::span<const value_type>(mine), std::span<value_type>(b.param));
+      b.gather = c.iall_gather(std::span<const value_type>(mine), std::span<value_type>(b.param));  // reductions all waited above
       b.gathering = true;
       b.gather_in_flight = true;
     }
@@ -833,6 +797,19 @@ class data_parallel final : public step_observer {
     long launch_after = -1;  // the latest launch point of its stages (a program position)
   };
 
+  //! On the host: copies each piece between the bucket buffer `flat` and the stages (`to_flat`:
+  //! `of(piece)` into `flat`; else back), only local stage `only`'s pieces when it is set (the
+  //! device form is `move_pieces`).
+  template <class Of>
+  void host_move_pieces(const bucket& b, std::span<value_type> flat, bool to_flat, Of&& of,
+                        std::size_t only = static_cast<std::size_t>(-1)) {
+    for (const piece& pc : b.pieces) {
+      if (only != static_cast<std::size_t>(-1) && pc.local != only) continue;
+      std::span<value_type> st = of(pc), fl = flat.subspan(pc.at, pc.size);
+      if (to_flat) std::copy(st.begin(), st.end(), fl.begin());
+      else std::copy(fl.begin(), fl.end(), st.begin());
+    }
+  }
   //! Before a collective is posted on group `x`: every reduction in flight on it posts the
   //! collectives it still needs, so every rank posts the group's collectives in the same order
   //! (`reduction::post_remaining`; found by the ZeRO-1 tests on MPI, where a rank-ordered
@@ -945,10 +922,7 @@ class data_parallel final : public step_observer {
 
   void host_launch(bucket& b) {
     std::fill(b.grad.begin(), b.grad.end(), value_type{});
-    for (const piece& pc : b.pieces) {
-      std::span<value_type> g = grad_of(pc);
-      std::copy(g.begin(), g.end(), b.grad.begin() + static_cast<std::ptrdiff_t>(pc.at));
-    }
+    host_move_pieces(b, std::span<value_type>(b.grad), true, [&](const piece& pc) { return grad_of(pc); });
     auto& c = *groups_[b.group];
     if (c.size() == 1) {
       if (zero_ >= 2) std::copy(b.grad.begin(), b.grad.end(), b.shard.begin());
@@ -974,11 +948,7 @@ class data_parallel final : public step_observer {
     b.gather = typename comm_type::request{};
     b.gather_in_flight = false;
     b.gathering = false;
-    for (const piece& pc : b.pieces) {
-      std::span<value_type> w = params_of(pc);
-      std::copy(b.param.begin() + static_cast<std::ptrdiff_t>(pc.at),
-                b.param.begin() + static_cast<std::ptrdiff_t>(pc.at + pc.size), w.begin());
-    }
+    host_move_pieces(b, std::span<value_type>(b.param), false, [&](const piece& pc) { return params_of(pc); });
   }
 
   // ---- ZeRO-3 (see the file comment) ----------------------------------------------------------
@@ -1001,10 +971,7 @@ class data_parallel final : public step_observer {
       }
 #endif
       std::vector<value_type> full(b.padded, value_type{});
-      for (const piece& pc : b.pieces) {
-        std::span<value_type> w = params_of(pc);
-        std::copy(w.begin(), w.end(), full.begin() + static_cast<std::ptrdiff_t>(pc.at));
-      }
+      host_move_pieces(b, std::span<value_type>(full), true, [&](const piece& pc) { return params_of(pc); });
       std::copy(full.begin() + static_cast<std::ptrdiff_t>(at), full.begin() + static_cast<std::ptrdiff_t>(at + k), b.pshard.begin());
     }
     for (std::size_t li = 0; li < stages_.size(); ++li) release(li);
@@ -1105,17 +1072,11 @@ class data_parallel final : public step_observer {
         for (bucket& b : buckets_) {
           if (!in_bucket(b, li)) continue;
           wait_full(b);
+          auto params = [&](const piece& pc) { return params_of(pc); };
 #if defined(LOOM_HAS_CUDA)
-          if constexpr (on_device) {
-            move_pieces(b, b.dparam, false, compute_, "dp parameters unpack", [&](const piece& pc) { return params_of(pc); }, li);
-          } else
+          if constexpr (on_device) move_pieces(b, b.dparam, false, compute_, "dp parameters unpack", params, li);
 #endif
-          {
-            for (const piece& pc : b.pieces)
-              if (pc.local == li)
-                std::copy(b.param.begin() + static_cast<std::ptrdiff_t>(pc.at),
-                          b.param.begin() + static_cast<std::ptrdiff_t>(pc.at + pc.size), params_of(pc).begin());
-          }
+          if constexpr (!on_device) host_move_pieces(b, std::span<value_type>(b.param), false, params, li);
           if (b.need > 0 && --b.need == 0) free_full(b);
         }
       }
@@ -1320,7 +1281,6 @@ class data_parallel final : public step_observer {
   std::vector<value_type> avg_;         // local SGD: every parameter, flat (host)
   std::span<value_type> davg_;          // local SGD: the same on a device
   int local_since_ = 0;                 // local SGD: steps since the last average
-  long averages_ = 0;                   // local SGD: averages done
   std::vector<std::size_t> use_order_;  // local stages by first action (ZeRO-3 prefetch)
   std::vector<char> held_;              // ZeRO-3: whether local stage li holds its parameters
   Opt optimizer_;
