@@ -100,6 +100,24 @@ for sched in 1f1b zb-h1; do
     ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule "$sched" --ranks 2 --dp 2 --microbatches 8 --steps 3 $d 2>&1 | tee -a "$out/mesh.txt" | tail -1 | tee -a "$out/summary.txt"
   done
 done
+# ZeRO stages 1-3 with Adam, and Local SGD (every 2 steps, and one-shot), on the same dp2 x pp2:
+# deterministic runs must be bitwise equal to the CPU reference, default ones within 1e-5.
+for z in 1 2 3; do for d in "--deterministic" ""; do
+  echo "# zero-stage $z adam 1f1b dp2 x pp2 $d" >>"$out/mesh.txt"
+  ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule 1f1b --ranks 2 --dp 2 --microbatches 8 --steps 3 --zero-stage "$z" \
+    --optimizer adam $d 2>&1 | tee -a "$out/mesh.txt" | grep -E "ZeRO stage|MATCH|DIFFERENT" | tee -a "$out/summary.txt"
+done; done
+for ls in "--local-steps 2" "--local-steps 3 --one-shot"; do
+  echo "# $ls adam zb-h1 dp2 x pp2 --deterministic" >>"$out/mesh.txt"
+  ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule zb-h1 --ranks 2 --dp 2 --microbatches 8 --steps 5 $ls --optimizer adam \
+    --deterministic 2>&1 | tee -a "$out/mesh.txt" | tail -1 | tee -a "$out/summary.txt"
+done
+# What ZeRO-3's gathers cost at width 1024 (step time against stage 0 and 2, eager reductions).
+for z in 0 2 3; do
+  echo "# zero-stage $z 1f1b dp2 x pp2, width 1024, 8 layers, 512 samples per microbatch, 8 microbatches" | tee -a "$out/mesh.txt" >>"$out/summary.txt"
+  ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule 1f1b --ranks 2 --dp 2 --microbatches 8 --width 1024 --layers 8 \
+    --samples 512 --steps 5 --measure --no-reference --zero-stage "$z" 2>&1 | tee -a "$out/mesh.txt" | grep -E "hidden|busy|ZeRO" | tail -3 | tee -a "$out/summary.txt"
+done
 for samples in 512 32; do for sched in 1f1b zb-h1; do for after in "" "--sync-after-step"; do
   echo "# $sched dp2 x pp2, width 1024, 8 layers, $samples samples per microbatch, 8 microbatches $after" | tee -a "$out/mesh.txt" >>"$out/summary.txt"
   ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule "$sched" --ranks 2 --dp 2 --microbatches 8 --width 1024 --layers 8 \

@@ -74,6 +74,7 @@ if [ -f "$dir/mesh.txt" ]; then
       printf "| %s | %s | %s | %.1f | %.2f | %.2f | %.0f %% |\n", sched, samples, mode, median(st, n), median(red, n), median(ex, n), median(hid, n)
       run = 0
     }
+    /^# (zero-stage|--local-steps)/ { flush(); next }
     /^# .* dp2 x pp2/ {
       flush(); run = 1; n = 0; sched = $2
       for (i = 1; i <= NF; ++i) if ($i == "samples") samples = $(i - 1)
@@ -87,4 +88,47 @@ if [ -f "$dir/mesh.txt" ]; then
     }
     END { flush() }' "$dir/mesh.txt"
   echo
+  # ZeRO and Local SGD against the CPU reference (the mesh phase's correctness runs), if recorded.
+  if grep -qE "^# (zero-stage [0-9] adam|--local-steps)" "$dir/mesh.txt"; then
+    echo "| run (cuda_mlp_gpu, dp2 x pp2, cuda_local) | mode | parameter elements rank 0 holds (its stages have) | against the reference |"
+    echo "|---|---|---|---|"
+    awk '
+      /^# / { run = 0 }
+      /^# (zero-stage [0-9] adam|--local-steps)/ {
+        run = 1; held = "–"; mode = $0 ~ /--deterministic/ ? "deterministic" : "default"
+        what = $0; sub(/^# /, "", what); sub(/ dp2 x pp2.*/, "", what); sub(/ --deterministic/, "", what)
+        next
+      }
+      run && /^ZeRO stage/ { held = $7 " (" $17 ")" }
+      run && /^reference check/ {
+        v = $0; sub(/.*max relative difference params /, "", v); sub(/,.*/, "", v)
+        printf "| %s | %s | %s | params within %s, %s |\n", what, mode, held, v, $NF
+      }' "$dir/mesh.txt"
+    echo
+  fi
+  # What ZeRO costs in a measured step (eager reductions), if recorded.
+  if grep -qE "^# zero-stage [0-9] [a-z0-9-]+ dp2 x pp2, width" "$dir/mesh.txt"; then
+    echo "| ZeRO stage | step ms | reductions ms | after the pipeline ms | hidden | rank 0 holds (elements) |"
+    echo "|---|---|---|---|---|---|"
+    awk '
+      function median(a, n,   i, j, t) {
+        for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+      }
+      function flush() {
+        if (!run) return
+        printf "| %s | %.1f | %.2f | %.2f | %.0f %% | %s |\n", z, median(st, n), median(red, n), median(ex, n), median(hid, n), held
+        run = 0
+      }
+      /^# / { flush() }
+      /^# zero-stage [0-9] [a-z0-9-]+ dp2 x pp2, width/ { run = 1; n = 0; z = $3; held = "–"; next }
+      run && /^ +step [0-9.]+ s,/ { st[n + 1] = 1e3 * $2 }
+      run && /dp gradient reductions/ {
+        ++n; red[n] = $4; ex[n] = $9
+        h = $0; sub(/% hidden.*/, "", h); sub(/.*-> /, "", h); hid[n] = h
+      }
+      run && /^ZeRO stage/ { held = $7 }
+      END { flush() }' "$dir/mesh.txt"
+    echo
+  fi
 fi
