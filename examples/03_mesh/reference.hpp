@@ -231,11 +231,10 @@ class reference_model {
   void attention_forward(const loom::attention_dims& a, const std::vector<double>& q, const std::vector<double>& k,
                          const std::vector<double>& v, std::vector<double>& o, std::vector<double>& lse, int ring) const {
     const int N = m_.seq;
-    std::vector<double> scratch(static_cast<std::size_t>(N));
     o.assign(q.size(), 0.0);
     lse.assign(static_cast<std::size_t>(N * a.heads), -INFINITY);
     if (ring == 1) {
-      loom::attention_block_forward<double>(a, q, k, v, o, lse, 0, N, 0, N, loom::block_mask::causal, scratch);
+      loom::attention_block_forward<double>(a, q, k, v, o, lse, 0, N, 0, N, loom::block_mask::causal);
       return;
     }
     const int C = N / (2 * ring);
@@ -247,7 +246,7 @@ class reference_model {
           for (int kb : kch) {
             const auto msk = loom::chunk_mask(qa, kb, true);
             if (msk != loom::block_mask::none)
-              loom::attention_block_forward<double>(a, q, k, v, o, lse, qa * C, C, kb * C, C, msk, scratch);
+              loom::attention_block_forward<double>(a, q, k, v, o, lse, qa * C, C, kb * C, C, msk);
           }
       }
   }

@@ -65,10 +65,76 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __res
   }
 }
 
+
+// The sequence-parallel patterns' kernels: one thread per item of loom/exec/pattern_math.hpp.
+template <class T>
+__global__ void fill_kernel(T* __restrict__ x, T value, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = value;
+}
+template <class F>
+__global__ void items_kernel(F f, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+template <class T>
+struct forward_item {
+  attention_block<T> b;
+  __device__ void operator()(std::size_t e) const { b.forward(e); }
+};
+template <class T>
+struct query_item {
+  attention_block<T> b;
+  __device__ void operator()(std::size_t e) const { b.backward_query(e); }
+};
+template <class T>
+struct linear_forward_item {
+  linear_items<T> f;
+  __device__ void operator()(std::size_t e) const { f.forward(e); }
+};
+template <class T>
+struct linear_input_item {
+  linear_items<T> f;
+  __device__ void operator()(std::size_t e) const { f.backward_input(e); }
+};
+template <class T>
+struct linear_weight_item {
+  linear_items<T> f;
+  __device__ void operator()(std::size_t e) const { f.backward_weight(e); }
+};
+template <class T>
+struct bias_item {
+  linear_items<T> f;
+  __device__ void operator()(std::size_t e) const { f.add_bias(e); }
+};
+template <class T>
+struct key_item {
+  attention_block<T> b;
+  __device__ void operator()(std::size_t e) const { b.backward_key(e); }
+};
+
 constexpr unsigned threads_per_block = 256;
 inline unsigned blocks_for(std::size_t n) {
   const std::size_t want = (n + threads_per_block - 1) / threads_per_block;
   return static_cast<unsigned>(want < 4096 ? want : 4096);
+}
+
+template <class F>
+void launch_items(F f, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  items_kernel<F><<<blocks_for(n), threads_per_block, 0, s>>>(f, n);
+  LOOM_CUDA_TRY(cudaGetLastError());
+}
+template <class T>
+void launch_fill(T* x, T value, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  fill_kernel<T><<<blocks_for(n), threads_per_block, 0, s>>>(x, value, n);
+  LOOM_CUDA_TRY(cudaGetLastError());
+}
+template <class T>
+void launch_backward(const attention_block<T>& b, cudaStream_t s) {
+  if (b.dq != nullptr) launch_items(query_item<T>{b}, b.query_items(), s);
+  if (b.dk != nullptr || b.dv != nullptr) launch_items(key_item<T>{b}, b.key_items(), s);
 }
 
 template <class T>
@@ -123,5 +189,25 @@ void adam_async(double* p, const double* g, double* m, double* v, double b1, dou
 }
 void combine_async(reduce_op op, float* acc, const float* x, std::size_t n, cudaStream_t s) { launch_combine(op, acc, x, n, s); }
 void combine_async(reduce_op op, double* acc, const double* x, std::size_t n, cudaStream_t s) { launch_combine(op, acc, x, n, s); }
+
+void fill_async(float* x, float value, std::size_t n, cudaStream_t s) { launch_fill(x, value, n, s); }
+void fill_async(double* x, double value, std::size_t n, cudaStream_t s) { launch_fill(x, value, n, s); }
+void attention_forward_async(const attention_block<float>& b, cudaStream_t s) { launch_items(forward_item<float>{b}, b.query_items(), s); }
+void attention_forward_async(const attention_block<double>& b, cudaStream_t s) { launch_items(forward_item<double>{b}, b.query_items(), s); }
+void attention_backward_async(const attention_block<float>& b, cudaStream_t s) { launch_backward(b, s); }
+void attention_backward_async(const attention_block<double>& b, cudaStream_t s) { launch_backward(b, s); }
+void attention_delta_async(const attention_delta_rows<float>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
+void attention_delta_async(const attention_delta_rows<double>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
+void ulysses_move_async(const ulysses_move<float>& f, cudaStream_t s) { launch_items(f, f.l.size(), s); }
+void ulysses_move_async(const ulysses_move<double>& f, cudaStream_t s) { launch_items(f, f.l.size(), s); }
+
+void linear_forward_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_forward_item<float>{f}, f.n * f.out, s); }
+void linear_backward_input_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_input_item<float>{f}, f.n * f.in, s); }
+void linear_backward_weight_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_weight_item<float>{f}, f.weight_items(), s); }
+void linear_add_bias_async(const linear_items<float>& f, cudaStream_t s) { launch_items(bias_item<float>{f}, f.n * f.out, s); }
+void linear_forward_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_forward_item<double>{f}, f.n * f.out, s); }
+void linear_backward_input_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_input_item<double>{f}, f.n * f.in, s); }
+void linear_backward_weight_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_weight_item<double>{f}, f.weight_items(), s); }
+void linear_add_bias_async(const linear_items<double>& f, cudaStream_t s) { launch_items(bias_item<double>{f}, f.n * f.out, s); }
 
 }  // namespace loom::cuda::detail

@@ -35,6 +35,8 @@ namespace {
 
 using loom::reduce_op;
 using loom_device_test::backend;
+using loom_device_test::download;
+using loom_device_test::upload;
 
 //! Element i of rank r's contribution: values whose sums round, so the order shows in the bits.
 template <class T>
@@ -99,28 +101,6 @@ results<T> on_threads(int n) {
     });
   });
   return out;
-}
-
-//! Copies `v` into `d` on `st` (the producer the collective must follow); `v` must stay alive
-//! until `st` has run the copy.
-template <class T>
-void upload(std::span<T> d, const std::vector<T>& v, cudaStream_t st) {
-  LOOM_CUDA_TRY(cudaMemcpyAsync(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st));
-}
-//! Device memory holding `v`, filled by a copy on `st` (see the other overload).
-template <class T>
-loom::cuda::device_buffer<T> upload(const std::vector<T>& v, cudaStream_t st) {
-  loom::cuda::device_buffer<T> d(v.size());
-  upload(d.span(), v, st);
-  return d;
-}
-//! The first `n` elements of `d` (all of them by default), once `st` has run its work so far.
-template <class T>
-std::vector<T> download(const loom::cuda::device_buffer<T>& d, cudaStream_t st, std::size_t n = std::size_t(-1)) {
-  std::vector<T> v(std::min(n, d.span().size()));
-  LOOM_CUDA_TRY(cudaMemcpyAsync(v.data(), d.data(), v.size() * sizeof(T), cudaMemcpyDeviceToHost, st));
-  LOOM_CUDA_TRY(cudaStreamSynchronize(st));
-  return v;
 }
 
 //! A group split from a device world, counted, bound to a stream of its own (not movable: the

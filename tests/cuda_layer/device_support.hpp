@@ -21,6 +21,7 @@
 
 #include <loom/comm/cuda_local.hpp>
 #include <loom/comm/nccl.hpp>
+#include <loom/cuda/buffer.hpp>
 #include <loom/cuda/device.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/schedule.hpp>
@@ -232,9 +233,34 @@ inline void simulate_with(std::uint64_t seed, int deadlock_ms = 3000) {
 inline std::string findings() {
   std::string s;
 #if defined(LOOM_CUDA_SIM)
-  for (auto& r : loom::cudasim::reports()) s += std::string(loom::cudasim::to_string(r.kind)) + ": " + r.text + "\n";
+  for (auto& r : loom::cudasim::reports()) {
+    const std::string kind = std::string(loom::cudasim::to_string(r.kind)) + ": ";
+    s += (r.text.starts_with(kind) ? "" : kind) + r.text + "\n";  // the text may name its kind already
+  }
 #endif
   return s;
+}
+
+//! Copies `v` into `d` on `st` (the producer the collective must follow); `v` must stay alive
+//! until `st` has run the copy.
+template <class T>
+void upload(std::span<T> d, const std::vector<T>& v, cudaStream_t st) {
+  LOOM_CUDA_TRY(cudaMemcpyAsync(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st));
+}
+//! Device memory holding `v`, filled by a copy on `st` (see the other overload).
+template <class T>
+loom::cuda::device_buffer<T> upload(const std::vector<T>& v, cudaStream_t st) {
+  loom::cuda::device_buffer<T> d(v.size());
+  upload(d.span(), v, st);
+  return d;
+}
+//! The first `n` elements of `d` (all of them by default), once `st` has run its work so far.
+template <class T>
+std::vector<T> download(const loom::cuda::device_buffer<T>& d, cudaStream_t st, std::size_t n = std::size_t(-1)) {
+  std::vector<T> v(std::min(n, d.span().size()));
+  LOOM_CUDA_TRY(cudaMemcpyAsync(v.data(), d.data(), v.size() * sizeof(T), cudaMemcpyDeviceToHost, st));
+  LOOM_CUDA_TRY(cudaStreamSynchronize(st));
+  return v;
 }
 
 }  // namespace loom_device_test

@@ -35,9 +35,9 @@ void dense_attention(const loom::attention_dims& a, int n, const std::vector<dou
                      std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
   const auto sz = static_cast<std::size_t>(n * a.heads * a.head_dim);
   o.assign(sz, 0.0);
-  std::vector<double> lse(static_cast<std::size_t>(n * a.heads), -INFINITY), scratch(static_cast<std::size_t>(n)),
+  std::vector<double> lse(static_cast<std::size_t>(n * a.heads), -INFINITY),
       delta(lse.size());
-  loom::attention_block_forward<double>(a, q, k, v, o, lse, 0, n, 0, n, loom::block_mask::causal, scratch);
+  loom::attention_block_forward<double>(a, q, k, v, o, lse, 0, n, 0, n, loom::block_mask::causal);
   loom::attention_delta<double>(a, o, dout, delta);
   dq.assign(sz, 0.0);
   dk.assign(sz, 0.0);

@@ -160,6 +160,11 @@ class on_stream {
  public:
   //! Rank-ordered reductions when the group's are.
   static constexpr bool rank_ordered_reductions = reduces_in_rank_order<C>;
+  //! Marks a device group: the sequence-parallel patterns take their device form
+  //! (`loom/cuda/patterns.hpp`).
+  using device_group_tag = void;
+  //! The group's point-to-point request.
+  using request = typename C::request;
   //! Binds `group` to `stream`.
   on_stream(C& group, cudaStream_t stream) : c_(&group), s_(stream) {}
   //! This rank's index in the group.

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/exec/pattern_math.hpp"
 #include "loom/exec/optimizer_math.hpp"
 
 #if defined(LOOM_CUDA_SIM)
@@ -68,6 +69,75 @@ void adam_async(T* p, const T* g, T* m, T* v, T b1, T b2, T lr_t, T eps_t, std::
     for (std::size_t i = 0; i < n; ++i) loom::detail::adam_element(p[i], g[i], m[i], v[i], b1, b2, lr_t, eps_t);
   });
 }
+//! `x[i] = value` for `i < n`, enqueued on `s`.
+template <class T>
+void fill_async(T* x, T value, std::size_t n, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda fill", [=] {
+    for (std::size_t i = 0; i < n; ++i) x[i] = value;
+  });
+}
+//! One attention block's forward (`attention_block::forward` per query row and head), on `s`.
+template <class T>
+void attention_forward_async(const attention_block<T>& b, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda attention forward", [b] {
+    for (std::size_t e = 0; e < b.query_items(); ++e) b.forward(e);
+  });
+}
+//! One attention block's backward on `s`: the query gradients (one item per query row and head),
+//! then the key and value gradients (one per key row and head), as two kernels.
+template <class T>
+void attention_backward_async(const attention_block<T>& b, cudaStream_t s) {
+  if (b.dq != nullptr)
+    cudasim::launch(s, "loom::cuda attention backward (queries)", [b] {
+      for (std::size_t e = 0; e < b.query_items(); ++e) b.backward_query(e);
+    });
+  if (b.dk != nullptr || b.dv != nullptr)
+    cudasim::launch(s, "loom::cuda attention backward (keys)", [b] {
+      for (std::size_t e = 0; e < b.key_items(); ++e) b.backward_key(e);
+    });
+}
+//! The attention backward's row term for `rows` rows and heads, on `s`.
+template <class T>
+void attention_delta_async(const attention_delta_rows<T>& f, std::size_t rows, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda attention delta", [f, rows] {
+    for (std::size_t r = 0; r < rows; ++r) f(r);
+  });
+}
+//! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.
+template <class T>
+void ulysses_move_async(const ulysses_move<T>& f, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda ulysses layout", [f] {
+    for (std::size_t w = 0; w < f.l.size(); ++w) f(w);
+  });
+}
+//! The linear layer's forward (`linear_items::forward` per output element), on `s`.
+template <class T>
+void linear_forward_async(const linear_items<T>& f, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda linear forward", [f] {
+    for (std::size_t e = 0; e < f.n * f.out; ++e) f.forward(e);
+  });
+}
+//! The linear layer's input gradient (`linear_items::backward_input` per element), on `s`.
+template <class T>
+void linear_backward_input_async(const linear_items<T>& f, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda linear backward (input)", [f] {
+    for (std::size_t e = 0; e < f.n * f.in; ++e) f.backward_input(e);
+  });
+}
+//! The linear layer's weight and bias gradients (`linear_items::backward_weight`), on `s`.
+template <class T>
+void linear_backward_weight_async(const linear_items<T>& f, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda linear backward (weight)", [f] {
+    for (std::size_t e = 0; e < f.weight_items(); ++e) f.backward_weight(e);
+  });
+}
+//! `y[t][o] += b[o]` (`linear_items::add_bias`), on `s`.
+template <class T>
+void linear_add_bias_async(const linear_items<T>& f, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda bias", [f] {
+    for (std::size_t e = 0; e < f.n * f.out; ++e) f.add_bias(e);
+  });
+}
 #else
 //! `acc[i] += x[i]` for `i < n`, enqueued on `s`.
 void add_async(float* acc, const float* x, std::size_t n, cudaStream_t s);
@@ -91,6 +161,42 @@ void adam_async(float* p, const float* g, float* m, float* v, float b1, float b2
 //! One Adam step on `n` elements, enqueued on `s` (see `loom::adam`).
 void adam_async(double* p, const double* g, double* m, double* v, double b1, double b2, double lr_t, double eps_t, std::size_t n,
                 cudaStream_t s);
+//! `x[i] = value` for `i < n`, enqueued on `s`.
+void fill_async(float* x, float value, std::size_t n, cudaStream_t s);
+//! `x[i] = value` for `i < n`, enqueued on `s`.
+void fill_async(double* x, double value, std::size_t n, cudaStream_t s);
+//! One attention block's forward (`attention_block::forward` per query row and head), on `s`.
+void attention_forward_async(const attention_block<float>& b, cudaStream_t s);
+//! One attention block's forward (`attention_block::forward` per query row and head), on `s`.
+void attention_forward_async(const attention_block<double>& b, cudaStream_t s);
+//! One attention block's backward on `s` (the query gradients, then the key and value gradients).
+void attention_backward_async(const attention_block<float>& b, cudaStream_t s);
+//! One attention block's backward on `s` (the query gradients, then the key and value gradients).
+void attention_backward_async(const attention_block<double>& b, cudaStream_t s);
+//! The attention backward's row term for `rows` rows and heads, on `s`.
+void attention_delta_async(const attention_delta_rows<float>& f, std::size_t rows, cudaStream_t s);
+//! The attention backward's row term for `rows` rows and heads, on `s`.
+void attention_delta_async(const attention_delta_rows<double>& f, std::size_t rows, cudaStream_t s);
+//! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.
+void ulysses_move_async(const ulysses_move<float>& f, cudaStream_t s);
+//! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.
+void ulysses_move_async(const ulysses_move<double>& f, cudaStream_t s);
+//! The linear layer's forward (`linear_items::forward` per output element), on `s`.
+void linear_forward_async(const linear_items<float>& f, cudaStream_t s);
+//! The linear layer's forward (`linear_items::forward` per output element), on `s`.
+void linear_forward_async(const linear_items<double>& f, cudaStream_t s);
+//! The linear layer's input gradient (`linear_items::backward_input` per element), on `s`.
+void linear_backward_input_async(const linear_items<float>& f, cudaStream_t s);
+//! The linear layer's input gradient (`linear_items::backward_input` per element), on `s`.
+void linear_backward_input_async(const linear_items<double>& f, cudaStream_t s);
+//! The linear layer's weight and bias gradients (`linear_items::backward_weight`), on `s`.
+void linear_backward_weight_async(const linear_items<float>& f, cudaStream_t s);
+//! The linear layer's weight and bias gradients (`linear_items::backward_weight`), on `s`.
+void linear_backward_weight_async(const linear_items<double>& f, cudaStream_t s);
+//! `y[t][o] += b[o]` (`linear_items::add_bias`), on `s`.
+void linear_add_bias_async(const linear_items<float>& f, cudaStream_t s);
+//! `y[t][o] += b[o]` (`linear_items::add_bias`), on `s`.
+void linear_add_bias_async(const linear_items<double>& f, cudaStream_t s);
 #endif
 
 }  // namespace loom::cuda::detail

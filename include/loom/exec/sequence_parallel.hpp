@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/exec/pattern_math.hpp"
 #include "loom/exec/tensor_parallel.hpp"
 #include "loom/mesh/mesh.hpp"
 #include "loom/schedule/error.hpp"
@@ -117,9 +118,6 @@ struct seq_split {
   }
 };
 
-//! Which part of a key chunk a query chunk sees under a causal mask.
-enum class block_mask : unsigned char { none, full, causal };
-
 //! The mask between query chunk `qc` and key chunk `kc` (chunks in sequence order).
 constexpr block_mask chunk_mask(int qc, int kc, bool causal) {
   if (!causal || kc < qc) return block_mask::full;
@@ -133,102 +131,140 @@ struct attention_dims {
   double scale = 1.0;  //!< scores are scale * q . k (usually 1/sqrt(head_dim))
 };
 
+namespace detail {
+//! A group whose buffers live in device memory and whose work is enqueued on a stream (a
+//! `loom::on_stream` binding): the patterns then run through `sp_space`'s device
+//! specialisation in `loom/cuda/patterns.hpp`.
+template <class C>
+concept device_group = requires { typename C::device_group_tag; };
+}  // namespace detail
+
+//! Faults a sequence-parallel pattern can be asked to commit on a device group, for the tests
+//! that show the race detector names them.
+struct sp_faults {
+  bool skip_kv_free_wait = false;  //!< ring attention receives the next K/V block without waiting for the kernels that read the buffer
+};
+
+namespace detail {
+
+//! An attention block's forward in a host loop.
+template <class T>
+void host_forward(const attention_block<T>& b) {
+  for (std::size_t e = 0; e < b.query_items(); ++e) b.forward(e);
+}
+//! An attention block's backward in host loops: the query gradients, then the key and value
+//! gradients.
+template <class T>
+void host_backward(const attention_block<T>& b) {
+  if (b.dq != nullptr)
+    for (std::size_t e = 0; e < b.query_items(); ++e) b.backward_query(e);
+  if (b.dk != nullptr || b.dv != nullptr)
+    for (std::size_t e = 0; e < b.key_items(); ++e) b.backward_key(e);
+}
+
+//! How a pattern allocates, computes and communicates on a group of type `C`: here, host
+//! groups (threads, MPI, their `counted` wrappers, or none): `std::vector` buffers, the per-item
+//! functions of `loom/exec/pattern_math.hpp` in loops, blocking-on-wait point-to-point. The
+//! device form (`on_stream` groups) is the specialisation in `loom/cuda/patterns.hpp`, with the
+//! same members; the patterns below are written once over them.
+template <class C>
+struct sp_space {
+  static_assert(!device_group<C>,
+                "loom: a sequence-parallel pattern over a device group (loom::on_stream) needs "
+                "#include <loom/cuda/patterns.hpp>, which defines its device form");
+  template <class T>
+  using buffer = std::vector<T>;
+  using request = typename C::request;
+  struct state {};
+  template <class T>
+  static buffer<T> make(C*, std::size_t n) {
+    return buffer<T>(n, T{});
+  }
+  template <class T>
+  static void fill(C*, state&, std::span<T> x, T value) {
+    std::fill(x.begin(), x.end(), value);
+  }
+  template <class T>
+  static void copy(C*, state&, std::span<const T> from, std::span<T> to) {
+    if (from.data() != to.data()) std::copy(from.begin(), from.end(), to.begin());
+  }
+  template <class T>
+  static void forward(C*, state&, const attention_block<T>& b) {
+    host_forward(b);
+  }
+  template <class T>
+  static void backward(C*, state&, const attention_block<T>& b) {
+    host_backward(b);
+  }
+  template <class T>
+  static void delta(C*, state&, const attention_delta_rows<T>& f, std::size_t rows) {
+    for (std::size_t r = 0; r < rows; ++r) f(r);
+  }
+  template <class T>
+  static void move(C*, state&, const ulysses_move<T>& f) {
+    for (std::size_t w = 0; w < f.l.size(); ++w) f(w);
+  }
+  template <class T>
+  static void all_to_all(C* c, state&, std::span<const T> in, std::span<T> out) {
+    c->all_to_all(in, out);
+  }
+  static void open(C*, state&, std::span<const channel>) {}
+  static void begin(C*, state&) {}
+  static void end(C*, state&) {}
+  static auto isend(C* c, state&, int peer, std::span<const std::byte> b, const sp_faults&) { return c->isend(peer, b); }
+  static auto irecv(C* c, state&, int peer, std::span<std::byte> b, const sp_faults&) { return c->irecv(peer, b); }
+  template <class R>
+  static void wait(C* c, state&, R& r) {
+    c->wait(r);
+  }
+};
+
+template <class T>
+std::span<T> whole(std::vector<T>& v) {
+  return {v.data(), v.size()};
+}
+template <class B>
+auto whole(B& b) -> decltype(b.span()) {
+  return b.span();
+}
+
+}  // namespace detail
+
 //! One block of attention, merged into a running output: query rows `[q0, q0 + nq)` of `q`
 //! against key/value rows `[k0, k0 + nk)` of `k`, `v` (with `block_mask::causal`, row `i` sees
 //! keys up to `k0 + (i - q0)`). For each row and head the block's softmax output `o_b` and
 //! log-sum-exp `l_b` are merged into `o`, `lse` by `l = log(e^lse + e^l_b)`,
 //! `o = o e^(lse - l) + o_b e^(l_b - l)`; start with `lse = -inf`, `o = 0` (the first merge is
-//! exact). `scratch` holds `nk` values.
+//! exact). Host memory; `attention_block::forward` per item, which the device patterns run as
+//! a kernel.
 template <class T>
 void attention_block_forward(const attention_dims& a, std::span<const T> q, std::span<const T> k, std::span<const T> v,
-                             std::span<T> o, std::span<T> lse, int q0, int nq, int k0, int nk, block_mask mask,
-                             std::span<T> scratch) {
-  const auto H = static_cast<std::size_t>(a.heads), D = static_cast<std::size_t>(a.head_dim);
-  const T scale = static_cast<T>(a.scale);
-  std::vector<T> ob(D);
-  for (int i = 0; i < nq; ++i) {
-    const auto qi = static_cast<std::size_t>(q0 + i);
-    const int visible = mask == block_mask::causal ? i + 1 : nk;
-    for (std::size_t h = 0; h < H; ++h) {
-      const T* qv = q.data() + (qi * H + h) * D;
-      T m = -std::numeric_limits<T>::infinity();
-      for (int j = 0; j < visible; ++j) {
-        const T* kv = k.data() + (static_cast<std::size_t>(k0 + j) * H + h) * D;
-        T s{};
-        for (std::size_t d = 0; d < D; ++d) s += qv[d] * kv[d];
-        s *= scale;
-        scratch[static_cast<std::size_t>(j)] = s;
-        m = std::max(m, s);
-      }
-      T l{};
-      std::fill(ob.begin(), ob.end(), T{});
-      for (int j = 0; j < visible; ++j) {
-        const T p = std::exp(scratch[static_cast<std::size_t>(j)] - m);
-        l += p;
-        const T* vv = v.data() + (static_cast<std::size_t>(k0 + j) * H + h) * D;
-        for (std::size_t d = 0; d < D; ++d) ob[d] += p * vv[d];
-      }
-      const T lb = m + std::log(l);
-      T& L = lse[qi * H + h];
-      const T mx = std::max(L, lb);
-      const T nl = mx + std::log(std::exp(L - mx) + std::exp(lb - mx));
-      const T wa = std::exp(L - nl), wb = std::exp(lb - nl);
-      T* ov = o.data() + (qi * H + h) * D;
-      for (std::size_t d = 0; d < D; ++d) ov[d] = ov[d] * wa + (ob[d] / l) * wb;
-      L = nl;
-    }
-  }
+                             std::span<T> o, std::span<T> lse, int q0, int nq, int k0, int nk, block_mask mask) {
+  const attention_block<T> b{q.data(), k.data(), v.data(), o.data(), lse.data(), nullptr, nullptr, nullptr, nullptr, nullptr,
+                             a.heads, a.head_dim, static_cast<T>(a.scale), q0, nq, k0, nk, mask};
+  detail::host_forward(b);
 }
 
 //! `delta[i][h] = sum_d do[i][h][d] o[i][h][d]`, the row term of the attention backward.
 template <class T>
 void attention_delta(const attention_dims& a, std::span<const T> o, std::span<const T> dout, std::span<T> delta) {
-  const auto H = static_cast<std::size_t>(a.heads), D = static_cast<std::size_t>(a.head_dim);
-  for (std::size_t r = 0; r < delta.size(); ++r) {
-    T s{};
-    for (std::size_t d = 0; d < D; ++d) s += dout[r * D + d] * o[r * D + d];
-    delta[r] = s;
-    (void)H;
-  }
+  const attention_delta_rows<T> f{o.data(), dout.data(), delta.data(), a.head_dim};
+  for (std::size_t r = 0; r < delta.size(); ++r) f(r);
 }
 
 //! The backward of one block (FlashAttention's, Dao et al. 2022, Alg. 4, with the final
 //! log-sum-exp): for each visible pair, `p = e^(scale q.k - lse)`, `dv += p do`,
-//! `ds = p (do.v - delta)`, `dq += scale ds k`, `dk += scale ds q`, rows in order, keys in order.
-//! `dq`, `dk`, `dv` may be empty to skip that gradient (a reference that needs another order of
-//! accumulation calls it twice).
+//! `ds = p (do.v - delta)`, `dq += scale ds k`, `dk += scale ds q`; each query gradient over its
+//! keys in order, each key and value gradient over its query rows in order.
+//! `dq`, `dk`, `dv` may be empty to skip that gradient. Host memory.
 template <class T>
 void attention_block_backward(const attention_dims& a, std::span<const T> q, std::span<const T> k, std::span<const T> v,
                               std::span<const T> lse, std::span<const T> dout, std::span<const T> delta, std::span<T> dq,
                               std::span<T> dk, std::span<T> dv, int q0, int nq, int k0, int nk, block_mask mask) {
-  const auto H = static_cast<std::size_t>(a.heads), D = static_cast<std::size_t>(a.head_dim);
-  const T scale = static_cast<T>(a.scale);
-  for (int i = 0; i < nq; ++i) {
-    const auto qi = static_cast<std::size_t>(q0 + i);
-    const int visible = mask == block_mask::causal ? i + 1 : nk;
-    for (std::size_t h = 0; h < H; ++h) {
-      const T* qv = q.data() + (qi * H + h) * D;
-      const T* dov = dout.data() + (qi * H + h) * D;
-      for (int j = 0; j < visible; ++j) {
-        const auto kj = static_cast<std::size_t>(k0 + j);
-        const T* kv = k.data() + (kj * H + h) * D;
-        const T* vv = v.data() + (kj * H + h) * D;
-        T s{};
-        for (std::size_t d = 0; d < D; ++d) s += qv[d] * kv[d];
-        const T p = std::exp(s * scale - lse[qi * H + h]);
-        T dp{};
-        for (std::size_t d = 0; d < D; ++d) dp += dov[d] * vv[d];
-        const T ds = p * (dp - delta[qi * H + h]);
-        if (!dv.empty())
-          for (std::size_t d = 0; d < D; ++d) dv[(kj * H + h) * D + d] += p * dov[d];
-        if (!dq.empty())
-          for (std::size_t d = 0; d < D; ++d) dq[(qi * H + h) * D + d] += scale * ds * kv[d];
-        if (!dk.empty())
-          for (std::size_t d = 0; d < D; ++d) dk[(kj * H + h) * D + d] += scale * ds * qv[d];
-      }
-    }
-  }
-  (void)nk;
+  auto ptr = [](std::span<T> s) { return s.empty() ? nullptr : s.data(); };
+  const attention_block<T> b{q.data(), k.data(), v.data(), nullptr, const_cast<T*>(lse.data()), dout.data(), delta.data(), ptr(dq),
+                             ptr(dk), ptr(dv), a.heads, a.head_dim, static_cast<T>(a.scale), q0, nq, k0, nk, mask};
+  detail::host_backward(b);
 }
 
 //! Ring attention over the ranks of `ring` (see the file comment), for this rank's `2` zig-zag
@@ -240,8 +276,20 @@ void attention_block_backward(const attention_dims& a, std::span<const T> q, std
 //! that order (it travels with the keys). Messages go to `(p+1) mod R`, from `(p-1) mod R`: K and
 //! V together (`2 x tokens x heads x head_dim`) `R-1` times in the forward and the backward, and
 //! their gradients `R` times in the backward.
+//!
+//! Written once for every group: on a host group (threads, MPI) the blocks run in host loops and
+//! the transfers complete on `wait`; on a device group (`loom::on_stream` over a `cuda_local` or
+//! `nccl` group, with `loom/cuda/patterns.hpp`) every block is a kernel on the group's stream and
+//! every transfer a stream-ordered send and receive, with no host synchronisation: the K/V block
+//! of the next step is received into the second buffer while the current block's kernels read
+//! the first (double buffering), the receive ordered after the kernels that last read its buffer.
+//! The tensors passed in are then device memory. Construction is collective over the ring (a
+//! device group opens its ring channels).
 template <class C, class T>
 class ring_attention {
+  using space = detail::sp_space<C>;
+  using buffer = typename space::template buffer<T>;
+
  public:
   //! A ring attention on `ring` for `tokens` tokens of this rank (two equal zig-zag chunks when
   //! the ring has more than one rank), `dims` heads and head size.
@@ -250,93 +298,105 @@ class ring_attention {
         a_(dims), causal_(causal) {
     if (R_ > 1 && tokens % 2 != 0)
       throw config_error("ring attention: " + std::to_string(tokens) + " tokens per rank cannot form two zig-zag chunks");
-    const auto n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim);
-    kv_.assign(2 * n, T{});
-    kv_next_.assign(2 * n, T{});
+    elems_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim);
+    kv_ = space::template make<T>(c_, 2 * elems_);
+    kv_next_ = space::template make<T>(c_, 2 * elems_);
     if (R_ > 1) {
-      dkv_.assign(2 * n, T{});
-      dkv_next_.assign(2 * n, T{});
+      dkv_ = space::template make<T>(c_, 2 * elems_);
+      dkv_next_ = space::template make<T>(c_, 2 * elems_);
+      std::vector<channel> chans;
+      for (int p = 0; p < R_; ++p) chans.push_back({p, (p + 1) % R_});
+      space::open(c_, st_, chans);
     }
-    scratch_.assign(static_cast<std::size_t>(tokens), T{});
-    elems_ = n;
+    delta_ = space::template make<T>(c_, static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads));
   }
 
   //! Chunk blocks skipped (fully masked) in the last forward.
   int skipped_blocks() const { return skipped_; }
   //! Chunk blocks computed in the last forward.
   int computed_blocks() const { return computed_; }
+  //! Commits `f` from now on (device groups; the tests of the race detector).
+  void inject(const sp_faults& f) { faults_ = f; }
 
   //! `o` and `lse` (log-sum-exp per row and head) of this rank's queries over the whole sequence.
   void forward(std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> o, std::span<T> lse) {
-    std::fill(o.begin(), o.end(), T{});
-    std::fill(lse.begin(), lse.end(), -std::numeric_limits<T>::infinity());
-    std::copy(k.begin(), k.end(), kv_.begin());
-    std::copy(v.begin(), v.end(), kv_.begin() + static_cast<std::ptrdiff_t>(elems_));
+    space::begin(c_, st_);
+    space::fill(c_, st_, o, T{});
+    space::fill(c_, st_, lse, -std::numeric_limits<T>::infinity());
+    load(k, v);
     skipped_ = computed_ = 0;
     for (int s = 0; s < R_; ++s) {
-      typename C::request rr{}, sr{};
+      typename space::request rr{}, sr{};
       if (s + 1 < R_) {
-        rr = c_->irecv(prev(), std::as_writable_bytes(std::span<T>(kv_next_)));
-        sr = c_->isend(next(), std::as_bytes(std::span<const T>(kv_)));
+        rr = space::irecv(c_, st_, prev(), std::as_writable_bytes(detail::whole(kv_next_)), faults_);
+        sr = space::isend(c_, st_, next(), std::as_bytes(detail::whole(kv_)), faults_);
       }
       for_blocks(s, true, [&](int q0, int k0, int n, block_mask m) {
-        attention_block_forward<T>(a_, q, kview(), vview(), o, lse, q0, n, k0, n, m, scratch_);
+        space::forward(c_, st_,
+                       attention_block<T>{q.data(), kv_.data(), kv_.data() + elems_, o.data(), lse.data(), nullptr, nullptr, nullptr,
+                                          nullptr, nullptr, a_.heads, a_.head_dim, static_cast<T>(a_.scale), q0, n, k0, n, m});
       });
       if (s + 1 < R_) {
-        c_->wait(rr);
-        c_->wait(sr);
+        space::wait(c_, st_, rr);
+        space::wait(c_, st_, sr);
         std::swap(kv_, kv_next_);
       }
     }
+    space::end(c_, st_);
   }
 
   //! Gradients of this rank's `q`, `k`, `v` (overwritten) given the forward's `o`, `lse` and the
   //! output gradient `dout`.
   void backward(std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<const T> o,
                 std::span<const T> lse, std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) {
-    delta_.assign(lse.size(), T{});
-    attention_delta<T>(a_, o, dout, delta_);
-    std::fill(dq.begin(), dq.end(), T{});
-    std::copy(k.begin(), k.end(), kv_.begin());
-    std::copy(v.begin(), v.end(), kv_.begin() + static_cast<std::ptrdiff_t>(elems_));
-    std::vector<T>& acc = R_ > 1 ? dkv_ : kv_next_;  // one rank: accumulate in place
-    std::fill(acc.begin(), acc.end(), T{});
+    space::begin(c_, st_);
+    space::delta(c_, st_, attention_delta_rows<T>{o.data(), dout.data(), delta_.data(), a_.head_dim}, lse.size());
+    space::fill(c_, st_, dq, T{});
+    load(k, v);
+    buffer& acc = R_ > 1 ? dkv_ : kv_next_;  // one rank: accumulate in place
+    space::fill(c_, st_, detail::whole(acc), T{});
     for (int s = 0; s < R_; ++s) {
-      typename C::request rr{}, sr{}, gr{}, gs{};
+      typename space::request rr{}, sr{}, gr{}, gs{};
       if (s + 1 < R_) {
-        rr = c_->irecv(prev(), std::as_writable_bytes(std::span<T>(kv_next_)));
-        sr = c_->isend(next(), std::as_bytes(std::span<const T>(kv_)));
+        rr = space::irecv(c_, st_, prev(), std::as_writable_bytes(detail::whole(kv_next_)), faults_);
+        sr = space::isend(c_, st_, next(), std::as_bytes(detail::whole(kv_)), faults_);
       }
-      std::vector<T>& g = R_ > 1 ? dkv_ : kv_next_;
-      std::span<T> gk(g.data(), elems_), gv(g.data() + elems_, elems_);
+      buffer& g = R_ > 1 ? dkv_ : kv_next_;
       for_blocks(s, false, [&](int q0, int k0, int n, block_mask m) {
-        attention_block_backward<T>(a_, q, kview(), vview(), lse, dout, delta_, dq, gk, gv, q0, n, k0, n, m);
+        space::backward(c_, st_,
+                        attention_block<T>{q.data(), kv_.data(), kv_.data() + elems_, nullptr, const_cast<T*>(lse.data()),
+                                           dout.data(), delta_.data(), dq.data(), g.data(), g.data() + elems_, a_.heads,
+                                           a_.head_dim, static_cast<T>(a_.scale), q0, n, k0, n, m});
       });
       if (R_ > 1) {
-        gr = c_->irecv(prev(), std::as_writable_bytes(std::span<T>(dkv_next_)));
-        gs = c_->isend(next(), std::as_bytes(std::span<const T>(dkv_)));
+        gr = space::irecv(c_, st_, prev(), std::as_writable_bytes(detail::whole(dkv_next_)), faults_);
+        gs = space::isend(c_, st_, next(), std::as_bytes(detail::whole(dkv_)), faults_);
       }
       if (s + 1 < R_) {
-        c_->wait(rr);
-        c_->wait(sr);
+        space::wait(c_, st_, rr);
+        space::wait(c_, st_, sr);
       }
       if (R_ > 1) {
-        c_->wait(gr);
-        c_->wait(gs);
+        space::wait(c_, st_, gr);
+        space::wait(c_, st_, gs);
         std::swap(dkv_, dkv_next_);
       }
       if (s + 1 < R_) std::swap(kv_, kv_next_);
     }
-    const std::vector<T>& g = R_ > 1 ? dkv_ : kv_next_;
-    std::copy(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(elems_), dk.begin());
-    std::copy(g.begin() + static_cast<std::ptrdiff_t>(elems_), g.end(), dv.begin());
+    buffer& g = R_ > 1 ? dkv_ : kv_next_;
+    space::copy(c_, st_, std::span<const T>(g.data(), elems_), dk);
+    space::copy(c_, st_, std::span<const T>(g.data() + elems_, elems_), dv);
+    space::end(c_, st_);
   }
 
  private:
   int prev() const { return (pos_ + R_ - 1) % R_; }
   int next() const { return (pos_ + 1) % R_; }
-  std::span<const T> kview() const { return {kv_.data(), elems_}; }
-  std::span<const T> vview() const { return {kv_.data() + elems_, elems_}; }
+  //! K and V into the first K/V buffer.
+  void load(std::span<const T> k, std::span<const T> v) {
+    space::copy(c_, st_, k, std::span<T>(kv_.data(), elems_));
+    space::copy(c_, st_, v, std::span<T>(kv_.data() + elems_, elems_));
+  }
 
   //! Calls `f(q0, k0, rows, mask)` for the unmasked chunk blocks of step `s`, in merge order
   //! (counting them when `count`).
@@ -366,87 +426,67 @@ class ring_attention {
   attention_dims a_;
   bool causal_;
   std::size_t elems_ = 0;
-  std::vector<T> kv_, kv_next_, dkv_, dkv_next_, scratch_, delta_;
+  typename space::state st_{};
+  buffer kv_, kv_next_, dkv_, dkv_next_, delta_;
+  sp_faults faults_{};
   int skipped_ = 0, computed_ = 0;
 };
 
 //! Ulysses' all-to-alls over `c` (`u` ranks). `scatter_heads`: `in` holds `count` tensors
 //! `[tokens][heads][head_dim]` of this rank's tokens; `out` receives `count` tensors
 //! `[u x tokens][heads/u][head_dim]`: every rank's tokens (in rank order) of this rank's group of
-//! heads. `gather_heads` is its inverse (and each is the other's backward).
+//! heads. `gather_heads` is its inverse (and each is the other's backward). Written once for
+//! host and device groups (see `ring_attention`): the layout changes are `ulysses_move` per
+//! element, a kernel on a device group's stream.
 template <class C, class T>
 class ulysses {
+  using space = detail::sp_space<C>;
+
  public:
   //! Ulysses over `c` (null or one rank: the identity) for `count` tensors of `tokens` tokens.
   ulysses(C* c, int count, int tokens, int heads, int head_dim)
-      : c_(c), u_(c == nullptr ? 1 : c->size()), n_(count), t_(tokens), h_(heads), d_(head_dim) {
+      : c_(c), u_(c == nullptr ? 1 : c->size()) {
     if (heads % u_ != 0)
       throw config_error("ulysses: " + std::to_string(heads) + " attention heads are not divisible by the Ulysses degree " +
                          std::to_string(u_));
-    const auto size = static_cast<std::size_t>(count) * static_cast<std::size_t>(tokens) * static_cast<std::size_t>(heads) *
-                      static_cast<std::size_t>(head_dim);
-    send_.assign(size, T{});
-    recv_.assign(size, T{});
+    l_ = {static_cast<std::size_t>(u_), static_cast<std::size_t>(count), static_cast<std::size_t>(tokens),
+          static_cast<std::size_t>(heads), static_cast<std::size_t>(head_dim)};
+    if (u_ > 1) {
+      send_ = space::template make<T>(c_, l_.size());
+      recv_ = space::template make<T>(c_, l_.size());
+    }
   }
 
   //! Heads to tokens (see the class comment).
-  void scatter_heads(std::span<const T> in, std::span<T> out) {
-    if (u_ == 1) return copy(in, out);
-    const std::size_t hg = static_cast<std::size_t>(h_ / u_), D = static_cast<std::size_t>(d_), t = static_cast<std::size_t>(t_),
-                      n = static_cast<std::size_t>(n_), H = static_cast<std::size_t>(h_);
-    // send segment j = [count][tokens][head group j][head_dim]
-    std::size_t w = 0;
-    for (std::size_t j = 0; j < static_cast<std::size_t>(u_); ++j)
-      for (std::size_t x = 0; x < n; ++x)
-        for (std::size_t i = 0; i < t; ++i)
-          for (std::size_t h = 0; h < hg; ++h)
-            for (std::size_t d = 0; d < D; ++d) send_[w++] = in[((x * t + i) * H + j * hg + h) * D + d];
-    c_->all_to_all(std::span<const T>(send_), std::span<T>(recv_));
-    // recv segment j = rank j's tokens of this head group: out[x][j*t + i][h][d]
-    w = 0;
-    for (std::size_t j = 0; j < static_cast<std::size_t>(u_); ++j)
-      for (std::size_t x = 0; x < n; ++x)
-        for (std::size_t i = 0; i < t; ++i)
-          for (std::size_t h = 0; h < hg; ++h)
-            for (std::size_t d = 0; d < D; ++d)
-              out[((x * t * static_cast<std::size_t>(u_) + j * t + i) * hg + h) * D + d] = recv_[w++];
-  }
-
+  void scatter_heads(std::span<const T> in, std::span<T> out) { exchange(in, out, true); }
   //! Tokens to heads: the inverse of `scatter_heads`.
-  void gather_heads(std::span<const T> in, std::span<T> out) {
-    if (u_ == 1) return copy(in, out);
-    const std::size_t hg = static_cast<std::size_t>(h_ / u_), D = static_cast<std::size_t>(d_), t = static_cast<std::size_t>(t_),
-                      n = static_cast<std::size_t>(n_), H = static_cast<std::size_t>(h_), U = static_cast<std::size_t>(u_);
-    std::size_t w = 0;
-    for (std::size_t j = 0; j < U; ++j)
-      for (std::size_t x = 0; x < n; ++x)
-        for (std::size_t i = 0; i < t; ++i)
-          for (std::size_t h = 0; h < hg; ++h)
-            for (std::size_t d = 0; d < D; ++d) send_[w++] = in[((x * t * U + j * t + i) * hg + h) * D + d];
-    c_->all_to_all(std::span<const T>(send_), std::span<T>(recv_));
-    w = 0;
-    for (std::size_t j = 0; j < U; ++j)
-      for (std::size_t x = 0; x < n; ++x)
-        for (std::size_t i = 0; i < t; ++i)
-          for (std::size_t h = 0; h < hg; ++h)
-            for (std::size_t d = 0; d < D; ++d) out[((x * t + i) * H + j * hg + h) * D + d] = recv_[w++];
-  }
+  void gather_heads(std::span<const T> in, std::span<T> out) { exchange(in, out, false); }
 
  private:
-  static void copy(std::span<const T> in, std::span<T> out) {
-    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+  //! The buffer gathered from `in` by one map, exchanged, and scattered into `out` by the other.
+  void exchange(std::span<const T> in, std::span<T> out, bool from_heads) {
+    if (u_ == 1) return space::copy(c_, st_, in, out);
+    space::move(c_, st_, ulysses_move<T>{in.data(), send_.data(), l_, from_heads, true});
+    space::all_to_all(c_, st_, std::span<const T>(send_.data(), l_.size()), std::span<T>(recv_.data(), l_.size()));
+    space::move(c_, st_, ulysses_move<T>{recv_.data(), out.data(), l_, !from_heads, false});
   }
+
   C* c_;
-  int u_, n_, t_, h_, d_;
-  std::vector<T> send_, recv_;
+  int u_;
+  ulysses_layout l_{};
+  typename space::state st_{};
+  typename space::template buffer<T> send_, recv_;
 };
 
 //! USP attention (see the file comment): Ulysses over `ulysses_comm` (`u` ranks), ring attention
 //! over `ring_comm` (`R` ranks) on the ring position's tokens (`u x tokens`, its two zig-zag
-//! chunks) for `heads / u` heads. Either communicator may be null (degree 1). `forward` keeps in
-//! `stash` (`stash_size()` elements) what `backward` needs.
+//! chunks) for `heads / u` heads. Either communicator may be null (degree 1) on the host; a
+//! device form needs both groups (of one rank for degree 1). `forward` keeps in `stash`
+//! (`stash_size()` elements) what `backward` needs.
 template <class C, class T>
 class usp_attention {
+  using space = detail::sp_space<C>;
+
  public:
   //! Attention over `tokens` tokens of this rank, `dims.heads` heads on this rank.
   usp_attention(C* ulysses_comm, C* ring_comm, int tokens, attention_dims dims, bool causal)
@@ -458,14 +498,16 @@ class usp_attention {
         a2a1_(ulysses_comm, 1, tokens, dims.heads, dims.head_dim),
         ring_(ring_comm, tokens * u_, inner_, causal) {
     n_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim);
-    packed_.assign(3 * n_, T{});
-    grads_.assign(3 * n_, T{});
+    packed_ = space::template make<T>(ring_comm, n_);
+    grads_ = space::template make<T>(ring_comm, 3 * n_);
   }
 
   //! Elements of the per-call stash: Q, K, V, O and the log-sum-exp in the ring's layout.
   std::size_t stash_size() const { return 4 * n_ + lse_size(); }
   //! The ring attention inside (for its block counts).
   const ring_attention<C, T>& ring() const { return ring_; }
+  //! Commits `f` from now on (see `ring_attention::inject`).
+  void inject(const sp_faults& f) { ring_.inject(f); }
 
   //! `qkv` is `[3][tokens][heads][head_dim]` (Q, K, V of this rank's tokens); `o` receives
   //! `[tokens][heads][head_dim]`.
@@ -481,10 +523,10 @@ class usp_attention {
     std::span<const T> s3 = stash.subspan(0, 3 * n_), so = stash.subspan(3 * n_, n_), sl = stash.subspan(4 * n_, lse_size());
     std::span<T> dos(packed_.data(), n_);
     a2a1_.scatter_heads(dout, dos);
-    std::span<T> g(grads_);
+    std::span<T> g(grads_.data(), 3 * n_);
     ring_.backward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl, dos, g.subspan(0, n_),
                    g.subspan(n_, n_), g.subspan(2 * n_, n_));
-    a2a3_.gather_heads(std::span<const T>(grads_), dqkv);
+    a2a3_.gather_heads(std::span<const T>(g), dqkv);
   }
 
  private:
@@ -495,7 +537,7 @@ class usp_attention {
   ulysses<C, T> a2a3_, a2a1_;
   ring_attention<C, T> ring_;
   std::size_t n_ = 0;
-  std::vector<T> packed_, grads_;
+  typename space::template buffer<T> packed_, grads_;
 };
 
 //! The sizes of a transformer layer that tensor and sequence parallelism split.

@@ -28,7 +28,7 @@
 //! On a GPU the operators run on device memory when the group is a device group bound to a stream
 //! (`loom::on_stream` over a `cuda_local` or `nccl` group, or a `mesh_comm`'s counted one): every
 //! collective and copy is enqueued on that stream, with no host synchronisation. The linear blocks
-//! below call a host kernel and stay host-only for now.
+//! run there too with a device kernel, `loom::cuda::linear_kernel{stream}` (`loom/cuda/patterns.hpp`).
 //!
 //! Activations are token-major, `[tokens][features]`. `tp_group` carries the group's
 //! communicator, the mode, and whether sums must be rank-ordered (`ordered`: deterministic mode,
@@ -36,7 +36,10 @@
 //!
 //! `column_parallel_linear` and `row_parallel_linear` put the operators and a local kernel
 //! together; the kernel (default `linear_kernel`, plain loops in a fixed order of additions) is a
-//! template parameter, so a user's own (CUDA, BLAS) kernel can take its place.
+//! template parameter (and a member, so a kernel can carry state such as its stream): a user's own
+//! (CUDA, BLAS) kernel can take its place. A kernel provides `forward`, `backward_input` and
+//! `backward_weight` with `linear_kernel`'s signatures, and `add_bias` when its memory is not the
+//! host's (without it the bias is added in a host loop).
 
 #include <algorithm>
 #include <cstddef>
@@ -46,6 +49,7 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/comm/ordered.hpp"
+#include "loom/exec/pattern_math.hpp"
 #include "loom/schedule/error.hpp"
 
 namespace loom {
@@ -143,42 +147,38 @@ void tp_exit_backward(tp_group<C>& g, std::span<const T> grad, std::span<T> full
 }
 
 //! The default local kernel of the linear blocks: `y = x W^T (+ b)` with `W` `[out][in]`
-//! row-major, over `n` tokens, in plain loops. Each sum runs over its index in increasing order,
-//! starting from the bias (or zero), so results are reproducible bit for bit.
+//! row-major, over `n` tokens, in host loops over `linear_items` (`loom/exec/pattern_math.hpp`).
+//! Each sum runs over its index in increasing order, starting from the bias (or zero), so results
+//! are reproducible bit for bit; `loom::cuda::linear_kernel` (`loom/cuda/patterns.hpp`) runs the
+//! same items as kernels on a stream.
 struct linear_kernel {
   //! `y[t][o] = b[o] + sum_i x[t][i] w[o][i]` (without `b` when it is empty).
   template <class T>
   static void forward(std::span<const T> x, std::span<const T> w, std::span<const T> b, std::span<T> y, std::size_t n,
                       std::size_t in, std::size_t out) {
-    for (std::size_t t = 0; t < n; ++t)
-      for (std::size_t o = 0; o < out; ++o) {
-        T z = b.empty() ? T{} : b[o];
-        for (std::size_t i = 0; i < in; ++i) z += x[t * in + i] * w[o * in + i];
-        y[t * out + o] = z;
-      }
+    const linear_items<T> f{x.data(), w.data(), b.empty() ? nullptr : b.data(), nullptr, y.data(), nullptr, nullptr, n, in, out};
+    for (std::size_t e = 0; e < n * out; ++e) f.forward(e);
   }
   //! `dx[t][i] = sum_o dy[t][o] w[o][i]`.
   template <class T>
   static void backward_input(std::span<const T> dy, std::span<const T> w, std::span<T> dx, std::size_t n,
                              std::size_t in, std::size_t out) {
-    for (std::size_t t = 0; t < n; ++t)
-      for (std::size_t i = 0; i < in; ++i) {
-        T s{};
-        for (std::size_t o = 0; o < out; ++o) s += dy[t * out + o] * w[o * in + i];
-        dx[t * in + i] = s;
-      }
+    const linear_items<T> f{nullptr, w.data(), nullptr, dy.data(), dx.data(), nullptr, nullptr, n, in, out};
+    for (std::size_t e = 0; e < n * in; ++e) f.backward_input(e);
   }
-  //! `gw[o][i] += dy[t][o] x[t][i]` and `gb[o] += dy[t][o]`, token by token in order (`gb` may
+  //! `gw[o][i] += dy[t][o] x[t][i]` and `gb[o] += dy[t][o]`, over the tokens in order (`gb` may
   //! be empty).
   template <class T>
   static void backward_weight(std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb,
                               std::size_t n, std::size_t in, std::size_t out) {
-    for (std::size_t t = 0; t < n; ++t)
-      for (std::size_t o = 0; o < out; ++o) {
-        const T d = dy[t * out + o];
-        for (std::size_t i = 0; i < in; ++i) gw[o * in + i] += d * x[t * in + i];
-        if (!gb.empty()) gb[o] += d;
-      }
+    const linear_items<T> f{x.data(), nullptr, nullptr, dy.data(), nullptr, gw.data(), gb.empty() ? nullptr : gb.data(), n, in, out};
+    for (std::size_t e = 0; e < f.weight_items(); ++e) f.backward_weight(e);
+  }
+  //! `y[t][o] += b[o]` over `n` tokens.
+  template <class T>
+  static void add_bias(std::span<T> y, std::span<const T> b, std::size_t n, std::size_t out) {
+    const linear_items<T> f{nullptr, nullptr, b.data(), nullptr, y.data(), nullptr, nullptr, n, 0, out};
+    for (std::size_t e = 0; e < n * out; ++e) f.add_bias(e);
   }
 };
 
@@ -190,6 +190,7 @@ template <class Kernel = linear_kernel>
 struct column_parallel_linear {
   std::size_t in = 0;         //!< input features (whole)
   std::size_t out_local = 0;  //!< output features on this rank
+  Kernel kernel{};            //!< the local product (a device kernel carries its stream)
 
   //! `x_full` receives the region's input (tokens of the whole region; may alias `x` in the
   //! replicated mode), `y` (`[n_full][out_local]`) the local output.
@@ -197,20 +198,20 @@ struct column_parallel_linear {
   void forward(tp_group<C>& g, std::span<const T> x, std::span<T> x_full, std::span<const T> w, std::span<const T> b,
                std::span<T> y) const {
     tp_enter_forward(g, x, x_full);
-    Kernel::forward(std::span<const T>(x_full), w, b, y, x_full.size() / in, in, out_local);
+    kernel.forward(std::span<const T>(x_full), w, b, y, x_full.size() / in, in, out_local);
   }
   //! `dx_full` (scratch, `[n_full][in]`) receives the local partial input gradient, `dx` (this
   //! rank's tokens) its sum over the group.
   template <class C, class T>
   void backward_input(tp_group<C>& g, std::span<const T> dy, std::span<const T> w, std::span<T> dx_full,
                       std::span<T> dx) const {
-    Kernel::backward_input(dy, w, dx_full, dx_full.size() / in, in, out_local);
+    kernel.backward_input(dy, w, dx_full, dx_full.size() / in, in, out_local);
     tp_enter_backward(g, dx_full, dx);
   }
   //! Adds the weight and bias gradients of the local slice (no communication).
   template <class T>
   void backward_weight(std::span<const T> x_full, std::span<const T> dy, std::span<T> gw, std::span<T> gb) const {
-    Kernel::backward_weight(x_full, dy, gw, gb, x_full.size() / in, in, out_local);
+    kernel.backward_weight(x_full, dy, gw, gb, x_full.size() / in, in, out_local);
   }
 };
 
@@ -222,16 +223,18 @@ template <class Kernel = linear_kernel>
 struct row_parallel_linear {
   std::size_t in_local = 0;  //!< input features on this rank
   std::size_t out = 0;       //!< output features (whole)
+  Kernel kernel{};           //!< the local product and the bias (a device kernel carries its stream)
 
   //! `partial` (scratch, `[n_full][out]`) receives the local partial product; `y` (this rank's
   //! tokens) the sum over the group plus `b`.
   template <class C, class T>
   void forward(tp_group<C>& g, std::span<const T> x, std::span<const T> w, std::span<const T> b, std::span<T> partial,
                std::span<T> y) const {
-    Kernel::forward(x, w, std::span<const T>{}, partial, x.size() / in_local, in_local, out);
+    kernel.forward(x, w, std::span<const T>{}, partial, x.size() / in_local, in_local, out);
     tp_exit_forward(g, partial, y);
-    for (std::size_t t = 0; t < y.size() / out; ++t)
-      for (std::size_t o = 0; o < out && !b.empty(); ++o) y[t * out + o] += b[o];
+    if (b.empty()) return;
+    if constexpr (requires { kernel.add_bias(y, b, y.size() / out, out); }) kernel.add_bias(y, b, y.size() / out, out);
+    else linear_kernel::add_bias(y, b, y.size() / out, out);  // a host kernel without its own
   }
   //! `dy_full` receives the output gradient over the region's tokens (`tp_exit_backward`), `dx`
   //! the local input gradient.
@@ -239,13 +242,13 @@ struct row_parallel_linear {
   void backward_input(tp_group<C>& g, std::span<const T> dy, std::span<T> dy_full, std::span<const T> w,
                       std::span<T> dx) const {
     tp_exit_backward(g, dy, dy_full);
-    Kernel::backward_input(std::span<const T>(dy_full), w, dx, dy_full.size() / out, in_local, out);
+    kernel.backward_input(std::span<const T>(dy_full), w, dx, dy_full.size() / out, in_local, out);
   }
   //! Adds the weight gradient of the local slice (`dy_full` as `backward_input` left it); the
   //! bias gradient is the caller's (it is taken over the tokens outside the region).
   template <class T>
   void backward_weight(std::span<const T> x, std::span<const T> dy_full, std::span<T> gw) const {
-    Kernel::backward_weight(x, dy_full, gw, std::span<T>{}, x.size() / in_local, in_local, out);
+    kernel.backward_weight(x, dy_full, gw, std::span<T>{}, x.size() / in_local, in_local, out);
   }
 };
 

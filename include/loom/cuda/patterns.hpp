@@ -1,0 +1,192 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The device form of loom's tensor- and sequence-parallel patterns: `loom::cuda::linear_kernel`,
+//! the local product of Megatron's column- and row-parallel layers
+//! (`loom/exec/tensor_parallel.hpp`) as kernels on a stream, and the device form of the
+//! sequence-parallel patterns (`loom::ring_attention`,
+//! `loom::ulysses`, `loom::usp_attention` of `loom/exec/sequence_parallel.hpp`): include this
+//! header and instantiate them over a device group bound to a stream, `loom::on_stream<G>` with
+//! `G` a `cuda_local` or `nccl` communicator (or a mesh's `counted` group of one). The patterns'
+//! code is the host one; this header supplies how it allocates (device memory), computes (loom's
+//! kernels of `loom/cuda/kernels.hpp`, one thread per item of `loom/exec/pattern_math.hpp`)
+//! and communicates (stream-ordered sends and receives ordered by events, the group's
+//! collectives) on the group's stream, with no host synchronisation:
+//!
+//! - every kernel is enqueued inside a `loom::cuda::region` naming the bytes it reads and writes,
+//!   so loom's simulator checks it against the transfers (a receive into a K/V buffer that a
+//!   block's kernel may still read is reported naming both);
+//! - a send waits for an event recorded on the stream when it is posted (the buffer is complete in
+//!   stream order); a receive waits for an event recorded when it is posted (the kernels and sends
+//!   that used its buffer before are done), unless `sp_faults::skip_kv_free_wait` asks it not to;
+//! - each `forward` or `backward` call brackets its transfers with the group's `begin_step` and
+//!   `end_step` on the stream, and construction opens the ring's channels (collective).
+
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "loom/comm/device.hpp"
+#include "loom/cuda/annotate.hpp"
+#include "loom/cuda/buffer.hpp"
+#include "loom/cuda/error.hpp"
+#include "loom/cuda/kernels.hpp"
+#include "loom/exec/sequence_parallel.hpp"
+
+namespace loom::detail {
+
+//! The device form of `sp_space` (see the file comment).
+template <class C>
+  requires device_group<C>
+struct sp_space<C> {
+  template <class T>
+  using buffer = cuda::device_buffer<T>;
+  using request = typename C::request;
+  //! The events of one call's transfers, reused call after call.
+  struct state {
+    event_pool events;
+  };
+
+  static C& group(C* c) {
+    if (c == nullptr)
+      throw config_error("sequence parallel: a device pattern needs its group (a group of one rank for degree 1), not null");
+    return *c;
+  }
+  template <class T>
+  static buffer<T> make(C*, std::size_t n) {
+    return buffer<T>(n);
+  }
+  template <class T>
+  static void fill(C* c, state&, std::span<T> x, T value) {
+    const cuda::byte_access acc[] = {cuda::writes(x)};
+    cuda::region reg(group(c).stream(), "loom sp fill", acc);
+    cuda::detail::fill_async(x.data(), value, x.size(), c->stream());
+  }
+  template <class T>
+  static void copy(C* c, state&, std::span<const T> from, std::span<T> to) {
+    group(c).copy(from, to);
+  }
+  //! The rows `[first, first + n)` of a tensor of `per_row` elements per row (none when `base`
+  //! is null: a gradient not wanted).
+  template <class T, class P>
+  static std::span<P> rows(P* base, const attention_block<T>&, int first, int n, std::size_t per_row) {
+    if (base == nullptr) return {};
+    return {base + static_cast<std::size_t>(first) * per_row, static_cast<std::size_t>(n) * per_row};
+  }
+  template <class T>
+  static void forward(C* c, state&, const attention_block<T>& b) {
+    const std::size_t row = static_cast<std::size_t>(b.heads) * static_cast<std::size_t>(b.head_dim),
+                      hrow = static_cast<std::size_t>(b.heads);
+    const cuda::byte_access acc[] = {cuda::reads(rows<T>(b.q, b, b.q0, b.nq, row)), cuda::reads(rows<T>(b.k, b, b.k0, b.nk, row)),
+                                     cuda::reads(rows<T>(b.v, b, b.k0, b.nk, row)), cuda::writes(rows<T>(b.o, b, b.q0, b.nq, row)),
+                                     cuda::writes(rows<T>(b.lse, b, b.q0, b.nq, hrow))};
+    cuda::region reg(group(c).stream(), "loom ring attention block (forward)", acc);
+    cuda::detail::attention_forward_async(b, c->stream());
+  }
+  template <class T>
+  static void backward(C* c, state&, const attention_block<T>& b) {
+    const std::size_t row = static_cast<std::size_t>(b.heads) * static_cast<std::size_t>(b.head_dim),
+                      hrow = static_cast<std::size_t>(b.heads);
+    const cuda::byte_access acc[] = {
+        cuda::reads(rows<T>(b.q, b, b.q0, b.nq, row)),       cuda::reads(rows<T>(b.k, b, b.k0, b.nk, row)),
+        cuda::reads(rows<T>(b.v, b, b.k0, b.nk, row)),       cuda::reads(rows<T>(b.lse, b, b.q0, b.nq, hrow)),
+        cuda::reads(rows<T>(b.dout, b, b.q0, b.nq, row)),    cuda::reads(rows<T>(b.delta, b, b.q0, b.nq, hrow)),
+        cuda::writes(rows<T>(b.dq, b, b.q0, b.nq, row)),      cuda::writes(rows<T>(b.dk, b, b.k0, b.nk, row)),
+        cuda::writes(rows<T>(b.dv, b, b.k0, b.nk, row))};
+    cuda::region reg(group(c).stream(), "loom ring attention block (backward)", acc);
+    cuda::detail::attention_backward_async(b, c->stream());
+  }
+  template <class T>
+  static void delta(C* c, state&, const attention_delta_rows<T>& f, std::size_t n) {
+    const auto D = static_cast<std::size_t>(f.head_dim);
+    const cuda::byte_access acc[] = {cuda::reads(std::span<const T>(f.o, n * D)), cuda::reads(std::span<const T>(f.dout, n * D)),
+                                     cuda::writes(std::span<T>(f.delta, n))};
+    cuda::region reg(group(c).stream(), "loom attention delta", acc);
+    cuda::detail::attention_delta_async(f, n, c->stream());
+  }
+  template <class T>
+  static void move(C* c, state&, const ulysses_move<T>& f) {
+    const cuda::byte_access acc[] = {cuda::reads(std::span<const T>(f.in, f.l.size())), cuda::writes(std::span<T>(f.out, f.l.size()))};
+    cuda::region reg(group(c).stream(), "loom ulysses layout", acc);
+    cuda::detail::ulysses_move_async(f, c->stream());
+  }
+  template <class T>
+  static void all_to_all(C* c, state&, std::span<const T> in, std::span<T> out) {
+    group(c).all_to_all(in, out);
+  }
+  static void open(C* c, state&, std::span<const channel> chans) { group(c).group().open_channels(chans); }
+  static void begin(C* c, state& st) {
+    st.events.rewind();
+    group(c).group().begin_step(c->stream());
+  }
+  static void end(C* c, state&) { group(c).group().end_step(c->stream()); }
+  //! An event recorded on the group's stream now.
+  static cudaEvent_t now(C* c, state& st) {
+    cudaEvent_t e = st.events.next();
+    LOOM_CUDA_TRY(cudaEventRecord(e, group(c).stream()));
+    return e;
+  }
+  static request isend(C* c, state& st, int peer, std::span<const std::byte> b, const sp_faults&) {
+    return group(c).group().isend(peer, b, now(c, st));
+  }
+  static request irecv(C* c, state& st, int peer, std::span<std::byte> b, const sp_faults& f) {
+    return group(c).group().irecv(peer, b, f.skip_kv_free_wait ? nullptr : now(c, st));
+  }
+  static void wait(C* c, state&, request& r) { group(c).group().wait(r, c->stream()); }
+};
+
+}  // namespace loom::detail
+
+namespace loom::cuda {
+
+//! The linear blocks' local kernel on a stream (`loom::column_parallel_linear<cuda::linear_kernel>`
+//! and the row-parallel one): the items of `loom::linear_items` as loom's kernels, each inside a
+//! region naming what it reads and writes; the same sums in the same order as
+//! `loom::linear_kernel` on the host. Spans are device memory.
+struct linear_kernel {
+  cudaStream_t stream = nullptr;  //!< where every product is enqueued
+
+  //! `y[t][o] = b[o] + sum_i x[t][i] w[o][i]` (without `b` when it is empty).
+  template <class T>
+  void forward(std::span<const T> x, std::span<const T> w, std::span<const T> b, std::span<T> y, std::size_t n, std::size_t in,
+               std::size_t out) const {
+    const byte_access acc[] = {reads(x), reads(w), reads(b), writes(y)};
+    region reg(stream, "loom linear forward", acc);
+    detail::linear_forward_async(linear_items<T>{x.data(), w.data(), b.empty() ? nullptr : b.data(), nullptr, y.data(), nullptr,
+                                                 nullptr, n, in, out},
+                                 stream);
+  }
+  //! `dx[t][i] = sum_o dy[t][o] w[o][i]`.
+  template <class T>
+  void backward_input(std::span<const T> dy, std::span<const T> w, std::span<T> dx, std::size_t n, std::size_t in,
+                      std::size_t out) const {
+    const byte_access acc[] = {reads(dy), reads(w), writes(dx)};
+    region reg(stream, "loom linear backward (input)", acc);
+    detail::linear_backward_input_async(linear_items<T>{nullptr, w.data(), nullptr, dy.data(), dx.data(), nullptr, nullptr, n, in, out},
+                                        stream);
+  }
+  //! `gw[o][i] += dy[t][o] x[t][i]` and `gb[o] += dy[t][o]` over the tokens in order.
+  template <class T>
+  void backward_weight(std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb, std::size_t n,
+                       std::size_t in, std::size_t out) const {
+    const byte_access acc[] = {reads(x), reads(dy), writes(gw), writes(gb)};
+    region reg(stream, "loom linear backward (weight)", acc);
+    detail::linear_backward_weight_async(
+        linear_items<T>{x.data(), nullptr, nullptr, dy.data(), nullptr, gw.data(), gb.empty() ? nullptr : gb.data(), n, in, out},
+        stream);
+  }
+  //! `y[t][o] += b[o]` over `n` tokens.
+  template <class T>
+  void add_bias(std::span<T> y, std::span<const T> b, std::size_t n, std::size_t out) const {
+    const byte_access acc[] = {reads(b), writes(y)};
+    region reg(stream, "loom linear bias", acc);
+    detail::linear_add_bias_async(linear_items<T>{nullptr, nullptr, b.data(), nullptr, y.data(), nullptr, nullptr, n, 0, out}, stream);
+  }
+};
+
+}  // namespace loom::cuda

@@ -1,0 +1,283 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// The tensor- and sequence-parallel patterns (Megatron's column- and row-parallel layers with
+// loom's device linear kernel; ring attention, Ulysses, USP), written once over a group, on a
+// device group bound to a stream (cuda_local and nccl): the same results as on the threads
+// backend (bitwise under the simulator, whose kernels run the same per-item code on the host;
+// within 1e-5 on a GPU, whose exp and log differ in the last bits) and the same per-group
+// counters, under 20 seeds of the simulator's order and delays with the race detector failing
+// the run; and the ring's double buffering broken on purpose (a receive that does not wait for
+// the kernels reading its buffer) is a race naming the attention block and the transfer.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/comm/counting.hpp>
+#include <loom/comm/threads.hpp>
+#include <loom/cuda/patterns.hpp>
+#include <loom/exec/tensor_parallel.hpp>
+
+#include "device_support.hpp"
+
+namespace {
+
+using loom_device_test::backend;
+using loom_device_test::download;
+using loom_device_test::upload;
+
+//! Element i of rank r's tensor number `which`: values whose sums round.
+float value(int which, int r, std::size_t i) {
+  return static_cast<float>(std::sin(0.3 + 1.7 * which + 0.91 * r + 0.113 * static_cast<double>(i)));
+}
+
+//! A sequence-parallel split: `u` Ulysses ranks times `ring` ring positions.
+struct split {
+  int u, ring;
+  int ranks() const { return u * ring; }
+};
+
+constexpr int tokens = 4, heads = 4, head_dim = 4;
+constexpr std::size_t elems = static_cast<std::size_t>(tokens) * heads * head_dim;
+
+//! What one rank ends with: the attention output, the Q/K/V gradients and both groups' counters.
+struct result {
+  std::vector<float> o, dqkv;
+  loom::comm_counters ulysses, ring;
+};
+
+[[maybe_unused]] double max_rel(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = 0, m = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    d = std::max(d, std::abs(static_cast<double>(got[i]) - want[i]));
+    m = std::max(m, std::abs(static_cast<double>(want[i])));
+  }
+  return d / m;
+}
+
+std::vector<result> on_threads(split s) {
+  std::vector<result> out(static_cast<std::size_t>(s.ranks()));
+  loom::run_threads(s.ranks(), [&](loom::threads::comm& w) {
+    using counted = loom::counted<loom::threads::comm>;
+    counted uc(w.split(w.rank() / s.u, w.rank() % s.u)), rc(w.split(w.rank() % s.u, w.rank() / s.u));
+    const loom::attention_dims a{heads, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
+    loom::usp_attention<counted, float> att(&uc, &rc, tokens, a, true);
+    std::vector<float> qkv(3 * elems), dout(elems), o(elems), g(3 * elems), stash(att.stash_size());
+    for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = value(0, w.rank(), i);
+    for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = value(1, w.rank(), i);
+    att.forward(qkv, o, stash);
+    att.backward(dout, g, stash);
+    out[static_cast<std::size_t>(w.rank())] = {o, g, uc.counters(), rc.counters()};
+  });
+  return out;
+}
+
+//! The same on a device world: both groups split from it, counted, bound to one stream.
+template <class W>
+result on_device_rank(W& w, split s, const loom::sp_faults& faults = {}) {
+  using counted = loom::counted<W>;
+  counted uc(w.split(w.rank() / s.u, w.rank() % s.u)), rc(w.split(w.rank() % s.u, w.rank() / s.u));
+  loom::cuda::stream st;
+  loom::cuda::name_stream(st.get(), "r" + std::to_string(w.rank()) + " attention");
+  loom::on_stream<counted> ug(uc, st.get()), rg(rc, st.get());
+  const loom::attention_dims a{heads, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
+  loom::usp_attention<loom::on_stream<counted>, float> att(&ug, &rg, tokens, a, true);
+  att.inject(faults);
+  std::vector<float> qkv(3 * elems), dout(elems);
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = value(0, w.rank(), i);
+  for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = value(1, w.rank(), i);
+  auto dq = upload(qkv, st.get());
+  auto dd = upload(dout, st.get());
+  loom::cuda::device_buffer<float> o(elems), g(3 * elems), stash(att.stash_size());
+  att.forward(std::span<const float>(dq.span()), o.span(), stash.span());
+  att.backward(std::span<const float>(dd.span()), g.span(), std::span<const float>(stash.span()));
+  result r{download(o, st.get()), download(g, st.get()), uc.counters(), rc.counters()};
+  w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);  // every rank done before the buffers go
+  return r;
+}
+
+// ---- Megatron's column/row-parallel pair ------------------------------------------------------
+
+constexpr std::size_t tp_tokens = 3, tp_hidden = 4, tp_ffn_local = 2;
+
+//! What one rank of the pair ends with.
+struct tp_result {
+  std::vector<float> y, dx, gw1, gb1, gw2;
+  loom::comm_counters counts;
+  friend bool operator==(const tp_result&, const tp_result&) = default;
+};
+
+std::span<float> whole(std::vector<float>& v) { return {v.data(), v.size()}; }
+std::span<float> whole(loom::cuda::device_buffer<float>& b) { return b.span(); }
+
+//! The forward and backward of a column-parallel layer (hidden -> ffn/tp) then a row-parallel
+//! one (ffn/tp -> hidden) on group `g` with kernel `k`; `make(host vector)` gives a buffer of
+//! the group's memory, `fetch(buffer)` a host copy. The input and output gradient are the same
+//! on every rank in the replicated mode, this rank's tokens in the sequence-sharded one.
+template <class G, class K, class Make, class Fetch>
+tp_result tp_pair(loom::tp_group<G>& g, K k, Make&& make, Fetch&& fetch) {
+  const int r = g.rank(), n = g.size();
+  const bool sharded = g.mode == loom::tp_mode::sequence_sharded;
+  const std::size_t local = tp_tokens, full = sharded ? tp_tokens * static_cast<std::size_t>(n) : tp_tokens;
+  auto init = [&](int which, std::size_t count, int rank) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = value(which, rank, i);
+    return v;
+  };
+  auto x = make(init(2, local * tp_hidden, sharded ? r : 0)), dy = make(init(3, local * tp_hidden, sharded ? r : 0));
+  auto w1 = make(init(4, tp_ffn_local * tp_hidden, r)), b1 = make(init(5, tp_ffn_local, r));
+  auto w2 = make(init(6, tp_hidden * tp_ffn_local, r)), b2 = make(init(7, tp_hidden, 0));
+  auto x_full = make(std::vector<float>(full * tp_hidden)), u = make(std::vector<float>(full * tp_ffn_local));
+  auto partial = make(std::vector<float>(full * tp_hidden)), y = make(std::vector<float>(local * tp_hidden));
+  auto dy_full = make(std::vector<float>(full * tp_hidden)), du = make(std::vector<float>(full * tp_ffn_local));
+  auto dx_full = make(std::vector<float>(full * tp_hidden)), dx = make(std::vector<float>(local * tp_hidden));
+  auto gw1 = make(std::vector<float>(tp_ffn_local * tp_hidden)), gb1 = make(std::vector<float>(tp_ffn_local));
+  auto gw2 = make(std::vector<float>(tp_hidden * tp_ffn_local));
+  auto c = [](auto& b) { return std::span<const float>(whole(b)); };
+  loom::column_parallel_linear<K> col{tp_hidden, tp_ffn_local, k};
+  loom::row_parallel_linear<K> row{tp_ffn_local, tp_hidden, k};
+  col.forward(g, c(x), whole(x_full), c(w1), c(b1), whole(u));
+  row.forward(g, c(u), c(w2), c(b2), whole(partial), whole(y));
+  row.backward_input(g, c(dy), whole(dy_full), c(w2), whole(du));
+  row.backward_weight(c(u), c(dy_full), whole(gw2));
+  col.backward_input(g, c(du), c(w1), whole(dx_full), whole(dx));
+  col.backward_weight(c(x_full), c(du), whole(gw1), whole(gb1));
+  return {fetch(y), fetch(dx), fetch(gw1), fetch(gb1), fetch(gw2), {}};
+}
+
+}  // namespace
+
+TEST_CASE("ring attention, Ulysses and USP run on device groups with the threads backend's results and counters") {
+  for (split s : {split{2, 1}, split{1, 2}, split{1, 4}, split{2, 2}}) {
+    CAPTURE(s.u);
+    CAPTURE(s.ring);
+    const auto want = on_threads(s);
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      CAPTURE(loom_device_test::name(b));
+      if (loom_device_test::skip_unless_devices(b, s.ranks())) continue;
+      for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+        CAPTURE(seed);
+        loom_device_test::simulate_with(seed);
+        std::vector<result> got(static_cast<std::size_t>(s.ranks()));
+        auto body = [&](auto& w) { got[static_cast<std::size_t>(w.rank())] = on_device_rank(w, s); };
+        if (b == backend::cuda_local) loom::cuda_local::run(s.ranks(), body);
+        else loom::nccl::run(s.ranks(), body);
+        for (std::size_t r = 0; r < got.size(); ++r) {
+          CAPTURE(r);
+#if defined(LOOM_CUDA_SIM)
+          CHECK(got[r].o == want[r].o);
+          CHECK(got[r].dqkv == want[r].dqkv);
+#else
+          CHECK(max_rel(got[r].o, want[r].o) <= 1e-5);
+          CHECK(max_rel(got[r].dqkv, want[r].dqkv) <= 1e-5);
+#endif
+          CHECK(got[r].ulysses == want[r].ulysses);
+          CHECK(got[r].ring == want[r].ring);
+        }
+        CHECK(loom_device_test::findings() == "");
+#if !defined(LOOM_CUDA_SIM)
+        break;  // a GPU has no seeds to vary
+#endif
+      }
+    }
+  }
+}
+
+#if defined(LOOM_CUDA_SIM)
+TEST_CASE("ring attention receiving the next K/V block without waiting for the kernels that read its buffer is a race naming both") {
+  for (backend b : {backend::cuda_local, backend::nccl}) {
+    CAPTURE(loom_device_test::name(b));
+    for (std::uint64_t seed : {2, 7}) {
+      CAPTURE(seed);
+      loom::cudasim::config cfg;
+      cfg.seed = seed;
+      cfg.races = loom::cudasim::race_policy::record;
+      loom::cudasim::configure(cfg);
+      auto body = [&](auto& w) { (void)on_device_rank(w, split{1, 4}, {.skip_kv_free_wait = true}); };
+      if (b == backend::cuda_local) loom::cuda_local::run(4, body);
+      else loom::nccl::run(4, body);
+      const auto all = loom_device_test::findings();
+      CAPTURE(all);
+      CHECK(all.find("race: ") != std::string::npos);
+      CHECK(all.find("loom ring attention block") != std::string::npos);
+      CHECK(all.find(b == backend::cuda_local ? "recv<-" : "ncclRecv") != std::string::npos);
+    }
+  }
+  loom_device_test::simulate_with(1);
+}
+#endif
+
+TEST_CASE("Megatron's column- and row-parallel layers run on a device group with loom's device kernels, as on threads") {
+  for (bool ordered : {false, true})
+    for (auto mode : {loom::tp_mode::replicated, loom::tp_mode::sequence_sharded})
+      for (int n : {2, 4}) {
+        CAPTURE(ordered);
+        CAPTURE(static_cast<int>(mode));
+        CAPTURE(n);
+        std::vector<tp_result> want(static_cast<std::size_t>(n)), got(static_cast<std::size_t>(n));
+        loom::run_threads(n, [&](loom::threads::comm& w) {
+          loom::counted<loom::threads::comm> c(w.split(0, w.rank()));
+          loom::tp_group<loom::counted<loom::threads::comm>> g{&c, mode, ordered};
+          auto r = tp_pair(
+              g, loom::linear_kernel{}, [](std::vector<float> v) { return v; }, [](std::vector<float>& v) { return v; });
+          r.counts = c.counters();
+          want[static_cast<std::size_t>(w.rank())] = r;
+        });
+        for (backend b : {backend::cuda_local, backend::nccl}) {
+          CAPTURE(loom_device_test::name(b));
+          if (loom_device_test::skip_unless_devices(b, n)) continue;
+          for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+            CAPTURE(seed);
+            loom_device_test::simulate_with(seed);
+            auto body = [&](auto& w) {
+              using counted = loom::counted<std::remove_cvref_t<decltype(w)>>;
+              counted c(w.split(0, w.rank()));
+              loom::cuda::stream st;
+              loom::on_stream<counted> on(c, st.get());
+              loom::tp_group<loom::on_stream<counted>> g{&on, mode, ordered};
+              std::vector<std::vector<float>> sources;  // alive until the copies ran (fetch synchronises)
+              sources.reserve(32);
+              auto r = tp_pair(
+                  g, loom::cuda::linear_kernel{st.get()},
+                  [&](std::vector<float> v) {
+                    sources.push_back(std::move(v));
+                    return upload(sources.back(), st.get());
+                  },
+                  [&](loom::cuda::device_buffer<float>& d) { return download(d, st.get()); });
+              r.counts = c.counters();
+              got[static_cast<std::size_t>(c.rank())] = r;
+              w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);  // every rank done before the buffers go
+            };
+            if (b == backend::cuda_local) loom::cuda_local::run(n, body);
+            else loom::nccl::run(n, body);
+            // Ordered sums on nccl over more than 2 ranks are an all-to-all and an all-gather where
+            // the rank-ordered threads backend all-reduces: the same bytes, other calls.
+            const bool same_calls = !(ordered && b == backend::nccl && n > 2);
+            for (std::size_t r = 0; r < got.size(); ++r) {
+              CAPTURE(r);
+#if defined(LOOM_CUDA_SIM)
+              CHECK(got[r].y == want[r].y);
+              CHECK(got[r].dx == want[r].dx);
+              CHECK(got[r].gw1 == want[r].gw1);
+              CHECK(got[r].gb1 == want[r].gb1);
+              CHECK(got[r].gw2 == want[r].gw2);
+#else
+              CHECK(max_rel(got[r].y, want[r].y) <= 1e-5);
+              CHECK(max_rel(got[r].dx, want[r].dx) <= 1e-5);
+              CHECK(max_rel(got[r].gw1, want[r].gw1) <= 1e-5);
+              CHECK(max_rel(got[r].gw2, want[r].gw2) <= 1e-5);
+#endif
+              if (same_calls) CHECK(got[r].counts == want[r].counts);
+            }
+            CHECK(loom_device_test::findings() == "");
+#if !defined(LOOM_CUDA_SIM)
+            break;  // a GPU has no seeds to vary
+#endif
+          }
+        }
+      }
+}
