@@ -58,6 +58,19 @@ if [ -f "$dir/p2p.txt" ]; then
   echo
 fi
 
+# The measured steps of one run in mesh.txt (for the awk programs below, which set `run` while
+# inside a run and print medians): step time (ms), reductions, the part after the pipeline, hidden.
+steps_awk='
+  function median(a, n,   i, j, t) {
+    for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  run && /^ +step [0-9.]+ s,/ { st[n + 1] = 1e3 * $2 }
+  run && /dp gradient reductions/ {
+    ++n; red[n] = $4; ex[n] = $9
+    h = $0; sub(/% hidden.*/, "", h); sub(/.*-> /, "", h); hid[n] = h
+  }'
+
 # The mesh: scripts/gpu-check.sh's mesh phase (cuda_mlp_gpu --dp 2 --measure), the median over a
 # run's steps of the step time, the data-parallel reductions' time (all ranks' buckets summed),
 # the part of it after the pipeline's work, and the fraction hidden.
@@ -65,10 +78,6 @@ if [ -f "$dir/mesh.txt" ]; then
   echo "| schedule | samples per microbatch | reductions | step ms | reductions ms | after the pipeline ms | hidden |"
   echo "|---|---|---|---|---|---|---|"
   awk '
-    function median(a, n,   i, j, t) {
-      for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-    }
     function flush() {
       if (!run) return
       printf "| %s | %s | %s | %.1f | %.2f | %.2f | %.0f %% |\n", sched, samples, mode, median(st, n), median(red, n), median(ex, n), median(hid, n)
@@ -81,12 +90,7 @@ if [ -f "$dir/mesh.txt" ]; then
       mode = $0 ~ /--sync-after-step/ ? "after the step" : "eager"
       next
     }
-    run && /^ +step [0-9.]+ s,/ { st[n + 1] = 1e3 * $2 }
-    run && /dp gradient reductions/ {
-      ++n; red[n] = $4; ex[n] = $9
-      h = $0; sub(/% hidden.*/, "", h); sub(/.*-> /, "", h); hid[n] = h
-    }
-    END { flush() }' "$dir/mesh.txt"
+    END { flush() }'"$steps_awk" "$dir/mesh.txt"
   echo
   # ZeRO and Local SGD against the CPU reference (the mesh phase's correctness runs), if recorded.
   if grep -qE "^# (zero-stage [0-9] adam|--local-steps)" "$dir/mesh.txt"; then
@@ -111,10 +115,6 @@ if [ -f "$dir/mesh.txt" ]; then
     echo "| ZeRO stage | step ms | reductions ms | after the pipeline ms | hidden | rank 0 holds (elements) |"
     echo "|---|---|---|---|---|---|"
     awk '
-      function median(a, n,   i, j, t) {
-        for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-      }
       function flush() {
         if (!run) return
         printf "| %s | %.1f | %.2f | %.2f | %.0f %% | %s |\n", z, median(st, n), median(red, n), median(ex, n), median(hid, n), held
@@ -122,13 +122,8 @@ if [ -f "$dir/mesh.txt" ]; then
       }
       /^# / { flush() }
       /^# zero-stage [0-9] [a-z0-9-]+ dp2 x pp2, width/ { run = 1; n = 0; z = $3; held = "–"; next }
-      run && /^ +step [0-9.]+ s,/ { st[n + 1] = 1e3 * $2 }
-      run && /dp gradient reductions/ {
-        ++n; red[n] = $4; ex[n] = $9
-        h = $0; sub(/% hidden.*/, "", h); sub(/.*-> /, "", h); hid[n] = h
-      }
       run && /^ZeRO stage/ { held = $7 }
-      END { flush() }' "$dir/mesh.txt"
+      END { flush() }'"$steps_awk" "$dir/mesh.txt"
     echo
   fi
 fi

@@ -29,6 +29,7 @@
 #include <loom/comm/nccl.hpp>
 #include <loom/cuda/device.hpp>
 #include <loom/exec/data_parallel.hpp>
+#include <loom/exec/memory.hpp>
 #include <loom/exec/pipeline.hpp>
 #include <loom/exec/timeline.hpp>
 #include <loom/mesh/mesh_comm.hpp>
@@ -105,6 +106,8 @@ struct verdict {
   double params = 0, loss = 0;
   std::int64_t differing = 0;
   std::size_t held = 0, stage_params = 0;  //!< with --dp: rank 0's parameters_held() after the last step, and its stages' parameters
+  std::size_t predicted_bytes = 0;  //!< with --dp: rank 0's device memory after the last step by loom's formulas
+  std::size_t measured_bytes = 0;   //!< the same by the simulator's accounting (0 on a GPU)
 };
 
 //! The CUDA MLP's stage without its own update, for `--dp`: the reducer's optimizer updates it.
@@ -128,6 +131,9 @@ verdict train_on(World& world, PpComm& pp, Sync* sync, int replica, const option
   loom::cuda::device_buffer<float> inputs(static_cast<std::size_t>(o.microbatches) * in0), targets(static_cast<std::size_t>(o.microbatches) * fin);
   loom::step_observer* observer = nullptr;
   if constexpr (!std::is_same_v<Sync, std::nullptr_t>) observer = sync;
+#if defined(LOOM_CUDA_SIM)
+  const std::size_t mem_before = loom::cudasim::owner_memory("rank " + std::to_string(world.rank())).current;
+#endif
   loom::pipeline p(s, pp, [&](loom::stage_id id) {
     auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
     return Stage(m, a, b, id.stage == s.stages - 1, targets.data(), o.block_reductions && !o.deterministic);
@@ -163,8 +169,28 @@ verdict train_on(World& world, PpComm& pp, Sync* sync, int replica, const option
     if (std::memcmp(&r.loss, &want, sizeof(double)) != 0) ++v.differing;
     if (root) std::printf("%4d  %.17g  %.17g\n", st, r.loss, want);
   }
-  std::size_t held = 0, stage_params = 0;
+  std::size_t held = 0, stage_params = 0, predicted = 0, measured = 0;
   if constexpr (!std::is_same_v<Sync, std::nullptr_t>) {
+    // Device memory between steps by loom's formulas: the pipeline's buffers and channels, the
+    // stages' parameters and gradients (ZeRO-3: gradients only), the reducer's buffers.
+    const auto dm = sync->memory();
+    std::size_t channel_bytes = 0;
+    if constexpr (requires { PpComm::channel_bytes; }) channel_bytes = PpComm::channel_bytes;
+    else if constexpr (requires { World::channel_bytes; }) channel_bytes = World::channel_bytes;
+    predicted = loom::pipeline_device_bytes(
+                    s, pp.rank(),
+                    [&](loom::stage_id id) {
+                      auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
+                      Stage probe(m, a, b, id.stage == s.stages - 1, nullptr);
+                      return loom::stage_sizes{probe.input_size(), probe.output_size(), probe.stash_size(), probe.weight_grad().size()};
+                    },
+                    o.deterministic, sizeof(float), channel_bytes) +
+                dm.between_steps() - dm.released;
+    for (auto& stg : p.stages()) predicted += 2 * stg.weight_grad().size() * sizeof(float);
+#if defined(LOOM_CUDA_SIM)
+    LOOM_CUDA_TRY(cudaDeviceSynchronize());  // ZeRO-3 frees the stages' parameters in stream order
+    measured = loom::cudasim::owner_memory("rank " + std::to_string(world.rank())).current - mem_before;
+#endif
     held = sync->parameters_held();  // before finish(), which gathers ZeRO-3's parameters
     for (auto& stg : p.stages()) stage_params += stg.weight_grad().size();
     sync->finish();
@@ -186,7 +212,7 @@ verdict train_on(World& world, PpComm& pp, Sync* sync, int replica, const option
   world.all_reduce(std::span<double>(worst), loom::reduce_op::max);
   std::vector<std::int64_t> diff{v.differing};
   world.all_reduce(std::span<std::int64_t>(diff), loom::reduce_op::sum);
-  return {worst[0], worst[1], diff[0], held, stage_params};
+  return {worst[0], worst[1], diff[0], held, stage_params, predicted, measured};
 }
 
 //! One rank's training over a device world: the plain pipeline, or with `--dp` a dp x pp mesh
@@ -206,6 +232,15 @@ verdict train(Comm& world, const options& o, const loom::schedule& s, const quic
     if (world.rank() == 0 && o.zero_stage > 0)
       std::printf("ZeRO stage %d: rank 0 held %zu parameter elements after the last step, for its stages' %zu\n", o.zero_stage,
                   v.held, v.stage_params);
+    if (world.rank() == 0) {
+      if (loom::cuda::simulated())
+        std::printf("device memory of rank 0 between steps: %zu bytes predicted (loom::pipeline_device_bytes + stages + data_parallel::memory()), "
+                    "%zu bytes in the simulator's accounting -> %s\n",
+                    v.predicted_bytes, v.measured_bytes, v.predicted_bytes == v.measured_bytes ? "EQUAL" : "DIFFERENT");
+      else
+        std::printf("device memory of rank 0 between steps: %zu bytes predicted (loom::pipeline_device_bytes + stages + data_parallel::memory())\n",
+                    v.predicted_bytes);
+    }
     return v;
   };
   if (o.optimizer == "adam") return with(loom::adam<float>{.lr = o.adam_lr});

@@ -13,6 +13,7 @@
 #include "loom/exec/action_timing.hpp"
 #include "loom/exec/calibrate.hpp"
 #include "loom/exec/data_parallel.hpp"
+#include "loom/exec/memory.hpp"
 #include "loom/exec/pipeline.hpp"
 #include "loom/exec/sequence_parallel.hpp"
 #include "loom/exec/step_observer.hpp"

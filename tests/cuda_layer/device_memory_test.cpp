@@ -2,12 +2,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device memory: what the pipeline allocates on each rank's device is exactly what the buffer
 // plan predicts (slots times the stages' sizes), its stash is the simulator's peak activation
-// (the memory model) on ranks holding one stage, and steps allocate nothing more.
+// (the memory model) on ranks holding one stage, and steps allocate nothing more; on a dp x pp
+// mesh, what data_parallel adds is its formula (data_parallel::memory()) at every ZeRO stage,
+// with SGD, Adam and local SGD, between steps and at the peak of a step.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <string>
 #include <vector>
+
+#include <loom/exec/data_parallel.hpp>
+#include <loom/exec/memory.hpp>
+#include <loom/mesh/mesh_comm.hpp>
 
 #include "device_support.hpp"
 
@@ -16,31 +22,18 @@ using namespace loom_device_test;
 #if defined(LOOM_CUDA_SIM)
 namespace {
 
-//! Bytes the buffer plan predicts for `rank`: every slot of every local stage at the stages'
-//! sizes, the buffers received from the other copy, the loss-term buffers (one per microbatch
-//! up to the space's limit), the loss seed and the discarded input gradient.
+//! Bytes the buffer plan predicts for `rank` (`loom::pipeline_device_bytes`, the MLP's stages'
+//! sizes).
 std::size_t predicted_bytes(const loom::schedule& s, int rank, const quickstart::mlp_spec& m, bool det) {
-  auto lowered = loom::lower(s);
-  auto plan = loom::plan_buffers(lowered, rank);
-  std::size_t elems = 0, out_last = 0, in_first = 0;
-  for (auto const& l : plan.local) {
-    auto [a, b] = quickstart::stage_layers(m, l.id.stage, s.stages);
-    cuda_mlp::stage probe_size_only(m, a, b, l.id.stage == s.stages - 1, nullptr);
-    const std::size_t in = probe_size_only.input_size(), out = probe_size_only.output_size(), stash = probe_size_only.stash_size();
-    const std::size_t wg = probe_size_only.weight_grad().size();
-    elems += static_cast<std::size_t>(l.input) * in + static_cast<std::size_t>(l.stash) * stash + static_cast<std::size_t>(l.grad) * out +
-             static_cast<std::size_t>(l.send_act) * out + static_cast<std::size_t>(l.send_grad) * in +
-             (det ? static_cast<std::size_t>(l.wgrad) * wg : 0);
-    const int twin = s.directions == 2 ? s.stage_to_rank[static_cast<std::size_t>((1 - l.id.direction) * s.stages + l.id.stage)] : -1;
-    if (twin >= 0 && twin != rank) elems += static_cast<std::size_t>(det ? l.copy_recv : 1) * wg;
-    if (l.id.stage == s.stages - 1) out_last = std::max(out_last, out);
-    if (l.id.stage == 0) in_first = std::max(in_first, in);
-  }
-  // Loss terms: one buffer per microbatch on a device (copied to the host once per step) unless
-  // they would take more than the space's limit, then one for all.
-  const auto m_loss = static_cast<std::size_t>(s.microbatches);
-  const std::size_t loss_bufs = m_loss * out_last * sizeof(float) <= loom::detail::device_space<float, loom::nccl::comm>::max_kept_loss_bytes ? m_loss : 1;
-  return (elems + (loss_bufs + 1) * out_last + in_first) * sizeof(float);
+  return loom::pipeline_device_bytes(
+      s, rank,
+      [&](loom::stage_id id) {
+        auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
+        cuda_mlp::stage probe_size_only(m, a, b, id.stage == s.stages - 1, nullptr);
+        return loom::stage_sizes{probe_size_only.input_size(), probe_size_only.output_size(), probe_size_only.stash_size(),
+                                 probe_size_only.weight_grad().size()};
+      },
+      det, sizeof(float));
 }
 
 }  // namespace
@@ -94,6 +87,127 @@ TEST_CASE("peak device memory of every rank equals the buffer plan's prediction 
         CHECK(stash_ok[r]);
         CHECK(peak_later[r] == after_first[r]);  // steps after the first allocate nothing
       }
+    }
+}
+
+namespace {
+//! The CUDA MLP's stage without its own update: the reducer's optimizer updates it.
+struct dp_stage : cuda_mlp::stage {
+  using cuda_mlp::stage::stage;
+  void update() = delete;
+};
+}  // namespace
+
+TEST_CASE("device memory of a dp2 x pp2 mesh equals the pipeline's and data_parallel's formulas at every ZeRO stage") {
+  struct config {
+    const char* family;
+    int zero;
+    bool adam;
+    int local_steps;
+  };
+  std::vector<config> configs;
+  for (const char* fam : {"1f1b", "interleaved-1f1b"})
+    for (int z = 0; z <= 3; ++z)
+      for (bool adam : {false, true}) configs.push_back({fam, z, adam, 0});
+  configs.push_back({"1f1b", 0, true, 2});
+  for (auto const& cf : configs)
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      const std::string fam = cf.family, be = loom_device_test::name(b);
+      CAPTURE(fam);
+      CAPTURE(be);
+      CAPTURE(cf.zero);
+      CAPTURE(cf.adam);
+      CAPTURE(cf.local_steps);
+      simulate_with(3);
+      loom::schedule s;
+      for (auto const& e : loom::default_registry().entries())
+        if (e.name == cf.family) s = e.make(e.resolve({.ranks = 2, .microbatches = 4}));
+      const auto m = spec_for(s.stages);
+      const bool one_stage = s.chunks == 1 && s.directions == 1;
+      std::vector<std::size_t> want_built(4), built(4), want_between(4), between(4), want_peak(4), peak(4);
+      std::vector<int> peak_in_bounds(4, 1);
+      std::vector<std::string> errors(4);
+      auto body = [&](auto& world) {
+        const auto r = static_cast<std::size_t>(world.rank());
+        try {
+          loom::mesh_comm g(loom::mesh<loom::dp<>, loom::pp<>>{loom::dp<>{2}, loom::pp<>{2}}, world);
+          const std::size_t in0 = static_cast<std::size_t>(m.samples) * m.width(0), fin = static_cast<std::size_t>(m.samples) * m.width(m.layers());
+          loom::cuda::device_buffer<float> inputs(4 * in0), targets(4 * fin);
+          auto run = [&](auto opt) {
+            loom::data_parallel<decltype(g), dp_stage, decltype(opt)> sync(
+                g, {.zero_stage = cf.zero, .local_steps = cf.local_steps, .deterministic = true, .grad_scale = cf.local_steps > 0 ? 1.0 : 0.5},
+                opt);
+            world.all_reduce(std::span<double>(), loom::reduce_op::sum);  // every rank's buffers exist before anyone measures
+            const std::size_t before = loom::cudasim::owner_memory("rank " + std::to_string(world.rank())).current;
+            std::size_t stage_bytes = 0;
+            loom::pipeline p(s, g.pp(), [&](loom::stage_id id) {
+              auto [a, z] = quickstart::stage_layers(m, id.stage, s.stages);
+              dp_stage st(m, a, z, id.stage == s.stages - 1, targets.data());
+              stage_bytes += 2 * st.weight_grad().size() * sizeof(float);  // parameters and gradient accumulator
+              return st;
+            }, {.deterministic = true, .observer = &sync});
+            sync.attach(p);
+            LOOM_CUDA_TRY(cudaDeviceSynchronize());  // ZeRO-3's released parameters are freed in stream order
+            const auto dm = sync.memory();
+            const std::size_t pipe = loom::pipeline_device_bytes(
+                s, g.pp().rank(),
+                [&](loom::stage_id id) {
+                  auto [a, z] = quickstart::stage_layers(m, id.stage, s.stages);
+                  dp_stage probe(m, a, z, id.stage == s.stages - 1, nullptr);
+                  return loom::stage_sizes{probe.input_size(), probe.output_size(), probe.stash_size(), probe.weight_grad().size()};
+                },
+                true, sizeof(float), b == backend::cuda_local ? loom::cuda_local::comm::channel_bytes : 0);
+            const std::size_t channels = loom::pipeline_device_bytes(s, g.pp().rank(), [](loom::stage_id) { return loom::stage_sizes{}; },
+                                                                     true, sizeof(float),
+                                                                     b == backend::cuda_local ? loom::cuda_local::comm::channel_bytes : 0);
+            built[r] = loom::cudasim::owner_memory("rank " + std::to_string(world.rank())).current - before;
+            want_built[r] = pipe - channels + stage_bytes - dm.released + dm.between_steps() - dm.optimizer;  // channels open at the first step
+            for (int i = 0; i < 3; ++i) {
+              auto data = cuda_mlp::float_batch(m, 4, 10 * i + g.coord(loom::dim::dp));
+              loom::cuda::copy_to_device(inputs.span(), std::span<const float>(data.inputs));
+              loom::cuda::copy_to_device(targets.span(), std::span<const float>(data.targets));
+              (void)p.step(std::span<const float>(inputs.span()));
+              if (i == 0) {  // the peak of the later steps
+                LOOM_CUDA_TRY(cudaDeviceSynchronize());
+                world.all_reduce(std::span<double>(), loom::reduce_op::sum);
+                if (world.rank() == 0) loom::cudasim::reset_peaks();
+                world.all_reduce(std::span<double>(), loom::reduce_op::sum);
+              }
+            }
+            LOOM_CUDA_TRY(cudaDeviceSynchronize());
+            world.all_reduce(std::span<double>(), loom::reduce_op::sum);
+            const auto mem = loom::cudasim::owner_memory("rank " + std::to_string(world.rank()));
+            between[r] = mem.current - before;
+            want_between[r] = pipe + stage_bytes - dm.released + dm.between_steps();
+            peak[r] = mem.peak - before;
+            // The peak of a step: exact on a rank of one stage (its parameters and its buckets' full
+            // buffers coexist once); with several stages the next stage's gather may be in flight
+            // too, so between one and two stages' worth (timing-dependent).
+            if (one_stage || cf.zero != 3) {
+              want_peak[r] = want_between[r] + dm.transient;
+            } else {
+              peak_in_bounds[r] = peak[r] > want_between[r] && peak[r] <= want_between[r] + 2 * dm.transient;
+              want_peak[r] = peak[r];
+            }
+            sync.finish();
+          };
+          if (cf.adam) run(loom::adam<float>{.lr = 0.01});
+          else run(loom::sgd{.lr = m.lr});
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      };
+      if (b == backend::cuda_local) loom::cuda_local::run(4, body);
+      else loom::nccl::run(4, body);
+      for (std::size_t r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        CHECK(errors[r] == "");
+        CHECK(built[r] == want_built[r]);
+        CHECK(between[r] == want_between[r]);
+        CHECK(peak[r] == want_peak[r]);
+        CHECK(peak_in_bounds[r]);
+      }
+      CHECK(findings() == "");
     }
 }
 
@@ -174,4 +288,23 @@ TEST_CASE("cuda_local orders its transfers by device flags, with no host hand-of
   }
 }
 
+#endif
+
+#if defined(LOOM_CUDA_SIM)
+TEST_CASE("a cuda_local communicator assigned another frees its own scratch and streams first") {
+  simulate_with(1);
+  auto a = loom::cuda_local::world(1);
+  auto b = loom::cuda_local::world(1);
+  const auto before = loom::cudasim::device_memory(0).current;
+  a[0].reserve_scratch(1000);
+  b[0].reserve_scratch(3000);
+  CHECK(loom::cudasim::device_memory(0).current - before == 4000);
+  a[0] = std::move(b[0]);  // a's 1000 bytes go, b's 3000 now belong to a
+  CHECK(loom::cudasim::device_memory(0).current - before == 3000);
+  CHECK(a[0].scratch_bytes() == 3000);
+  b.clear();  // the moved-from communicator owns nothing
+  CHECK(loom::cudasim::device_memory(0).current - before == 3000);
+  a.clear();
+  CHECK(loom::cudasim::device_memory(0).current == before);
+}
 #endif

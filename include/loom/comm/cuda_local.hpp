@@ -88,6 +88,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <span>
 #include <string>
@@ -226,7 +227,15 @@ class comm {
       : host_(std::move(host)), device_(device), graph_(std::move(graph)) {}
 
   comm(comm&&) noexcept = default;
-  comm& operator=(comm&&) noexcept = default;
+  //! Releases this communicator's streams and scratch, then takes `o`'s (a moved-from
+  //! communicator holds none: its vectors are empty).
+  comm& operator=(comm&& o) noexcept {
+    if (this != &o) {
+      this->~comm();
+      ::new (static_cast<void*>(this)) comm(std::move(o));
+    }
+    return *this;
+  }
   ~comm() {
     for (auto& s : recv_streams_)
       if (s != nullptr) (void)cudaStreamDestroy(s);
@@ -253,6 +262,30 @@ class comm {
   //! Whether eager transfers use device flags (decided by `open_channels`; they start with the
   //! second eager step, see the file's notes on lazy loading).
   bool device_flags() const { return flags_; }
+
+  //! Device memory this rank allocates for each channel into it that `open_channels` opens (the
+  //! mailbox of device flags).
+  static constexpr std::size_t channel_bytes = detail::mailbox::capacity * sizeof(std::uint32_t);
+  //! Bytes of scratch an `all_reduce` of `bytes` bytes of `T` over this group needs (its slice of
+  //! the reduce-scatter, plus one element).
+  template <class T>
+  std::size_t all_reduce_scratch(std::size_t bytes) const {
+    return bytes / static_cast<std::size_t>(size()) + sizeof(T);
+  }
+  //! Makes the reductions' scratch at least `bytes` (one `cudaMalloc` when it grows; the old
+  //! buffer stays until the communicator goes, a peer may still read it). Collectives grow it
+  //! themselves; a caller that reserves their largest need first (outside a capture) makes the
+  //! group's scratch exactly that (`loom::data_parallel` does at `attach`).
+  void reserve_scratch(std::size_t bytes) {
+    if (bytes <= scratch_bytes_) return;
+    void* p = nullptr;
+    LOOM_CUDA_TRY(cudaMalloc(&p, bytes));
+    cuda::name_memory(p, "r" + std::to_string(rank()) + " cuda_local collective scratch");
+    scratch_.push_back(p);
+    scratch_bytes_ = bytes;
+  }
+  //! Bytes of the reductions' scratch now in use (older, smaller buffers are kept too).
+  std::size_t scratch_bytes() const { return scratch_bytes_; }
 
   //! Opens every channel of `chans` that involves this rank (collective): a receive stream and a
   //! mailbox with its device flags for each channel into it, a send stream for each out of it.
@@ -511,7 +544,7 @@ class comm {
   void all_reduce(std::span<T> data, reduce_op op, cudaStream_t stream) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cuda_local reductions take float or double");
     const auto n = static_cast<std::size_t>(size());
-    auto& d = exchange("all_reduce", data.data(), data.data(), data.size_bytes(), stream, 2, data.size_bytes() / n + sizeof(T));
+    auto& d = exchange("all_reduce", data.data(), data.data(), data.size_bytes(), stream, 2, all_reduce_scratch<T>(data.size_bytes()));
     // Phase 1: slice r of every rank's buffer, reduced into this rank's scratch.
     const auto [lo, hi] = slice(data.size(), rank());
     T* mine = reinterpret_cast<T*>(scratch_.back());
@@ -706,13 +739,7 @@ class comm {
                                    std::size_t scratch_bytes) {
     host_.check();
     op_ = op;
-    if (scratch_bytes > scratch_bytes_) {  // the old buffer stays until destruction: a peer may still read it
-      void* p = nullptr;
-      LOOM_CUDA_TRY(cudaMalloc(&p, scratch_bytes));
-      cuda::name_memory(p, "r" + std::to_string(rank()) + " cuda_local collective scratch");
-      scratch_.push_back(p);
-      scratch_bytes_ = scratch_bytes;
-    }
+    reserve_scratch(scratch_bytes);
     for (auto e : last_) LOOM_CUDA_TRY(cudaStreamWaitEvent(stream, e, 0));  // the previous collective, on any stream
     auto& sets = graph_->coll_events[static_cast<std::size_t>(rank())];
     auto& set = sets[coll_count_++ % sets.size()];

@@ -186,6 +186,11 @@ class comm {
     cudaEvent_t done = nullptr;  //!< completes with the transfer
   };
 
+  //! Device memory every communicator (world or split) allocates when it is made, for its host
+  //! all-reduces (the executor's and the reducer's agreements); a larger host all-reduce replaces
+  //! it with one of its size.
+  static constexpr std::size_t host_staging_bytes = 4096;
+
   //! Joins the world of `size` ranks identified by `id` as `rank`, on `device`, sharing
   //! `failures` with the other ranks; waits (bounded by `timeout`) for every rank to join.
   comm(ncclUniqueId id, int rank, int size, int device, std::shared_ptr<failure_channel> failures,
@@ -200,6 +205,7 @@ class comm {
     detail::wait_ready(world_, [&] { check_deadline(deadline, "waiting for every rank to create the NCCL communicator"); });
     LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&agree_stream_, cudaStreamNonBlocking));
     cuda::name_stream(agree_stream_, "r" + std::to_string(rank_) + " agreement");
+    make_staging(host_staging_bytes);
   }
 
   comm(comm&& o) noexcept { swap(o); }
@@ -400,6 +406,7 @@ class comm {
     c.failures_ = failures_;
     c.timeout_ = timeout_;
     LOOM_CUDA_TRY(cudaStreamCreateWithFlags(&c.agree_stream_, cudaStreamNonBlocking));
+    c.make_staging(host_staging_bytes);
     return c;
   }
 
@@ -478,14 +485,17 @@ class comm {
     for (auto& [key, ch] : channels_) ch.comm = nullptr;
   }
 
+  //! The host all-reduce's device and pinned staging, `bytes` of each.
+  void make_staging(std::size_t bytes) {
+    staging_ = cuda::device_buffer<std::byte>(bytes);
+    pinned_ = cuda::pinned_buffer<std::byte>(bytes);
+    cuda::name_memory(staging_.data(), "r" + std::to_string(rank_) + " nccl host all-reduce staging");
+  }
   template <class T>
   void host_all_reduce(std::span<T> v, reduce_op op) {
     check_live();
     const std::size_t bytes = v.size_bytes();
-    if (staging_.bytes() < bytes) {
-      staging_ = cuda::device_buffer<std::byte>(bytes);
-      pinned_ = cuda::pinned_buffer<std::byte>(bytes);
-    }
+    if (staging_.bytes() < bytes) make_staging(bytes);
     if (bytes != 0) std::memcpy(pinned_.data(), v.data(), bytes);  // an empty span may have no storage (memcpy's null is UB)
     LOOM_CUDA_TRY(cudaMemcpyAsync(staging_.data(), pinned_.data(), bytes, cudaMemcpyHostToDevice, agree_stream_));
     LOOM_NCCL_TRY(ncclAllReduce(staging_.data(), staging_.data(), v.size(), detail::dtype<T>(), detail::red(op), world_, agree_stream_));

@@ -266,6 +266,9 @@ struct adam {
                              params.size(), stream);
   }
 #endif
+  //! Bytes of the moments of a key of `n` elements: `2 n` elements, plus one byte on a device
+  //! (the allocation is never empty).
+  static constexpr std::size_t state_bytes_for(std::size_t n, bool device) { return 2 * n * sizeof(T) + (device ? 1 : 0); }
   //! Bytes of moments held (host and device), over every key.
   std::size_t state_bytes() const {
     std::size_t b = 0;
@@ -293,8 +296,8 @@ struct adam {
 #if defined(LOOM_HAS_CUDA)
     if (device) {
       void* p = nullptr;
-      LOOM_CUDA_TRY(cudaMalloc(&p, 2 * n * sizeof(T) + 1));
-      LOOM_CUDA_TRY(cudaMemset(p, 0, 2 * n * sizeof(T) + 1));
+      LOOM_CUDA_TRY(cudaMalloc(&p, state_bytes_for(n, true)));
+      LOOM_CUDA_TRY(cudaMemset(p, 0, state_bytes_for(n, true)));
       cuda::name_memory(p, "adam moments");
       s.owner = std::shared_ptr<void>(p, [](void* q) { (void)cudaFree(q); });
       s.dm = static_cast<T*>(p);
@@ -312,6 +315,40 @@ struct adam {
 
 //! Deliberate bugs of the reducer on a device, for loom's tests: the race detector must catch and
 //! name each (`tests/cuda_layer/device_data_parallel_test.cpp`).
+//! The memory a `data_parallel` reducer holds beside the stages, in bytes (device memory on a
+//! device communicator), by formula from its buckets (`data_parallel::memory()`; each bucket has
+//! `padded` elements, its group `n` ranks):
+//! - every bucket's flat gradient, `padded`;
+//! - ZeRO-1 and 2: the bucket's flat parameters, `padded`; ZeRO-2 and 3: the gradient shard,
+//!   `padded / n`; ZeRO-3: the parameter shard, `padded / n`;
+//! - local SGD: the average's flat buffer, the buckets' elements one after another;
+//! - the optimizer's state once every key has stepped (`state_bytes_for`: Adam's two moments per
+//!   stage's parameters, or under ZeRO per bucket shard, plus one byte per key on a device);
+//! - on `cuda_local` groups, the reductions' scratch the reducer reserves at `attach`: per group,
+//!   its largest all-reduce's slice plus one element (`padded x e / n + e` over the buckets that
+//!   are all-reduced, ZeRO 0 and 1, and local SGD's average over `dp`), on fresh groups; NCCL's
+//!   own buffers are NCCL's (the simulator does not model them);
+//! - ZeRO-3: between steps the stages hold no parameters (`released`); during a step a stage's
+//!   parameters are back and its buckets' full buffers exist from their all-gather until they are
+//!   unpacked (`transient`: the largest stage's, the exact extra peak on a rank of one stage; a
+//!   rank of several stages has the next stage's gather in flight too, so up to two stages').
+struct dp_memory {
+  std::size_t buckets = 0;           //!< the buckets' flat gradients
+  std::size_t parameters = 0;        //!< ZeRO-1 and 2: the buckets' flat parameters
+  std::size_t shards = 0;            //!< ZeRO-2 and 3: the gradient shards
+  std::size_t parameter_shards = 0;  //!< ZeRO-3: the parameter shards
+  std::size_t average = 0;           //!< local SGD: the average's buffer
+  std::size_t optimizer = 0;         //!< the optimizer's state (allocated in the first step)
+  std::size_t released = 0;          //!< ZeRO-3: the stages' parameters, given up between steps
+  std::size_t transient = 0;         //!< ZeRO-3: one stage's parameters and full buffers during a step (the largest stage)
+  std::size_t communication = 0;     //!< the groups' reduction scratch the reducer reserved (`cuda_local`)
+  //! What the reducer holds between steps, after the first.
+  constexpr std::size_t between_steps() const {
+    return buckets + parameters + shards + parameter_shards + average + optimizer + communication;
+  }
+};
+
+//! Faults `data_parallel` can be asked to commit (the broken-variant tests).
 struct data_parallel_faults {
   bool skip_bucket_wait = false;  //!< a bucket is packed without waiting for the compute stream (its stages' last `W`)
   bool skip_update_wait = false;  //!< the write-back and update do not wait for the reducer's stream (the reduction)
@@ -533,6 +570,7 @@ class data_parallel final : public step_observer {
 #endif
       if constexpr (!on_device) avg_.assign(total, value_type{});
     }
+    reserve_scratch();
     check_layout();
     if constexpr (releasable_stage<Stage>)
       if (zero_ == 3) shard_parameters();
@@ -595,6 +633,37 @@ class data_parallel final : public step_observer {
     for (auto& st : stages_) n += std::span<value_type>(st.params()).size();
     for (const bucket& b : buckets_) n += b.param.size() + b.pshard.size() + b.dparam.size() + b.dpshard.size();
     return n;
+  }
+  //! The memory this reducer holds beside the stages, by the formula of `dp_memory` from its
+  //! buckets (after `attach`); the simulator's device-memory accounting equals it.
+  dp_memory memory() {
+    dp_memory m;
+    constexpr std::size_t e = sizeof(value_type);
+    auto state = [&](std::size_t n) -> std::size_t {
+      if constexpr (requires { Opt::state_bytes_for(n, on_device); }) return Opt::state_bytes_for(n, on_device);
+      else return 0;
+    };
+    for (const bucket& b : buckets_) {
+      const auto n = static_cast<std::size_t>(groups_[b.group]->size());
+      m.buckets += b.padded * e;
+      if (zero_ == 1 || zero_ == 2) m.parameters += b.padded * e;
+      if (zero_ >= 2) m.shards += b.padded / n * e;
+      if (zero_ == 3) m.parameter_shards += b.padded / n * e;
+      if (opt_.local_steps > 0) m.average += b.elements * e;
+      if (zero_ > 0) m.optimizer += state(b.padded / n);
+    }
+    for (std::size_t need : scratch_) m.communication += need;
+    for (std::size_t li = 0; li < stages_.size(); ++li) {
+      const std::size_t w = std::span<value_type>(stages_[li].weight_grad()).size();
+      if (zero_ == 0) m.optimizer += state(w);
+      if (zero_ != 3) continue;
+      m.released += w * e;
+      std::size_t full = 0;
+      for (const bucket& b : buckets_)
+        if (in_bucket(b, li)) full += b.padded * e;
+      m.transient = std::max(m.transient, w * e + full);
+    }
+    return m;
   }
   //! The optimizer (its state: `adam::state_bytes()`).
   const Opt& optimizer() const { return optimizer_; }
@@ -954,6 +1023,27 @@ class data_parallel final : public step_observer {
   // ---- ZeRO-3 (see the file comment) ----------------------------------------------------------
   bool in_bucket(const bucket& b, std::size_t li) const { return std::find(b.stages.begin(), b.stages.end(), li) != b.stages.end(); }
 
+  //! At attach, on groups whose all-reduce needs scratch (`cuda_local`): reserves each group's
+  //! largest need (the buckets it all-reduces, and local SGD's average on `dp`), so the scratch is
+  //! that, by formula (`memory()`), and never grows inside a step.
+  void reserve_scratch() {
+    scratch_.assign(4, 0);
+    if constexpr (on_device && requires(comm_type& c) { c.inner().reserve_scratch(std::size_t{}); }) {
+      for (const bucket& b : buckets_) {
+        if (zero_ > 1 || unreduced(b)) continue;
+        auto& c = groups_[b.group]->inner();
+        scratch_[b.group] = std::max(scratch_[b.group], c.template all_reduce_scratch<value_type>(b.padded * sizeof(value_type)));
+      }
+      if (opt_.local_steps > 0) {
+        std::size_t total = 0;
+        for (const bucket& b : buckets_) total += b.elements;
+        const unsigned dp = group_index(dim_set{dim::dp});
+        scratch_[dp] = std::max(scratch_[dp], groups_[dp]->inner().template all_reduce_scratch<value_type>(total * sizeof(value_type)));
+      }
+      for (unsigned x = 0; x < 4; ++x)
+        if (scratch_[x] != 0) groups_[x]->inner().reserve_scratch(scratch_[x]);
+    }
+  }
   //! At attach: every rank keeps its shard of each bucket's parameters, the stages give theirs up.
   void shard_parameters() {
     held_.assign(stages_.size(), 1);
@@ -1282,6 +1372,7 @@ class data_parallel final : public step_observer {
   std::span<value_type> davg_;          // local SGD: the same on a device
   int local_since_ = 0;                 // local SGD: steps since the last average
   std::vector<std::size_t> use_order_;  // local stages by first action (ZeRO-3 prefetch)
+  std::vector<std::size_t> scratch_;    // per group: the reduction scratch reserved at attach (bytes; cuda_local)
   std::vector<char> held_;              // ZeRO-3: whether local stage li holds its parameters
   Opt optimizer_;
   comm_type* groups_[4] = {};

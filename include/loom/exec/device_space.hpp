@@ -54,6 +54,7 @@
 #include "loom/cuda/device.hpp"
 #include "loom/cuda/kernels.hpp"
 #include "loom/cuda/stream.hpp"
+#include "loom/exec/memory.hpp"
 #include "loom/exec/space.hpp"
 
 namespace loom {
@@ -85,11 +86,11 @@ class device_space {
     return b.span();
   }
   //! The most bytes of loss terms kept on the device until the step's end (see the file comment).
-  static constexpr std::size_t max_kept_loss_bytes = std::size_t{1} << 20;
+  static constexpr std::size_t max_kept_loss_bytes = device_max_kept_loss_bytes;
   //! Every microbatch's loss terms have their own buffer until the step's end, unless they would
-  //! take more than `max_kept_loss_bytes`.
+  //! take more than `max_kept_loss_bytes` (`loom::device_loss_buffers`).
   static constexpr std::size_t loss_buffers(std::size_t m, std::size_t loss_width) {
-    return m * loss_width * sizeof(T) <= max_kept_loss_bytes ? m : 1;
+    return device_loss_buffers(m, loss_width, sizeof(T));
   }
   //! Events for `actions` compute halves, pinned memory for the losses; `loss_terms` is where the
   //! last stage writes microbatch `mb`'s terms (at `mb * loss_width`).
