@@ -258,82 +258,261 @@ inline bool seq_partial(const sharding& s, const tensor_slot& slot) {
 inline std::pair<int, int> stage_blocks(int L, int st, int S) { return {st * L / S, (st + 1) * L / S}; }
 
 // ---- kernels (fixed order of additions; shared with the reference) ----------------------------
+// Each kernel is a function object over one item (a token row, a feature column or an element)
+// whose call is `__host__ __device__` under nvcc, and a host function that runs it over every
+// item; the stage and the reference run the items, so a device form can launch the same objects.
 namespace kernels {
 
 inline constexpr double ln_eps = 1e-5;
 
-//! Layer norm of `n` rows of `h`: y = xhat g + b, keeping xhat and 1/sigma.
-inline void ln_forward(const double* x, const double* g, const double* b, double* y, double* xhat, double* rstd,
-                       std::size_t n, std::size_t h) {
-  for (std::size_t t = 0; t < n; ++t) {
-    double mu = 0;
+#if defined(__CUDACC__)
+#define MESH_HD __host__ __device__
+#else
+#define MESH_HD
+#endif
+
+namespace math {
+template <class T>
+MESH_HD inline T sqrt_(T x) {
+#if defined(__CUDA_ARCH__)
+  return sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+template <class T>
+MESH_HD inline T exp_(T x) {
+#if defined(__CUDA_ARCH__)
+  return exp(x);
+#else
+  return std::exp(x);
+#endif
+}
+template <class T>
+MESH_HD inline T log_(T x) {
+#if defined(__CUDA_ARCH__)
+  return log(x);
+#else
+  return std::log(x);
+#endif
+}
+template <class T>
+MESH_HD inline T tanh_(T x) {
+#if defined(__CUDA_ARCH__)
+  return tanh(x);
+#else
+  return std::tanh(x);
+#endif
+}
+}  // namespace math
+
+//! Runs `f` over items `[0, n)` on the host.
+template <class F>
+void each(std::size_t n, const F& f) {
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
+//! Layer norm of token row `t`: y = xhat g + b, keeping xhat and 1/sigma.
+template <class T>
+struct ln_forward_row {
+  const T *x, *g, *b;
+  T *y, *xhat, *rstd;
+  std::size_t h;
+  MESH_HD void operator()(std::size_t t) const {
+    T mu = 0;
     for (std::size_t i = 0; i < h; ++i) mu += x[t * h + i];
-    mu /= static_cast<double>(h);
-    double var = 0;
+    mu /= static_cast<T>(h);
+    T var = 0;
     for (std::size_t i = 0; i < h; ++i) var += (x[t * h + i] - mu) * (x[t * h + i] - mu);
-    var /= static_cast<double>(h);
-    const double r = 1.0 / std::sqrt(var + ln_eps);
+    var /= static_cast<T>(h);
+    const T r = T(1) / math::sqrt_(var + static_cast<T>(ln_eps));
     rstd[t] = r;
     for (std::size_t i = 0; i < h; ++i) {
       xhat[t * h + i] = (x[t * h + i] - mu) * r;
       y[t * h + i] = xhat[t * h + i] * g[i] + b[i];
     }
   }
+};
+//! Layer norm of `n` rows of `h`.
+template <class T>
+void ln_forward(const T* x, const T* g, const T* b, T* y, T* xhat, T* rstd, std::size_t n, std::size_t h) {
+  each(n, ln_forward_row<T>{x, g, b, y, xhat, rstd, h});
 }
-//! dx = res + rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy g.
-inline void ln_backward_input(const double* dy, const double* xhat, const double* rstd, const double* g, const double* res,
-                              double* dx, std::size_t n, std::size_t h) {
-  for (std::size_t t = 0; t < n; ++t) {
-    double m1 = 0, m2 = 0;
+
+//! Row `t` of dx = res + rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy g.
+template <class T>
+struct ln_backward_input_row {
+  const T *dy, *xhat, *rstd, *g, *res;
+  T* dx;
+  std::size_t h;
+  MESH_HD void operator()(std::size_t t) const {
+    T m1 = 0, m2 = 0;
     for (std::size_t i = 0; i < h; ++i) {
-      const double d = dy[t * h + i] * g[i];
+      const T d = dy[t * h + i] * g[i];
       m1 += d;
       m2 += d * xhat[t * h + i];
     }
-    m1 /= static_cast<double>(h);
-    m2 /= static_cast<double>(h);
+    m1 /= static_cast<T>(h);
+    m2 /= static_cast<T>(h);
     for (std::size_t i = 0; i < h; ++i) {
-      const double d = dy[t * h + i] * g[i];
+      const T d = dy[t * h + i] * g[i];
       dx[t * h + i] = res[t * h + i] + rstd[t] * (d - m1 - xhat[t * h + i] * m2);
     }
   }
+};
+//! The layer norm's input gradient over `n` rows.
+template <class T>
+void ln_backward_input(const T* dy, const T* xhat, const T* rstd, const T* g, const T* res, T* dx, std::size_t n, std::size_t h) {
+  each(n, ln_backward_input_row<T>{dy, xhat, rstd, g, res, dx, h});
 }
-//! dg += dy xhat, db += dy, token by token.
-inline void ln_backward_weight(const double* dy, const double* xhat, double* dg, double* db, std::size_t n, std::size_t h) {
-  for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t i = 0; i < h; ++i) {
-      dg[i] += dy[t * h + i] * xhat[t * h + i];
+
+//! Feature `i`: dg[i] += dy xhat and db[i] += dy (`db` may be null), token by token.
+template <class T>
+struct ln_backward_weight_col {
+  const T *dy, *xhat;
+  T *dg, *db;
+  std::size_t n, h;
+  MESH_HD void operator()(std::size_t i) const {
+    for (std::size_t t = 0; t < n; ++t) {
+      if (xhat != nullptr) dg[i] += dy[t * h + i] * xhat[t * h + i];
       db[i] += dy[t * h + i];
     }
+  }
+};
+//! dg += dy xhat, db += dy, token by token.
+template <class T>
+void ln_backward_weight(const T* dy, const T* xhat, T* dg, T* db, std::size_t n, std::size_t h) {
+  each(h, ln_backward_weight_col<T>{dy, xhat, dg, db, n, h});
 }
 //! db += dy, token by token.
-inline void bias_backward(const double* dy, double* db, std::size_t n, std::size_t h) {
-  for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t i = 0; i < h; ++i) db[i] += dy[t * h + i];
+template <class T>
+void bias_backward(const T* dy, T* db, std::size_t n, std::size_t h) {
+  each(h, ln_backward_weight_col<T>{dy, nullptr, nullptr, db, n, h});
 }
+
+//! Token `t` of the cross-entropy of logits (n x V) against `target`: the softmax into `probs`
+//! and `scale * loss_t` into `terms[t]`.
+template <class T>
+struct loss_row {
+  const T *logits, *target;
+  T *probs, *terms;
+  std::size_t V;
+  T scale;
+  MESH_HD void operator()(std::size_t t) const {
+    T mx = logits[t * V];
+    for (std::size_t v = 1; v < V; ++v) mx = mx < logits[t * V + v] ? logits[t * V + v] : mx;
+    T s = 0;
+    for (std::size_t v = 0; v < V; ++v) s += math::exp_(logits[t * V + v] - mx);
+    const T lse = mx + math::log_(s);
+    for (std::size_t v = 0; v < V; ++v) probs[t * V + v] = math::exp_(logits[t * V + v] - lse);
+    terms[t] = scale * (lse - logits[t * V + static_cast<std::size_t>(target[t])]);
+  }
+};
+//! `out[0] = sum of terms[0..n)` in order (one item).
+template <class T>
+struct sum_in_order {
+  const T* terms;
+  T* out;
+  std::size_t n;
+  MESH_HD void operator()(std::size_t) const {
+    T total = 0;
+    for (std::size_t t = 0; t < n; ++t) total += terms[t];
+    out[0] = total;
+  }
+};
 //! Cross-entropy of logits (n x V) against `target`: returns sum_t scale * loss_t (in order);
 //! keeps the softmax in `probs`.
-inline double loss_forward(const double* logits, const double* target, double* probs, std::size_t n, std::size_t V,
-                           double scale) {
-  double total = 0;
-  for (std::size_t t = 0; t < n; ++t) {
-    double mx = logits[t * V];
-    for (std::size_t v = 1; v < V; ++v) mx = std::max(mx, logits[t * V + v]);
-    double s = 0;
-    for (std::size_t v = 0; v < V; ++v) s += std::exp(logits[t * V + v] - mx);
-    const double lse = mx + std::log(s);
-    for (std::size_t v = 0; v < V; ++v) probs[t * V + v] = std::exp(logits[t * V + v] - lse);
-    total += scale * (lse - logits[t * V + static_cast<std::size_t>(target[t])]);
-  }
+template <class T>
+T loss_forward(const T* logits, const T* target, T* probs, std::size_t n, std::size_t V, T scale) {
+  std::vector<T> terms(n);
+  each(n, loss_row<T>{logits, target, probs, terms.data(), V, scale});
+  T total = 0;
+  sum_in_order<T>{terms.data(), &total, n}(0);
   return total;
 }
+//! Element `e = t V + v`: dlogits = seed scale (p - onehot).
+template <class T>
+struct loss_backward_elem {
+  const T *probs, *target, *seed;
+  T scale;
+  T* dlogits;
+  std::size_t V;
+  MESH_HD void operator()(std::size_t e) const {
+    const std::size_t t = e / V, v = e % V;
+    dlogits[e] = seed[0] * scale * (probs[e] - (v == static_cast<std::size_t>(target[t]) ? T(1) : T(0)));
+  }
+};
 //! dlogits = seed scale (p - onehot).
-inline void loss_backward(const double* probs, const double* target, double seed, double scale, double* dlogits,
-                          std::size_t n, std::size_t V) {
-  for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t v = 0; v < V; ++v)
-      dlogits[t * V + v] = seed * scale * (probs[t * V + v] - (v == static_cast<std::size_t>(target[t]) ? 1.0 : 0.0));
+template <class T>
+void loss_backward(const T* probs, const T* target, T seed, T scale, T* dlogits, std::size_t n, std::size_t V) {
+  each(n * V, loss_backward_elem<T>{probs, target, &seed, scale, dlogits, V});
 }
+
+//! Element `e = t h + i` of the embedding: x = E[token] + P[position].
+template <class T>
+struct embed_elem {
+  const T *ids, *E, *P;
+  const int* pos;
+  T* x;
+  std::size_t h;
+  MESH_HD void operator()(std::size_t e) const {
+    const std::size_t t = e / h, i = e % h;
+    const auto tok = static_cast<std::size_t>(ids[t]), p = static_cast<std::size_t>(pos[t]);
+    x[e] = E[tok * h + i] + P[p * h + i];
+  }
+};
+//! Feature `i` of the embedding's gradient: dE[token][i] += dx and dP[position][i] += dx, token
+//! by token.
+template <class T>
+struct embed_backward_col {
+  const T *ids, *dx;
+  const int* pos;
+  T *dE, *dP;
+  std::size_t n, h;
+  MESH_HD void operator()(std::size_t i) const {
+    for (std::size_t t = 0; t < n; ++t) {
+      const auto tok = static_cast<std::size_t>(ids[t]), p = static_cast<std::size_t>(pos[t]);
+      dE[tok * h + i] += dx[t * h + i];
+      dP[p * h + i] += dx[t * h + i];
+    }
+  }
+};
+//! y = a + b, element by element (`y` may be `a`).
+template <class T>
+struct add_elem {
+  const T *a, *b;
+  T* y;
+  MESH_HD void operator()(std::size_t i) const { y[i] = a[i] + b[i]; }
+};
+//! act = tanh(u).
+template <class T>
+struct tanh_elem {
+  const T* u;
+  T* act;
+  MESH_HD void operator()(std::size_t i) const { act[i] = math::tanh_(u[i]); }
+};
+//! du = du (1 - act^2), tanh's derivative from its output.
+template <class T>
+struct tanh_grad_elem {
+  const T* act;
+  T* du;
+  MESH_HD void operator()(std::size_t i) const { du[i] = du[i] * (T(1) - act[i] * act[i]); }
+};
+//! Element `e` of `[tokens][3][features]` (the Q/K/V projection's rows) against
+//! `[3][tokens][features]`: `to_heads` copies the first into the second, else back.
+template <class T>
+struct qkv_layout_elem {
+  const T* in;
+  T* out;
+  std::size_t tokens, features;
+  bool to_heads;
+  MESH_HD void operator()(std::size_t e) const {
+    const std::size_t i = e % features, p = e / features % 3, t = e / (3 * features);
+    const std::size_t tok = (t * 3 + p) * features + i, heads = (p * tokens + t) * features + i;
+    if (to_heads) out[heads] = in[tok];
+    else out[tok] = in[heads];
+  }
+};
 
 }  // namespace kernels
 
@@ -401,6 +580,7 @@ class transformer_stage {
     for (auto const& ts : slots_)
       ranges_.push_back({ts.offset, ts.size(), seq_partial(s, ts) ? s.seq_dims() : loom::dim_set{}});
     layout_stash();
+    for (std::size_t t = 0; t < T_; ++t) pos_.push_back(s_.token(m, tpr_, spr_, static_cast<int>(t)));
     work_.assign(8 * std::max(Tr_ * std::max({h_, 3 * hl_, fl_}), T_ * static_cast<std::size_t>(m.vocab)), 0.0);
   }
 
@@ -464,16 +644,8 @@ class transformer_stage {
       double* gw = b.weight_grad.data();
       if (embed_) {
         const double* dx = st(b.stash, emb_grad_, T_ * h_).data();
-        double* dE = gw + slot(tensor::E, -1).offset;
-        double* dP = gw + slot(tensor::P, -1).offset;
-        for (std::size_t t = 0; t < T_; ++t) {
-          const auto tok = static_cast<std::size_t>(b.input[t]);
-          const auto pos = static_cast<std::size_t>(s_.token(*m_, tpr_, spr_, static_cast<int>(t)));
-          for (std::size_t i = 0; i < h_; ++i) {
-            dE[tok * h_ + i] += dx[t * h_ + i];
-            dP[pos * h_ + i] += dx[t * h_ + i];
-          }
-        }
+        kernels::each(h_, kernels::embed_backward_col<double>{b.input.data(), dx, pos_.data(), gw + slot(tensor::E, -1).offset,
+                                                               gw + slot(tensor::P, -1).offset, T_, h_});
       }
       for (int blk = b0_; blk < b1_; ++blk) block_backward_weight(blk, b.stash, gw);
       if (final_) final_backward_weight(b.stash, gw);
@@ -570,12 +742,8 @@ class transformer_stage {
 
   // ---- embedding ----------------------------------------------------------------------------
   void embed_forward(std::span<const double> ids, std::span<double> x) {
-    auto E = P(tensor::E, -1), Pp = P(tensor::P, -1);
-    for (std::size_t t = 0; t < T_; ++t) {
-      const auto tok = static_cast<std::size_t>(ids[t]);
-      const auto pos = static_cast<std::size_t>(s_.token(*m_, tpr_, spr_, static_cast<int>(t)));
-      for (std::size_t i = 0; i < h_; ++i) x[t * h_ + i] = E[tok * h_ + i] + Pp[pos * h_ + i];
-    }
+    kernels::each(T_ * h_, kernels::embed_elem<double>{ids.data(), P(tensor::E, -1).data(), P(tensor::P, -1).data(), pos_.data(),
+                                                        x.data(), h_});
   }
 
   // ---- one block ----------------------------------------------------------------------------
@@ -594,7 +762,7 @@ class transformer_stage {
     att_.forward(std::span<const double>(qkv), o, st(stash, bs.att, att_.stash_size()));
     loom::row_parallel_linear<> wo{hl_, h_};
     wo.forward(tp_, std::span<const double>(o), P(tensor::WO, blk), P(tensor::BO, blk), part, out);
-    for (std::size_t i = 0; i < T_ * h_; ++i) y[i] = x[i] + out[i];  // x1, kept in y
+    kernels::each(T_ * h_, kernels::add_elem<double>{x.data(), out.data(), y.data()});  // x1, kept in y
     // MLP branch
     std::span<double> c(work(2), T_ * h_), u(work(3), Tr_ * fl_);
     kernels::ln_forward(y.data(), P(tensor::LN2G, blk).data(), P(tensor::LN2B, blk).data(), c.data(),
@@ -602,10 +770,10 @@ class transformer_stage {
     loom::column_parallel_linear<> w1{h_, fl_};
     w1.forward(tp_, std::span<const double>(c), st(stash, bs.cfull, Tr_ * h_), P(tensor::W1, blk), P(tensor::B1, blk), u);
     std::span<double> act = st(stash, bs.act, Tr_ * fl_);
-    for (std::size_t i = 0; i < act.size(); ++i) act[i] = std::tanh(u[i]);
+    kernels::each(act.size(), kernels::tanh_elem<double>{u.data(), act.data()});
     loom::row_parallel_linear<> w2{fl_, h_};
     w2.forward(tp_, std::span<const double>(act), P(tensor::W2, blk), P(tensor::B2, blk), part, out);
-    for (std::size_t i = 0; i < T_ * h_; ++i) y[i] = y[i] + out[i];
+    kernels::each(T_ * h_, kernels::add_elem<double>{y.data(), out.data(), y.data()});
   }
 
   //! `g` is the gradient of the block's output; `gx` receives the gradient of its input.
@@ -618,7 +786,7 @@ class transformer_stage {
     std::span<double> du = st(stash, bs.du, Tr_ * fl_);
     w2.backward_input(tp_, std::span<const double>(dzin), st(stash, bs.dzfull, Tr_ * h_), P(tensor::W2, blk), du);
     std::span<const double> act = st(stash, bs.act, Tr_ * fl_);
-    for (std::size_t i = 0; i < du.size(); ++i) du[i] = du[i] * (1.0 - act[i] * act[i]);
+    kernels::each(du.size(), kernels::tanh_grad_elem<double>{act.data(), du.data()});
     loom::column_parallel_linear<> w1{h_, fl_};
     std::span<double> dc = st(stash, bs.dc, T_ * h_), scratch(work(5), Tr_ * h_);
     w1.backward_input(tp_, std::span<const double>(du), P(tensor::W1, blk), scratch, dc);
@@ -667,14 +835,11 @@ class transformer_stage {
 
   //! `[tokens][3][heads][d]` (the Q/K/V projection's rows) to `[3][tokens][heads][d]`.
   void to_heads(std::span<const double> tok, std::span<double> heads) const {
-    for (std::size_t t = 0; t < Tr_; ++t)
-      for (std::size_t p = 0; p < 3; ++p)
-        for (std::size_t i = 0; i < hl_; ++i) heads[(p * Tr_ + t) * hl_ + i] = tok[(t * 3 + p) * hl_ + i];
+    kernels::each(tok.size(), kernels::qkv_layout_elem<double>{tok.data(), heads.data(), Tr_, hl_, true});
   }
+  //! The inverse of `to_heads`.
   void from_heads(std::span<const double> heads, std::span<double> tok) const {
-    for (std::size_t t = 0; t < Tr_; ++t)
-      for (std::size_t p = 0; p < 3; ++p)
-        for (std::size_t i = 0; i < hl_; ++i) tok[(t * 3 + p) * hl_ + i] = heads[(p * Tr_ + t) * hl_ + i];
+    kernels::each(heads.size(), kernels::qkv_layout_elem<double>{heads.data(), tok.data(), Tr_, hl_, false});
   }
 
   // ---- final layer norm, output projection, loss -------------------------------------------
@@ -722,6 +887,7 @@ class transformer_stage {
   std::vector<tensor_slot> slots_;
   std::vector<loom::grad_range> ranges_;
   std::vector<double> params_, grads_, work_;
+  std::vector<int> pos_;  //!< global position of each local token
   std::vector<block_stash> bstash_;
   std::size_t fin_xhat_ = 0, fin_rstd_ = 0, fin_f_ = 0, fin_probs_ = 0, fin_dlogits_ = 0, fin_df_ = 0, emb_grad_ = 0;
   std::size_t stash_total_ = 0;
