@@ -265,46 +265,7 @@ namespace kernels {
 
 inline constexpr double ln_eps = 1e-5;
 
-#if defined(__CUDACC__)
-#define MESH_HD __host__ __device__
-#else
-#define MESH_HD
-#endif
-
-namespace math {
-template <class T>
-MESH_HD inline T sqrt_(T x) {
-#if defined(__CUDA_ARCH__)
-  return sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-template <class T>
-MESH_HD inline T exp_(T x) {
-#if defined(__CUDA_ARCH__)
-  return exp(x);
-#else
-  return std::exp(x);
-#endif
-}
-template <class T>
-MESH_HD inline T log_(T x) {
-#if defined(__CUDA_ARCH__)
-  return log(x);
-#else
-  return std::log(x);
-#endif
-}
-template <class T>
-MESH_HD inline T tanh_(T x) {
-#if defined(__CUDA_ARCH__)
-  return tanh(x);
-#else
-  return std::tanh(x);
-#endif
-}
-}  // namespace math
+namespace math = loom::device_math;  // exp, log, sqrt, tanh on host and device
 
 //! Runs `f` over items `[0, n)` on the host.
 template <class F>
@@ -318,14 +279,14 @@ struct ln_forward_row {
   const T *x, *g, *b;
   T *y, *xhat, *rstd;
   std::size_t h;
-  MESH_HD void operator()(std::size_t t) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t t) const {
     T mu = 0;
     for (std::size_t i = 0; i < h; ++i) mu += x[t * h + i];
     mu /= static_cast<T>(h);
     T var = 0;
     for (std::size_t i = 0; i < h; ++i) var += (x[t * h + i] - mu) * (x[t * h + i] - mu);
     var /= static_cast<T>(h);
-    const T r = T(1) / math::sqrt_(var + static_cast<T>(ln_eps));
+    const T r = T(1) / math::sqrt(var + static_cast<T>(ln_eps));
     rstd[t] = r;
     for (std::size_t i = 0; i < h; ++i) {
       xhat[t * h + i] = (x[t * h + i] - mu) * r;
@@ -345,7 +306,7 @@ struct ln_backward_input_row {
   const T *dy, *xhat, *rstd, *g, *res;
   T* dx;
   std::size_t h;
-  MESH_HD void operator()(std::size_t t) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t t) const {
     T m1 = 0, m2 = 0;
     for (std::size_t i = 0; i < h; ++i) {
       const T d = dy[t * h + i] * g[i];
@@ -372,7 +333,7 @@ struct ln_backward_weight_col {
   const T *dy, *xhat;
   T *dg, *db;
   std::size_t n, h;
-  MESH_HD void operator()(std::size_t i) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const {
     for (std::size_t t = 0; t < n; ++t) {
       if (xhat != nullptr) dg[i] += dy[t * h + i] * xhat[t * h + i];
       db[i] += dy[t * h + i];
@@ -398,36 +359,25 @@ struct loss_row {
   T *probs, *terms;
   std::size_t V;
   T scale;
-  MESH_HD void operator()(std::size_t t) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t t) const {
     T mx = logits[t * V];
-    for (std::size_t v = 1; v < V; ++v) mx = mx < logits[t * V + v] ? logits[t * V + v] : mx;
+    for (std::size_t v = 1; v < V; ++v) mx = math::max(mx, logits[t * V + v]);
     T s = 0;
-    for (std::size_t v = 0; v < V; ++v) s += math::exp_(logits[t * V + v] - mx);
-    const T lse = mx + math::log_(s);
-    for (std::size_t v = 0; v < V; ++v) probs[t * V + v] = math::exp_(logits[t * V + v] - lse);
+    for (std::size_t v = 0; v < V; ++v) s += math::exp(logits[t * V + v] - mx);
+    const T lse = mx + math::log(s);
+    for (std::size_t v = 0; v < V; ++v) probs[t * V + v] = math::exp(logits[t * V + v] - lse);
     terms[t] = scale * (lse - logits[t * V + static_cast<std::size_t>(target[t])]);
-  }
-};
-//! `out[0] = sum of terms[0..n)` in order (one item).
-template <class T>
-struct sum_in_order {
-  const T* terms;
-  T* out;
-  std::size_t n;
-  MESH_HD void operator()(std::size_t) const {
-    T total = 0;
-    for (std::size_t t = 0; t < n; ++t) total += terms[t];
-    out[0] = total;
   }
 };
 //! Cross-entropy of logits (n x V) against `target`: returns sum_t scale * loss_t (in order);
 //! keeps the softmax in `probs`.
 template <class T>
 T loss_forward(const T* logits, const T* target, T* probs, std::size_t n, std::size_t V, T scale) {
-  std::vector<T> terms(n);
-  each(n, loss_row<T>{logits, target, probs, terms.data(), V, scale});
-  T total = 0;
-  sum_in_order<T>{terms.data(), &total, n}(0);
+  T total = 0, term = 0;
+  for (std::size_t t = 0; t < n; ++t) {  // each row on its own (no buffer of terms), added in order
+    loss_row<T>{logits + t * V, target + t, probs + t * V, &term, V, scale}(0);
+    total += term;
+  }
   return total;
 }
 //! Element `e = t V + v`: dlogits = seed scale (p - onehot).
@@ -437,7 +387,7 @@ struct loss_backward_elem {
   T scale;
   T* dlogits;
   std::size_t V;
-  MESH_HD void operator()(std::size_t e) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t e) const {
     const std::size_t t = e / V, v = e % V;
     dlogits[e] = seed[0] * scale * (probs[e] - (v == static_cast<std::size_t>(target[t]) ? T(1) : T(0)));
   }
@@ -455,7 +405,7 @@ struct embed_elem {
   const int* pos;
   T* x;
   std::size_t h;
-  MESH_HD void operator()(std::size_t e) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t e) const {
     const std::size_t t = e / h, i = e % h;
     const auto tok = static_cast<std::size_t>(ids[t]), p = static_cast<std::size_t>(pos[t]);
     x[e] = E[tok * h + i] + P[p * h + i];
@@ -469,7 +419,7 @@ struct embed_backward_col {
   const int* pos;
   T *dE, *dP;
   std::size_t n, h;
-  MESH_HD void operator()(std::size_t i) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const {
     for (std::size_t t = 0; t < n; ++t) {
       const auto tok = static_cast<std::size_t>(ids[t]), p = static_cast<std::size_t>(pos[t]);
       dE[tok * h + i] += dx[t * h + i];
@@ -482,21 +432,21 @@ template <class T>
 struct add_elem {
   const T *a, *b;
   T* y;
-  MESH_HD void operator()(std::size_t i) const { y[i] = a[i] + b[i]; }
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const { y[i] = a[i] + b[i]; }
 };
 //! act = tanh(u).
 template <class T>
 struct tanh_elem {
   const T* u;
   T* act;
-  MESH_HD void operator()(std::size_t i) const { act[i] = math::tanh_(u[i]); }
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const { act[i] = math::tanh(u[i]); }
 };
 //! du = du (1 - act^2), tanh's derivative from its output.
 template <class T>
 struct tanh_grad_elem {
   const T* act;
   T* du;
-  MESH_HD void operator()(std::size_t i) const { du[i] = du[i] * (T(1) - act[i] * act[i]); }
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const { du[i] = du[i] * (T(1) - act[i] * act[i]); }
 };
 //! Element `e` of `[tokens][3][features]` (the Q/K/V projection's rows) against
 //! `[3][tokens][features]`: `to_heads` copies the first into the second, else back.
@@ -506,7 +456,7 @@ struct qkv_layout_elem {
   T* out;
   std::size_t tokens, features;
   bool to_heads;
-  MESH_HD void operator()(std::size_t e) const {
+  LOOM_HOST_DEVICE void operator()(std::size_t e) const {
     const std::size_t i = e % features, p = e / features % 3, t = e / (3 * features);
     const std::size_t tok = (t * 3 + p) * features + i, heads = (p * tokens + t) * features + i;
     if (to_heads) out[heads] = in[tok];

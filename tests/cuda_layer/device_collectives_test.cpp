@@ -156,8 +156,7 @@ results<T> on_device(backend b, int n) {
   auto body = [&](auto& c) {
     one_of_each<T>(c.rank(), n, out, m, [&](const std::vector<T>& mine) { return device_one_of_each<T>(c, mine); });
   };
-  if (b == backend::cuda_local) loom::cuda_local::run(n, body);
-  else loom::nccl::run(n, body);
+  loom_device_test::run_on(b, n, body);
   return out;
 }
 
@@ -204,8 +203,7 @@ TEST_CASE("a device collective not ordered after its producer is a race naming b
       LOOM_CUDA_TRY(cudaStreamSynchronize(producer.get()));
       c.all_reduce(std::span<std::int64_t>(), reduce_op::sum);  // both ranks are done before the buffers go
     };
-    if (b == backend::cuda_local) loom::cuda_local::run(2, body);
-    else loom::nccl::run(2, body);
+    loom_device_test::run_on(b, 2, body);
     const auto all = loom_device_test::findings();
     CAPTURE(all);
     CHECK(all.find("race: ") != std::string::npos);
@@ -267,8 +265,7 @@ TEST_CASE("a mesh binds to a device world: its groups reduce on the device, coun
       dev.dp[r] = g.dp().counters();
       dev.world[r] = g.world().counters();
     };
-    if (b == backend::cuda_local) loom::cuda_local::run(4, body);
-    else loom::nccl::run(4, body);
+    loom_device_test::run_on(b, 4, body);
     CHECK(dev_tp == host_tp);
     CHECK(dev_dp == host_dp);
     CHECK(dev_world == host_world);
@@ -335,8 +332,7 @@ TEST_CASE("Megatron's tensor-parallel operators run unchanged on a device group 
             got[r] = download(x, b.st.get());
             got_counts[r] = b.c.counters();
           };
-          if (b == backend::cuda_local) loom::cuda_local::run(n, body);
-          else loom::nccl::run(n, body);
+          loom_device_test::run_on(b, n, body);
           CHECK(got == want);
           // Ordered sums on nccl (no order promised) over more than 2 ranks are an all-to-all and an
           // all-gather where the rank-ordered threads backend all-reduces: the same bytes.
@@ -379,8 +375,7 @@ TEST_CASE("a rank that throws inside a tensor-parallel region ends every rank wi
       // Rank 1's exception left its function: the world was aborted.
     };
     try {
-      if (b == backend::cuda_local) loom::cuda_local::run(n, body);
-      else loom::nccl::run(n, body);
+      loom_device_test::run_on(b, n, body);
     } catch (const std::exception& e) {
       thrown = e.what();
     }

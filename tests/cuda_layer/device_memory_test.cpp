@@ -197,8 +197,7 @@ TEST_CASE("device memory of a dp2 x pp2 mesh equals the pipeline's and data_para
           errors[r] = e.what();
         }
       };
-      if (b == backend::cuda_local) loom::cuda_local::run(4, body);
-      else loom::nccl::run(4, body);
+      loom_device_test::run_on(b, 4, body);
       for (std::size_t r = 0; r < 4; ++r) {
         CAPTURE(r);
         CHECK(errors[r] == "");

@@ -163,8 +163,7 @@ TEST_CASE("ring attention, Ulysses and USP run on device groups with the threads
         loom_device_test::simulate_with(seed);
         std::vector<result> got(static_cast<std::size_t>(s.ranks()));
         auto body = [&](auto& w) { got[static_cast<std::size_t>(w.rank())] = on_device_rank(w, s); };
-        if (b == backend::cuda_local) loom::cuda_local::run(s.ranks(), body);
-        else loom::nccl::run(s.ranks(), body);
+        loom_device_test::run_on(b, s.ranks(), body);
         for (std::size_t r = 0; r < got.size(); ++r) {
           CAPTURE(r);
 #if defined(LOOM_CUDA_SIM)
@@ -197,8 +196,7 @@ TEST_CASE("ring attention receiving the next K/V block without waiting for the k
       cfg.races = loom::cudasim::race_policy::record;
       loom::cudasim::configure(cfg);
       auto body = [&](auto& w) { (void)on_device_rank(w, split{1, 4}, {.skip_kv_free_wait = true}); };
-      if (b == backend::cuda_local) loom::cuda_local::run(4, body);
-      else loom::nccl::run(4, body);
+      loom_device_test::run_on(b, 4, body);
       const auto all = loom_device_test::findings();
       CAPTURE(all);
       CHECK(all.find("race: ") != std::string::npos);
@@ -251,8 +249,7 @@ TEST_CASE("Megatron's column- and row-parallel layers run on a device group with
               got[static_cast<std::size_t>(c.rank())] = r;
               w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);  // every rank done before the buffers go
             };
-            if (b == backend::cuda_local) loom::cuda_local::run(n, body);
-            else loom::nccl::run(n, body);
+            loom_device_test::run_on(b, n, body);
             // Ordered sums on nccl over more than 2 ranks are an all-to-all and an all-gather where
             // the rank-ordered threads backend all-reduces: the same bytes, other calls.
             const bool same_calls = !(ordered && b == backend::nccl && n > 2);

@@ -49,6 +49,13 @@ inline quickstart::mlp_spec spec_for(int stages, int samples = 2) {
   return m;
 }
 
+//! Runs `body(comm&)` on every rank of an `n`-rank world of `b` (ranks as threads).
+template <class F>
+void run_on(backend b, int n, F&& body) {
+  if (b == backend::cuda_local) loom::cuda_local::run(n, body);
+  else loom::nccl::run(n, body);
+}
+
 //! Whether the devices `b` needs for `ranks` ranks are here; the reason when not.
 inline std::string missing_devices(backend b, int ranks) {
   auto a = loom::cuda::available();

@@ -73,8 +73,8 @@ struct sp_space<C> {
   }
   //! The rows `[first, first + n)` of a tensor of `per_row` elements per row (none when `base`
   //! is null: a gradient not wanted).
-  template <class T, class P>
-  static std::span<P> rows(P* base, const attention_block<T>&, int first, int n, std::size_t per_row) {
+  template <class P>
+  static std::span<P> rows(P* base, int first, int n, std::size_t per_row) {
     if (base == nullptr) return {};
     return {base + static_cast<std::size_t>(first) * per_row, static_cast<std::size_t>(n) * per_row};
   }
@@ -82,9 +82,9 @@ struct sp_space<C> {
   static void forward(C* c, state&, const attention_block<T>& b) {
     const std::size_t row = static_cast<std::size_t>(b.heads) * static_cast<std::size_t>(b.head_dim),
                       hrow = static_cast<std::size_t>(b.heads);
-    const cuda::byte_access acc[] = {cuda::reads(rows<T>(b.q, b, b.q0, b.nq, row)), cuda::reads(rows<T>(b.k, b, b.k0, b.nk, row)),
-                                     cuda::reads(rows<T>(b.v, b, b.k0, b.nk, row)), cuda::writes(rows<T>(b.o, b, b.q0, b.nq, row)),
-                                     cuda::writes(rows<T>(b.lse, b, b.q0, b.nq, hrow))};
+    const cuda::byte_access acc[] = {cuda::reads(rows(b.q, b.q0, b.nq, row)), cuda::reads(rows(b.k, b.k0, b.nk, row)),
+                                     cuda::reads(rows(b.v, b.k0, b.nk, row)), cuda::writes(rows(b.o, b.q0, b.nq, row)),
+                                     cuda::writes(rows(b.lse, b.q0, b.nq, hrow))};
     cuda::region reg(group(c).stream(), "loom ring attention block (forward)", acc);
     cuda::detail::attention_forward_async(b, c->stream());
   }
@@ -93,11 +93,11 @@ struct sp_space<C> {
     const std::size_t row = static_cast<std::size_t>(b.heads) * static_cast<std::size_t>(b.head_dim),
                       hrow = static_cast<std::size_t>(b.heads);
     const cuda::byte_access acc[] = {
-        cuda::reads(rows<T>(b.q, b, b.q0, b.nq, row)),       cuda::reads(rows<T>(b.k, b, b.k0, b.nk, row)),
-        cuda::reads(rows<T>(b.v, b, b.k0, b.nk, row)),       cuda::reads(rows<T>(b.lse, b, b.q0, b.nq, hrow)),
-        cuda::reads(rows<T>(b.dout, b, b.q0, b.nq, row)),    cuda::reads(rows<T>(b.delta, b, b.q0, b.nq, hrow)),
-        cuda::writes(rows<T>(b.dq, b, b.q0, b.nq, row)),      cuda::writes(rows<T>(b.dk, b, b.k0, b.nk, row)),
-        cuda::writes(rows<T>(b.dv, b, b.k0, b.nk, row))};
+        cuda::reads(rows(b.q, b.q0, b.nq, row)),       cuda::reads(rows(b.k, b.k0, b.nk, row)),
+        cuda::reads(rows(b.v, b.k0, b.nk, row)),       cuda::reads(rows(b.lse, b.q0, b.nq, hrow)),
+        cuda::reads(rows(b.dout, b.q0, b.nq, row)),    cuda::reads(rows(b.delta, b.q0, b.nq, hrow)),
+        cuda::writes(rows(b.dq, b.q0, b.nq, row)),      cuda::writes(rows(b.dk, b.k0, b.nk, row)),
+        cuda::writes(rows(b.dv, b.k0, b.nk, row))};
     cuda::region reg(group(c).stream(), "loom ring attention block (backward)", acc);
     cuda::detail::attention_backward_async(b, c->stream());
   }

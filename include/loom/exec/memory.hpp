@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "loom/comm/communicator.hpp"
 #include "loom/schedule/lower.hpp"
 #include "loom/schedule/schedule.hpp"
 #include "loom/stage/buffer_plan.hpp"
@@ -52,30 +53,47 @@ constexpr std::size_t device_loss_buffers(std::size_t microbatches, std::size_t 
 //!   the communicator allocates per channel it opens (`cuda_local::comm::channel_bytes`, its
 //!   mailbox of device flags; 0 for `nccl`, whose channels are NCCL communicators whose buffers
 //!   are NCCL's).
-//! The directed channels into `rank` that the device flavour opens at its first step: one per
-//! rank that sends to it in some program of `s` lowered, and between the two copies of a stage
-//! on two-direction schedules.
-constexpr int incoming_channels(const schedule& s, int rank) {
-  const schedule low = lower(s);
-  std::vector<char> from(static_cast<std::size_t>(s.ranks), 0);
-  for (std::size_t r = 0; r < low.programs.size(); ++r)
-    for (auto const& a : low.programs[r])
-      if (a.kind == op::send && a.peer == rank && static_cast<int>(r) != rank) from[r] = 1;
-  if (s.directions == 2)
-    for (int st = 0; st < s.stages; ++st) {
-      const int a = s.stage_to_rank[static_cast<std::size_t>(st)], b = s.stage_to_rank[static_cast<std::size_t>(s.stages + st)];
-      if (a != b && a == rank) from[static_cast<std::size_t>(b)] = 1;
-      if (a != b && b == rank) from[static_cast<std::size_t>(a)] = 1;
+//! The directed channels the device flavour of `loom::pipeline` opens (collectively, at its first
+//! step) for a lowered schedule: one per send of every rank's program (repeats included), and both
+//! directions between the two copies of a stage on two-direction schedules.
+inline std::vector<channel> device_channels(const schedule& lowered) {
+  std::vector<channel> chans;
+  for (std::size_t r = 0; r < lowered.programs.size(); ++r)
+    for (auto const& a : lowered.programs[r])
+      if (a.kind == op::send) chans.push_back({static_cast<int>(r), a.peer});
+  if (lowered.directions == 2)
+    for (int st = 0; st < lowered.stages; ++st) {
+      const int a = lowered.stage_to_rank[static_cast<std::size_t>(st)],
+                b = lowered.stage_to_rank[static_cast<std::size_t>(lowered.stages + st)];
+      if (a != b) {
+        chans.push_back({a, b});
+        chans.push_back({b, a});
+      }
     }
+  return chans;
+}
+
+namespace detail {
+//! Distinct ranks with a channel into `rank` among `chans`.
+inline int channels_into(const std::vector<channel>& chans, int ranks, int rank) {
+  std::vector<char> from(static_cast<std::size_t>(ranks), 0);
+  for (auto const& c : chans)
+    if (c.to == rank && c.from != rank) from[static_cast<std::size_t>(c.from)] = 1;
   int n = 0;
   for (char f : from) n += f;
   return n;
 }
+}  // namespace detail
+
+//! The channels into `rank` the device flavour opens for schedule `s` (`device_channels` of `s`
+//! lowered, counted once per sending rank).
+inline int incoming_channels(const schedule& s, int rank) { return detail::channels_into(device_channels(lower(s)), s.ranks, rank); }
 
 template <class Sizes>
 std::size_t pipeline_device_bytes(const schedule& s, int rank, Sizes&& sizes_of, bool deterministic, std::size_t element_bytes,
                                   std::size_t channel_bytes = 0) {
-  const auto plan = plan_buffers(lower(s), rank);
+  const schedule low = lower(s);
+  const auto plan = plan_buffers(low, rank);
   std::size_t elems = 0, out_last = 0, in_first = 0;
   for (auto const& l : plan.local) {
     const stage_sizes z = sizes_of(l.id);
@@ -88,7 +106,7 @@ std::size_t pipeline_device_bytes(const schedule& s, int rank, Sizes&& sizes_of,
     if (l.id.stage == 0) in_first = std::max(in_first, z.input);
   }
   const std::size_t loss = device_loss_buffers(static_cast<std::size_t>(s.microbatches), out_last, element_bytes);
-  return (elems + (loss + 1) * out_last + in_first) * element_bytes + static_cast<std::size_t>(incoming_channels(s, rank)) * channel_bytes;
+  return (elems + (loss + 1) * out_last + in_first) * element_bytes + static_cast<std::size_t>(detail::channels_into(device_channels(low), s.ranks, rank)) * channel_bytes;
 }
 
 }  // namespace loom

@@ -34,30 +34,52 @@ namespace loom {
 //! Which part of a key chunk a query chunk sees under a causal mask.
 enum class block_mask : unsigned char { none, full, causal };
 
-namespace detail {
-
+//! The elementary functions the patterns (and users' per-item code) need, the same call in host
+//! and device code: the standard library's on the host, CUDA's in device code (whose `exp`,
+//! `log`, `sqrt` and `tanh` may differ from the host's in the last bits).
+namespace device_math {
+//! e^x.
 template <class T>
-LOOM_HOST_DEVICE inline T sp_exp(T x) {
+LOOM_HOST_DEVICE inline T exp(T x) {
 #if defined(__CUDA_ARCH__)
-  return exp(x);
+  return ::exp(x);
 #else
   return std::exp(x);
 #endif
 }
+//! The natural logarithm.
 template <class T>
-LOOM_HOST_DEVICE inline T sp_log(T x) {
+LOOM_HOST_DEVICE inline T log(T x) {
 #if defined(__CUDA_ARCH__)
-  return log(x);
+  return ::log(x);
 #else
   return std::log(x);
 #endif
 }
+//! The square root.
 template <class T>
-LOOM_HOST_DEVICE inline T sp_max(T a, T b) {
+LOOM_HOST_DEVICE inline T sqrt(T x) {
+#if defined(__CUDA_ARCH__)
+  return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+//! The hyperbolic tangent.
+template <class T>
+LOOM_HOST_DEVICE inline T tanh(T x) {
+#if defined(__CUDA_ARCH__)
+  return ::tanh(x);
+#else
+  return std::tanh(x);
+#endif
+}
+//! The larger of `a` and `b` (`b` when `a < b`, as `std::max`).
+template <class T>
+LOOM_HOST_DEVICE inline T max(T a, T b) {
   return a < b ? b : a;
 }
-
-}  // namespace detail
+}  // namespace device_math
 
 //! The linear layer `y = x W^T (+ b)` over `n` tokens, `W` `[out][in]` row-major, as items: each
 //! sum runs over its index in increasing order, starting from the bias (or zero), so every form
@@ -145,33 +167,48 @@ struct attention_block {
     for (std::size_t d = 0; d < D; ++d) s += qv[d] * kv[d];
     return s * scale;
   }
+  //! Feature `d` of key row `j`'s value, head `h` (rows relative to the block).
+  LOOM_HOST_DEVICE T value(int j, std::size_t h, std::size_t d) const {
+    const auto H = static_cast<std::size_t>(heads), D = static_cast<std::size_t>(head_dim);
+    return v[(static_cast<std::size_t>(k0 + j) * H + h) * D + d];
+  }
   //! Keys query row `i` sees (relative to the block).
   LOOM_HOST_DEVICE int visible(int i) const { return mask == block_mask::causal ? i + 1 : nk; }
 
   //! Forward of item `e = i * heads + h`: the block's softmax output and log-sum-exp of row `i`,
   //! head `h`, merged into `o`, `lse` by `l = log(e^lse + e^l_b)`, `o = o e^(lse - l) + o_b e^(l_b - l)`
-  //! (start from `lse = -inf`, `o = 0`: the first merge is exact). Scores are recomputed per
-  //! pass instead of kept in scratch, in the same order, so the values are the same.
-  LOOM_HOST_DEVICE void forward(std::size_t e) const {
+  //! (start from `lse = -inf`, `o = 0`: the first merge is exact). With `ob` (`head_dim` values of
+  //! scratch, the host loops) each key's weight is computed once; without it (a kernel's thread
+  //! has no such array) the weights are recomputed per feature. Both add the same terms in the
+  //! same order: the same bits.
+  LOOM_HOST_DEVICE void forward(std::size_t e, T* ob = nullptr) const {
     const auto H = static_cast<std::size_t>(heads), D = static_cast<std::size_t>(head_dim);
     const int i = static_cast<int>(e / H);
     const std::size_t h = e % H, qi = static_cast<std::size_t>(q0 + i);
     const int n = visible(i);
     T m = score(i, 0, h);
-    for (int j = 1; j < n; ++j) m = detail::sp_max(m, score(i, j, h));
+    for (int j = 1; j < n; ++j) m = device_math::max(m, score(i, j, h));
     T l{};
-    for (int j = 0; j < n; ++j) l += detail::sp_exp(score(i, j, h) - m);
-    const T lb = m + detail::sp_log(l);
+    for (int j = 0; j < n; ++j) l += device_math::exp(score(i, j, h) - m);
+    const T lb = m + device_math::log(l);
     T& L = lse[qi * H + h];
-    const T mx = detail::sp_max(L, lb);
-    const T nl = mx + detail::sp_log(detail::sp_exp(L - mx) + detail::sp_exp(lb - mx));
-    const T wa = detail::sp_exp(L - nl), wb = detail::sp_exp(lb - nl);
+    const T mx = device_math::max(L, lb);
+    const T nl = mx + device_math::log(device_math::exp(L - mx) + device_math::exp(lb - mx));
+    const T wa = device_math::exp(L - nl), wb = device_math::exp(lb - nl);
     T* ov = o + (qi * H + h) * D;
-    for (std::size_t d = 0; d < D; ++d) {
-      T ob{};
-      for (int j = 0; j < n; ++j)
-        ob += detail::sp_exp(score(i, j, h) - m) * v[(static_cast<std::size_t>(k0 + j) * H + h) * D + d];
-      ov[d] = ov[d] * wa + (ob / l) * wb;
+    if (ob != nullptr) {
+      for (std::size_t d = 0; d < D; ++d) ob[d] = T{};
+      for (int j = 0; j < n; ++j) {
+        const T p = device_math::exp(score(i, j, h) - m);
+        for (std::size_t d = 0; d < D; ++d) ob[d] += p * value(j, h, d);
+      }
+      for (std::size_t d = 0; d < D; ++d) ov[d] = ov[d] * wa + (ob[d] / l) * wb;
+    } else {
+      for (std::size_t d = 0; d < D; ++d) {
+        T acc{};
+        for (int j = 0; j < n; ++j) acc += device_math::exp(score(i, j, h) - m) * value(j, h, d);
+        ov[d] = ov[d] * wa + (acc / l) * wb;
+      }
     }
     L = nl;
   }
@@ -180,7 +217,7 @@ struct attention_block {
   LOOM_HOST_DEVICE void pair(int i, int j, std::size_t h, T& p, T& ds) const {
     const auto H = static_cast<std::size_t>(heads), D = static_cast<std::size_t>(head_dim);
     const std::size_t qi = static_cast<std::size_t>(q0 + i), kj = static_cast<std::size_t>(k0 + j);
-    p = detail::sp_exp(score(i, j, h) - lse[qi * H + h]);
+    p = device_math::exp(score(i, j, h) - lse[qi * H + h]);
     const T* dov = dout + (qi * H + h) * D;
     const T* vv = v + (kj * H + h) * D;
     T dp{};

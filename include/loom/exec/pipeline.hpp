@@ -101,6 +101,7 @@
 #include "loom/schedule/static_schedule.hpp"
 #include "loom/schedule/validate.hpp"
 #include "loom/exec/action_timing.hpp"
+#include "loom/exec/memory.hpp"
 #include "loom/exec/space.hpp"
 #include "loom/exec/step_observer.hpp"
 #include "loom/stage/buffer_plan.hpp"
@@ -616,21 +617,7 @@ class pipeline {
   //! Device: every directed channel the lowered programs send on, and both directions between
   //! the two copies of a stage; opened once, collectively, after the handshake proved that every
   //! rank holds the same schedule.
-  void open_channels() {
-    std::vector<channel> chans;
-    for (std::size_t r = 0; r < sched_.programs.size(); ++r)
-      for (auto const& a : sched_.programs[r])
-        if (a.kind == op::send) chans.push_back({static_cast<int>(r), a.peer});
-    if (sched_.directions == 2)
-      for (int s = 0; s < S_; ++s) {
-        const int a = sched_.stage_to_rank[static_cast<std::size_t>(s)], b = sched_.stage_to_rank[static_cast<std::size_t>(S_ + s)];
-        if (a != b) {
-          chans.push_back({a, b});
-          chans.push_back({b, a});
-        }
-      }
-    comm_->open_channels(chans);
-  }
+  void open_channels() { comm_->open_channels(device_channels(sched_)); }
 
   //! Device: NVTX/simulator labels of every compute half, "F mb3 s2", built once.
   void make_labels() {

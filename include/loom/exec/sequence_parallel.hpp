@@ -150,7 +150,8 @@ namespace detail {
 //! An attention block's forward in a host loop.
 template <class T>
 void host_forward(const attention_block<T>& b) {
-  for (std::size_t e = 0; e < b.query_items(); ++e) b.forward(e);
+  std::vector<T> ob(static_cast<std::size_t>(b.head_dim));  // each key's weight once per item
+  for (std::size_t e = 0; e < b.query_items(); ++e) b.forward(e, ob.data());
 }
 //! An attention block's backward in host loops: the query gradients, then the key and value
 //! gradients.
@@ -219,13 +220,10 @@ struct sp_space {
   }
 };
 
-template <class T>
-std::span<T> whole(std::vector<T>& v) {
-  return {v.data(), v.size()};
-}
+//! All of a pattern's buffer (a `std::vector` or a device buffer) as a span.
 template <class B>
-auto whole(B& b) -> decltype(b.span()) {
-  return b.span();
+auto whole(B& b) {
+  return std::span(b.data(), b.size());
 }
 
 }  // namespace detail
