@@ -3,17 +3,22 @@
 // loom mesh example: a small transformer trained on a dp x pp x sp x tp mesh (layers sharded over
 // tp and sp, blocks pipelined over pp by any registered schedule, replicated over dp), over
 // threads or MPI processes, checked against the single-rank reference; prints what each mesh
-// dimension communicated in each step. Exit status: 0 when the result equals the reference
-// (bitwise with --deterministic, within 1e-12 relative otherwise, 1e-9 with Adam), 1 when it differs, 2 on a bad
-// option.
+// dimension communicated in each step. With --backend cuda_local or nccl the transformer runs in
+// fp32 as device kernels on each rank's streams (under loom's CUDA simulator in `mesh`, on a GPU
+// in `mesh_gpu`), checked against the float reference of the same kernels and against the double
+// one within a bound. Exit status: 0 when the result equals the reference (bitwise with
+// --deterministic; otherwise within 1e-12 relative, 1e-9 with Adam; fp32: 1e-5, Adam's step
+// bound), 1 when it differs, 2 on a bad option.
 //
 //   mesh --dp 2 --pp 2 --tp 2 --schedule zb-h1 --microbatches 4 --deterministic
 //   mpiexec -n 8 mesh --backend mpi --dp 2 --pp 2 --tp 2 --zero
 //   mesh --sp 4 --sp-kind usp --ulysses 2 --schedule 1f1b
+//   mesh --backend cuda_local --dp 2 --pp 2 --tp 2 --schedule zb-h1 --deterministic   (fp32 device kernels)
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -22,6 +27,16 @@
 #include <loom/schedule.hpp>
 #if defined(LOOM_HAS_MPI)
 #include <loom/comm/mpi.hpp>
+#endif
+#if defined(LOOM_MESH_DEVICE)
+#include <loom/comm/cuda_local.hpp>
+#include <loom/comm/nccl.hpp>
+#include <loom/cuda/device.hpp>
+
+#include "device.hpp"
+#endif
+#if defined(LOOM_CUDA_SIM)
+#include <loom/cudasim/sim.hpp>
 #endif
 
 #include "train.hpp"
@@ -50,6 +65,7 @@ struct options {
   bool lazy = false;
   int calibrate = 0;
   std::string costs_out;
+  long long seed = 1;  // the simulator's seed (device backends under loom's CUDA simulator)
   model_spec model;
 };
 
@@ -107,7 +123,10 @@ int main(int argc, char** argv) {
   app.add_option("--microbatches", o.microbatches, "microbatches per replica and step");
   app.add_option("--chunks", o.chunks, "model chunks per pipeline rank (0: the family's default)");
   app.add_option("--steps", o.steps, "training steps");
-  app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}));
+  app.add_option("--backend", o.backend,
+                 "threads, mpi, or the transformer in fp32 on device kernels: cuda_local (ranks as streams of one device) or nccl "
+                 "(a device per rank)")
+      ->check(CLI::IsMember({"threads", "mpi", "cuda_local", "nccl"}));
   app.add_flag("--deterministic", o.deterministic, "rank-ordered reductions: bitwise equal to the reference");
   app.add_flag("--zero", o.zero, "ZeRO stage 2: shard gradients and the update over the data-parallel group");
   app.add_option("--zero-stage", o.zero_stage,
@@ -122,6 +141,8 @@ int main(int argc, char** argv) {
                  "calibrate on steps 1..N, then print the pipeline step time predicted from the calibrated costs beside "
                  "the measured mean of the remaining steps");
   app.add_option("--costs-out", o.costs_out, "with --calibrate: write the calibrated cost file (JSON) here");
+  app.add_option("--seed", o.seed, "device backends under loom's CUDA simulator: seed of the operation order and delays")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--sync-after-step", o.lazy, "launch the gradient reductions after the step instead of as soon as ready");
   app.add_option("--vocab", o.model.vocab, "vocabulary size");
   app.add_option("--seq", o.model.seq, "tokens per sequence");
@@ -141,6 +162,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const sharding& s = o.layout;
+#if defined(LOOM_CUDA_SIM)
+  loom::cudasim::reseed(static_cast<std::uint64_t>(o.seed));
+#endif
   try {
     loom::schedule sched = loom::default_registry().at(o.schedule).make({s.pp, o.microbatches, o.chunks});
     model_spec m = o.model;
@@ -166,6 +190,31 @@ int main(int argc, char** argv) {
         if (c.rank() == 0) rc = r.differing == 0 ? 0 : 1;
       });
       return rc;
+    }
+    if (o.backend == "cuda_local" || o.backend == "nccl") {
+#if defined(LOOM_MESH_DEVICE)
+      if (o.calibrate > 0) throw loom::config_error("--calibrate times host stage calls: it runs on threads and mpi");
+      auto avail = loom::cuda::available();
+      if (!avail) {
+        std::cerr << "mesh: no usable CUDA device: " << avail.why << " (the mesh program runs device kernels under loom's simulator)\n";
+        return 2;
+      }
+      if (o.backend == "nccl" && s.world() > avail.devices)
+        throw loom::config_error("--backend nccl needs a device per rank: " + std::to_string(s.world()) + " ranks, " +
+                                 std::to_string(avail.devices) + " device(s)");
+      banner(o.backend == "nccl" ? "NCCL, a device per rank, fp32 kernels" : "cuda_local, ranks as streams of one device, fp32 kernels");
+      int rc = 0;
+      auto body = [&](auto& c) {
+        auto r = train<device_exec>(c, run(o), m, sched);
+        if (c.rank() == 0) rc = r.differing == 0 && r.fp32_within ? 0 : 1;
+      };
+      if (o.backend == "cuda_local") loom::cuda_local::run(s.world(), body);
+      else loom::nccl::run(s.world(), body);
+      return rc;
+#else
+      std::cerr << "mesh: this build has no CUDA (configure with the CUDA toolkit for --backend " << o.backend << ")\n";
+      return 2;
+#endif
     }
 #if defined(LOOM_HAS_MPI)
     loom::mpi::environment env(argc, argv);

@@ -60,18 +60,20 @@ struct reduction_order {
   }
 };
 
-//! The whole model on one rank.
-class reference_model {
+//! The whole model on one rank, in precision `T` (double: the host stage's; float: the device
+//! stage's, whose kernels are the same per-item functions).
+template <class T>
+class basic_reference_model {
  public:
   using key = std::pair<tensor, int>;  //!< (tensor, block or -1)
 
-  explicit reference_model(const model_spec& m) : m_(m) {
+  explicit basic_reference_model(const model_spec& m) : m_(m) {
     auto add = [&](tensor t, int b) {
       auto [r, c] = full_shape(m, t);
       auto& v = params_[{t, b}];
       v.resize(static_cast<std::size_t>(r * c));
       for (int i = 0; i < r; ++i)
-        for (int j = 0; j < c; ++j) v[static_cast<std::size_t>(i * c + j)] = initial(m, t, b, i, j);
+        for (int j = 0; j < c; ++j) v[static_cast<std::size_t>(i * c + j)] = static_cast<T>(initial(m, t, b, i, j));
     };
     add(tensor::E, -1), add(tensor::P, -1);
     for (int b = 0; b < m.blocks; ++b)
@@ -80,7 +82,7 @@ class reference_model {
   }
 
   //! The parameters.
-  const std::map<key, std::vector<double>>& params() const { return params_; }
+  const std::map<key, std::vector<T>>& params() const { return params_; }
 
   //! The last step's loss folds, one per (replica, token group), replica-major: what the mesh's
   //! loss reduction adds, in its order.
@@ -88,11 +90,11 @@ class reference_model {
 
   //! Local SGD's average: every parameter of every replica becomes `(sum in replica order) *
   //! (1/replicas)`, as `loom::data_parallel` averages.
-  static void average(std::vector<reference_model>& replicas) {
-    const double inv = 1.0 / static_cast<double>(replicas.size());
+  static void average(std::vector<basic_reference_model>& replicas) {
+    const auto inv = static_cast<T>(1.0 / static_cast<double>(replicas.size()));
     for (auto& [k, w] : replicas[0].params_)
       for (std::size_t i = 0; i < w.size(); ++i) {
-        double sum = w[i];
+        T sum = w[i];
         for (std::size_t r = 1; r < replicas.size(); ++r) sum += replicas[r].params_.at(k)[i];
         for (auto& rep : replicas) rep.params_.at(k)[i] = sum * inv;
       }
@@ -100,7 +102,7 @@ class reference_model {
 
   //! Updates with Adam (`a`'s hyper-parameters, the operations of `loom::detail::adam_element`)
   //! instead of SGD.
-  void use_adam(const loom::adam<double>& a) {
+  void use_adam(const loom::adam<T>& a) {
     adam_ = a;
     use_adam_ = true;
   }
@@ -114,7 +116,7 @@ class reference_model {
     auto group_tokens = [&](int g) -> const std::vector<int>& { return ord.groups.empty() ? all : ord.groups[static_cast<std::size_t>(g)]; };
     const double scale = 1.0 / (static_cast<double>(ord.replicas) * per_replica * m_.seq);
     // Folds per (replica, group) for partial parameters, per replica for the others.
-    std::vector<std::map<key, std::vector<double>>> fold_part(static_cast<std::size_t>(ord.replicas * groups)),
+    std::vector<std::map<key, std::vector<T>>> fold_part(static_cast<std::size_t>(ord.replicas * groups)),
         fold_full(static_cast<std::size_t>(ord.replicas));
     std::vector<double> loss_fold(static_cast<std::size_t>(ord.replicas * groups), 0.0);
     for (int d = 0; d < ord.replicas; ++d)
@@ -124,7 +126,7 @@ class reference_model {
         for (int g = 0; g < groups; ++g) {
           const auto gi = static_cast<std::size_t>(d * groups + g);
           double l = 0;
-          for (int t : group_tokens(g)) l += p.loss[static_cast<std::size_t>(t)];
+          for (int t : group_tokens(g)) l += static_cast<double>(p.loss[static_cast<std::size_t>(t)]);
           loss_fold[gi] += l;
           fold(fold_part[gi], weight_grads(p, group_tokens(g)), ord, true);
         }
@@ -133,7 +135,7 @@ class reference_model {
     // Members added in group order (replica-major), then SGD.
     for (auto& [k, w] : params_) {
       const bool partial = is_partial(ord, k.first);
-      std::vector<double> total;
+      std::vector<T> total;
       for (int d = 0; d < ord.replicas; ++d)
         for (int g = 0; g < (partial ? groups : 1); ++g) {
           const auto& c = partial ? fold_part[static_cast<std::size_t>(d * groups + g)].at(k) : fold_full[static_cast<std::size_t>(d)].at(k);
@@ -147,10 +149,12 @@ class reference_model {
         const double t = static_cast<double>(adam_t_ + 1);
         const double c1 = 1 - std::pow(adam_.beta1, t), c2 = std::sqrt(1 - std::pow(adam_.beta2, t));
         for (std::size_t i = 0; i < w.size(); ++i)
-          loom::detail::adam_element(w[i], total[i], m1[i], m2[i], adam_.beta1, adam_.beta2, adam_.lr * c2 / c1, adam_.eps * c2);
+          loom::detail::adam_element(w[i], total[i], m1[i], m2[i], static_cast<T>(adam_.beta1), static_cast<T>(adam_.beta2),
+                                     static_cast<T>(adam_.lr * c2 / c1), static_cast<T>(adam_.eps * c2));
         continue;
       }
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= m_.lr * total[i];
+      const auto lr = static_cast<T>(m_.lr);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= lr * total[i];
     }
     ++adam_t_;
     last_losses_ = loss_fold;
@@ -172,25 +176,25 @@ class reference_model {
 
   //! Everything one microbatch's forward and backward leave for the weight gradients.
   struct block_acts {
-    std::vector<double> xhat1, afull, o, xhat2, cfull, act, dqkv, dy, du, dz, da, dc;
+    std::vector<T> xhat1, afull, o, xhat2, cfull, act, dqkv, dy, du, dz, da, dc;
   };
   struct pass {
-    std::vector<double> tokens, x_grad, loss, xhatf, f, dlogits, df;
+    std::vector<T> tokens, x_grad, loss, xhatf, f, dlogits, df;
     std::vector<block_acts> blocks;
   };
 
-  std::span<const double> P(tensor t, int b) const { return params_.at({t, b}); }
+  std::span<const T> P(tensor t, int b) const { return params_.at({t, b}); }
 
   //! `sum_k partial_k + bias` over `k` tensor-parallel slices of the contraction (`in` columns
   //! of `w`, `[out][in]`), partial sums from zero in index order, added in slice order.
-  void row_parallel(const double* x, std::span<const double> w, std::span<const double> b, double* y, int n, int in, int out,
+  void row_parallel(const T* x, std::span<const T> w, std::span<const T> b, T* y, int n, int in, int out,
                     int tp) const {
     const int il = in / tp;
     for (int t = 0; t < n; ++t)
       for (int o = 0; o < out; ++o) {
-        double acc = 0;
+        T acc = 0;
         for (int k = 0; k < tp; ++k) {
-          double s = 0;
+          T s = 0;
           for (int i = k * il; i < (k + 1) * il; ++i)
             s += x[static_cast<std::size_t>(t * in + i)] * w[static_cast<std::size_t>(o * in + i)];
           acc = k == 0 ? s : acc + s;
@@ -201,12 +205,12 @@ class reference_model {
   //! `dx = sum_k sum_{o in slice k} dy[o] w[o][i]`: the column-parallel input gradient; `rows(k)`
   //! lists slice `k`'s output rows in the slice's own order.
   template <class Rows>
-  void column_backward(const double* dy, std::span<const double> w, double* dx, int n, int in, int out, int tp, Rows rows) const {
+  void column_backward(const T* dy, std::span<const T> w, T* dx, int n, int in, int out, int tp, Rows rows) const {
     for (int t = 0; t < n; ++t)
       for (int i = 0; i < in; ++i) {
-        double acc = 0;
+        T acc = 0;
         for (int k = 0; k < tp; ++k) {
-          double s = 0;
+          T s = 0;
           for (int o : rows(k)) s += dy[static_cast<std::size_t>(t * out + o)] * w[static_cast<std::size_t>(o * in + i)];
           acc = k == 0 ? s : acc + s;
         }
@@ -228,13 +232,13 @@ class reference_model {
   }
 
   //! Causal attention over all heads, blocked by `ring` (see the file comment).
-  void attention_forward(const loom::attention_dims& a, const std::vector<double>& q, const std::vector<double>& k,
-                         const std::vector<double>& v, std::vector<double>& o, std::vector<double>& lse, int ring) const {
+  void attention_forward(const loom::attention_dims& a, const std::vector<T>& q, const std::vector<T>& k,
+                         const std::vector<T>& v, std::vector<T>& o, std::vector<T>& lse, int ring) const {
     const int N = m_.seq;
     o.assign(q.size(), 0.0);
     lse.assign(static_cast<std::size_t>(N * a.heads), -INFINITY);
     if (ring == 1) {
-      loom::attention_block_forward<double>(a, q, k, v, o, lse, 0, N, 0, N, loom::block_mask::causal);
+      loom::attention_block_forward<T>(a, q, k, v, o, lse, 0, N, 0, N, loom::block_mask::causal);
       return;
     }
     const int C = N / (2 * ring);
@@ -246,29 +250,29 @@ class reference_model {
           for (int kb : kch) {
             const auto msk = loom::chunk_mask(qa, kb, true);
             if (msk != loom::block_mask::none)
-              loom::attention_block_forward<double>(a, q, k, v, o, lse, qa * C, C, kb * C, C, msk);
+              loom::attention_block_forward<T>(a, q, k, v, o, lse, qa * C, C, kb * C, C, msk);
           }
       }
   }
-  void attention_backward(const loom::attention_dims& a, const std::vector<double>& q, const std::vector<double>& k,
-                          const std::vector<double>& v, const std::vector<double>& o, const std::vector<double>& lse,
-                          const std::vector<double>& dout, std::vector<double>& dq, std::vector<double>& dk,
-                          std::vector<double>& dv, int ring) const {
+  void attention_backward(const loom::attention_dims& a, const std::vector<T>& q, const std::vector<T>& k,
+                          const std::vector<T>& v, const std::vector<T>& o, const std::vector<T>& lse,
+                          const std::vector<T>& dout, std::vector<T>& dq, std::vector<T>& dk,
+                          std::vector<T>& dv, int ring) const {
     const int N = m_.seq;
-    std::vector<double> delta(lse.size());
-    loom::attention_delta<double>(a, o, dout, delta);
+    std::vector<T> delta(lse.size());
+    loom::attention_delta<T>(a, o, dout, delta);
     dq.assign(q.size(), 0.0);
     dk.assign(q.size(), 0.0);
     dv.assign(q.size(), 0.0);
     if (ring == 1) {
-      loom::attention_block_backward<double>(a, q, k, v, lse, dout, delta, dq, dk, dv, 0, N, 0, N, loom::block_mask::causal);
+      loom::attention_block_backward<T>(a, q, k, v, lse, dout, delta, dq, dk, dv, 0, N, 0, N, loom::block_mask::causal);
       return;
     }
     const int C = N / (2 * ring);
-    auto block = [&](int qa, int kb, std::span<double> gq, std::span<double> gk, std::span<double> gv) {
+    auto block = [&](int qa, int kb, std::span<T> gq, std::span<T> gk, std::span<T> gv) {
       const auto msk = loom::chunk_mask(qa, kb, true);
       if (msk != loom::block_mask::none)
-        loom::attention_block_backward<double>(a, q, k, v, lse, dout, delta, gq, gk, gv, qa * C, C, kb * C, C, msk);
+        loom::attention_block_backward<T>(a, q, k, v, lse, dout, delta, gq, gk, gv, qa * C, C, kb * C, C, msk);
     };
     // dQ: per query position, key positions in ring order (as the forward merges).
     for (int p = 0; p < ring; ++p)
@@ -294,27 +298,30 @@ class reference_model {
     const loom::attention_dims a{H, D, 1.0 / std::sqrt(static_cast<double>(D))};
     pass p;
     p.tokens.assign(data.tokens.begin() + static_cast<std::ptrdiff_t>(mb * N), data.tokens.begin() + static_cast<std::ptrdiff_t>((mb + 1) * N));
-    const double* target = data.targets.data() + static_cast<std::size_t>(mb * N);
-    std::vector<double> x(uN * uh), rstd(uN);
+    const std::vector<T> targets(data.targets.begin() + static_cast<std::ptrdiff_t>(mb * N),
+                                 data.targets.begin() + static_cast<std::ptrdiff_t>((mb + 1) * N));
+    const T* target = targets.data();
+    const auto tscale = static_cast<T>(scale);
+    std::vector<T> x(uN * uh), rstd(uN);
     for (int t = 0; t < N; ++t)
       for (int i = 0; i < h; ++i)
         x[static_cast<std::size_t>(t * h + i)] =
             P(tensor::E, -1)[static_cast<std::size_t>(p.tokens[static_cast<std::size_t>(t)]) * uh + static_cast<std::size_t>(i)] +
             P(tensor::P, -1)[static_cast<std::size_t>(t * h + i)];
     struct saved {
-      std::vector<double> rstd1, rstd2, q, k, v, o, lse;
+      std::vector<T> rstd1, rstd2, q, k, v, o, lse;
     };
     std::vector<saved> sv(static_cast<std::size_t>(m_.blocks));
     p.blocks.resize(static_cast<std::size_t>(m_.blocks));
     for (int b = 0; b < m_.blocks; ++b) {
       auto& A = p.blocks[static_cast<std::size_t>(b)];
       auto& S = sv[static_cast<std::size_t>(b)];
-      std::vector<double> an(uN * uh), qkv(uN * 3 * uh), y(uN * uh), x1(uN * uh), c(uN * uh), u(uN * static_cast<std::size_t>(f)),
+      std::vector<T> an(uN * uh), qkv(uN * 3 * uh), y(uN * uh), x1(uN * uh), c(uN * uh), u(uN * static_cast<std::size_t>(f)),
           z(uN * uh);
       A.xhat1.resize(uN * uh), S.rstd1.resize(uN);
       kernels::ln_forward(x.data(), P(tensor::LN1G, b).data(), P(tensor::LN1B, b).data(), an.data(), A.xhat1.data(), S.rstd1.data(), uN, uh);
       A.afull = an;
-      loom::linear_kernel::forward<double>(an, P(tensor::WQKV, b), P(tensor::BQKV, b), qkv, uN, uh, 3 * uh);
+      loom::linear_kernel::forward<T>(an, P(tensor::WQKV, b), P(tensor::BQKV, b), qkv, uN, uh, 3 * uh);
       S.q.resize(uN * uh), S.k.resize(uN * uh), S.v.resize(uN * uh);
       for (std::size_t t = 0; t < uN; ++t)
         for (std::size_t i = 0; i < uh; ++i) {
@@ -329,9 +336,9 @@ class reference_model {
       A.xhat2.resize(uN * uh), S.rstd2.resize(uN);
       kernels::ln_forward(x1.data(), P(tensor::LN2G, b).data(), P(tensor::LN2B, b).data(), c.data(), A.xhat2.data(), S.rstd2.data(), uN, uh);
       A.cfull = c;
-      loom::linear_kernel::forward<double>(c, P(tensor::W1, b), P(tensor::B1, b), u, uN, uh, static_cast<std::size_t>(f));
+      loom::linear_kernel::forward<T>(c, P(tensor::W1, b), P(tensor::B1, b), u, uN, uh, static_cast<std::size_t>(f));
       A.act.resize(u.size());
-      for (std::size_t i = 0; i < u.size(); ++i) A.act[i] = std::tanh(u[i]);
+      kernels::each(u.size(), kernels::tanh_elem<T>{u.data(), A.act.data()});
       row_parallel(A.act.data(), P(tensor::W2, b), P(tensor::B2, b), z.data(), N, f, h, tp);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] = x1[i] + z[i];
     }
@@ -339,30 +346,30 @@ class reference_model {
     const auto uV = static_cast<std::size_t>(V);
     p.xhatf.resize(uN * uh), p.f.resize(uN * uh);
     kernels::ln_forward(x.data(), P(tensor::LNFG, -1).data(), P(tensor::LNFB, -1).data(), p.f.data(), p.xhatf.data(), rstd.data(), uN, uh);
-    std::vector<double> logits(uN * uV), probs(uN * uV);
-    loom::linear_kernel::forward<double>(p.f, P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, uN, uh, uV);
+    std::vector<T> logits(uN * uV), probs(uN * uV);
+    loom::linear_kernel::forward<T>(p.f, P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, uN, uh, uV);
     p.loss.resize(uN);
     for (std::size_t t = 0; t < uN; ++t)
-      p.loss[t] = kernels::loss_forward(logits.data() + t * uV, target + t, probs.data() + t * uV, 1, uV, scale);
+      kernels::loss_row<T>{logits.data(), target, probs.data(), p.loss.data(), uV, tscale}(t);
     p.dlogits.resize(uN * uV), p.df.resize(uN * uh);
-    kernels::loss_backward(probs.data(), target, 1.0, scale, p.dlogits.data(), uN, uV);
-    loom::linear_kernel::backward_input<double>(p.dlogits, P(tensor::WOUT, -1), p.df, uN, uh, uV);
-    std::vector<double> zero(uN * uh, 0.0), g(uN * uh), gx(uN * uh);
+    kernels::loss_backward(probs.data(), target, T(1), tscale, p.dlogits.data(), uN, uV);
+    loom::linear_kernel::backward_input<T>(p.dlogits, P(tensor::WOUT, -1), p.df, uN, uh, uV);
+    std::vector<T> zero(uN * uh, 0.0), g(uN * uh), gx(uN * uh);
     kernels::ln_backward_input(p.df.data(), p.xhatf.data(), rstd.data(), P(tensor::LNFG, -1).data(), zero.data(), g.data(), uN, uh);
     for (int b = m_.blocks - 1; b >= 0; --b) {
       auto& A = p.blocks[static_cast<std::size_t>(b)];
       auto& S = sv[static_cast<std::size_t>(b)];
       A.dz = g;
-      std::vector<double> dact(uN * static_cast<std::size_t>(f)), g1(uN * uh), dout(uN * uh);
-      loom::linear_kernel::backward_input<double>(g, P(tensor::W2, b), dact, uN, static_cast<std::size_t>(f), uh);
-      A.du.resize(dact.size());
-      for (std::size_t i = 0; i < dact.size(); ++i) A.du[i] = dact[i] * (1.0 - A.act[i] * A.act[i]);
+      std::vector<T> dact(uN * static_cast<std::size_t>(f)), g1(uN * uh), dout(uN * uh);
+      loom::linear_kernel::backward_input<T>(g, P(tensor::W2, b), dact, uN, static_cast<std::size_t>(f), uh);
+      A.du = dact;
+      kernels::each(dact.size(), kernels::tanh_grad_elem<T>{A.act.data(), A.du.data()});
       A.dc.resize(uN * uh);
       column_backward(A.du.data(), P(tensor::W1, b), A.dc.data(), N, h, f, tp, [&](int k) { return ffn_rows(k, tp); });
       kernels::ln_backward_input(A.dc.data(), A.xhat2.data(), S.rstd2.data(), P(tensor::LN2G, b).data(), g.data(), g1.data(), uN, uh);
       A.dy = g1;
-      loom::linear_kernel::backward_input<double>(g1, P(tensor::WO, b), dout, uN, uh, uh);
-      std::vector<double> dq, dk, dv;
+      loom::linear_kernel::backward_input<T>(g1, P(tensor::WO, b), dout, uN, uh, uh);
+      std::vector<T> dq, dk, dv;
       attention_backward(a, S.q, S.k, S.v, S.o, S.lse, dout, dq, dk, dv, ord.ring);
       A.dqkv.resize(uN * 3 * uh);
       for (std::size_t t = 0; t < uN; ++t)
@@ -381,13 +388,13 @@ class reference_model {
   }
 
   //! The weight gradients of one microbatch over `tokens` (in that order), whole tensors.
-  std::map<key, std::vector<double>> weight_grads(const pass& p, const std::vector<int>& tokens) const {
+  std::map<key, std::vector<T>> weight_grads(const pass& p, const std::vector<int>& tokens) const {
     const auto uh = static_cast<std::size_t>(m_.hidden), uf = static_cast<std::size_t>(m_.ffn), uV = static_cast<std::size_t>(m_.vocab);
     const std::size_t n = tokens.size();
-    std::map<key, std::vector<double>> g;
+    std::map<key, std::vector<T>> g;
     for (auto const& [k, w] : params_) g[k].assign(w.size(), 0.0);
-    auto rows = [&](const std::vector<double>& src, std::size_t width) {
-      std::vector<double> out;
+    auto rows = [&](const std::vector<T>& src, std::size_t width) {
+      std::vector<T> out;
       for (int t : tokens) out.insert(out.end(), src.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * width),
                                       src.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(t) + 1) * width));
       return out;
@@ -402,28 +409,28 @@ class reference_model {
     }
     for (int b = 0; b < m_.blocks; ++b) {
       auto const& A = p.blocks[static_cast<std::size_t>(b)];
-      auto G = [&](tensor t) { return std::span<double>(g[{t, b}]); };
+      auto G = [&](tensor t) { return std::span<T>(g[{t, b}]); };
       auto act = rows(A.act, uf), dz = rows(A.dz, uh), cfull = rows(A.cfull, uh), du = rows(A.du, uf), dc = rows(A.dc, uh),
            xhat2 = rows(A.xhat2, uh), o = rows(A.o, uh), dy = rows(A.dy, uh), afull = rows(A.afull, uh),
            dqkv = rows(A.dqkv, 3 * uh), da = rows(A.da, uh), xhat1 = rows(A.xhat1, uh);
-      loom::linear_kernel::backward_weight<double>(act, dz, G(tensor::W2), {}, n, uf, uh);
+      loom::linear_kernel::backward_weight<T>(act, dz, G(tensor::W2), {}, n, uf, uh);
       kernels::bias_backward(dz.data(), G(tensor::B2).data(), n, uh);
-      loom::linear_kernel::backward_weight<double>(cfull, du, G(tensor::W1), G(tensor::B1), n, uh, uf);
+      loom::linear_kernel::backward_weight<T>(cfull, du, G(tensor::W1), G(tensor::B1), n, uh, uf);
       kernels::ln_backward_weight(dc.data(), xhat2.data(), G(tensor::LN2G).data(), G(tensor::LN2B).data(), n, uh);
-      loom::linear_kernel::backward_weight<double>(o, dy, G(tensor::WO), {}, n, uh, uh);
+      loom::linear_kernel::backward_weight<T>(o, dy, G(tensor::WO), {}, n, uh, uh);
       kernels::bias_backward(dy.data(), G(tensor::BO).data(), n, uh);
-      loom::linear_kernel::backward_weight<double>(afull, dqkv, G(tensor::WQKV), G(tensor::BQKV), n, uh, 3 * uh);
+      loom::linear_kernel::backward_weight<T>(afull, dqkv, G(tensor::WQKV), G(tensor::BQKV), n, uh, 3 * uh);
       kernels::ln_backward_weight(da.data(), xhat1.data(), G(tensor::LN1G).data(), G(tensor::LN1B).data(), n, uh);
     }
     auto f = rows(p.f, uh), dl = rows(p.dlogits, uV), df = rows(p.df, uh), xhatf = rows(p.xhatf, uh);
-    loom::linear_kernel::backward_weight<double>(f, dl, g[{tensor::WOUT, -1}], g[{tensor::BOUT, -1}], n, uh, uV);
+    loom::linear_kernel::backward_weight<T>(f, dl, g[{tensor::WOUT, -1}], g[{tensor::BOUT, -1}], n, uh, uV);
     kernels::ln_backward_weight(df.data(), xhatf.data(), g[{tensor::LNFG, -1}].data(), g[{tensor::LNFB, -1}].data(), n, uh);
     return g;
   }
 
   //! acc += g (from a zero accumulator: the pipeline's microbatch-ordered fold), for the tensors
   //! that are (partial) or are not (!partial) partial over the token groups.
-  void fold(std::map<key, std::vector<double>>& acc, const std::map<key, std::vector<double>>& g, const reduction_order& ord,
+  void fold(std::map<key, std::vector<T>>& acc, const std::map<key, std::vector<T>>& g, const reduction_order& ord,
             bool partial) const {
     for (auto const& [k, v] : g) {
       if (is_partial(ord, k.first) != partial) continue;
@@ -434,12 +441,15 @@ class reference_model {
   }
 
   model_spec m_;
-  std::map<key, std::vector<double>> params_;
-  loom::adam<double> adam_{};
+  std::map<key, std::vector<T>> params_;
+  loom::adam<T> adam_{};
   bool use_adam_ = false;
   long adam_t_ = 0;  // steps taken (Adam's bias correction)
   std::vector<double> last_losses_;  // the last step's loss folds
-  std::map<key, std::pair<std::vector<double>, std::vector<double>>> moments_;  // Adam's m, v
+  std::map<key, std::pair<std::vector<T>, std::vector<T>>> moments_;  // Adam's m, v
 };
+
+//! The double-precision reference (the host stage's).
+using reference_model = basic_reference_model<double>;
 
 }  // namespace mesh_example

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <type_traits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -64,6 +66,8 @@ struct run_report {
   double seconds = 0;       //!< wall time of the steps on this rank
   std::size_t held = 0;     //!< parameter elements rank 0's reducer held after the last step (`parameters_held`)
   std::size_t stage_params = 0;  //!< parameter elements of rank 0's stages
+  double fp32_diff = 0;          //!< fp32 runs: largest parameter difference from the double-precision reference (`fp32_bound`)
+  bool fp32_within = true;       //!< fp32 runs: `fp32_diff` within `fp32_bound`
   //! The counts of communicator `name` in step `step` (zero if it has none).
   loom::comm_counters counts(int step, const std::string& name) const {
     for (auto const& [n, c] : steps[static_cast<std::size_t>(step)])
@@ -96,20 +100,41 @@ inline void print_counters(int step, const std::vector<std::pair<std::string, lo
 //! The ZeRO stage of `o` (0..3).
 inline int zero_stage(const run_options& o) { return o.zero_stage != 0 ? o.zero_stage : o.zero ? 2 : 0; }
 
-template <class Comm, class Opt>
+template <class X, class Comm, class Opt>
 run_report train_with(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched, Opt optimizer);
 
-//! One rank's training run over `world` (every rank of the mesh calls it). `m.blocks` must be at
-//! least the schedule's virtual stages.
-template <class Comm>
+//! One rank's training run over `world` (every rank of the mesh calls it), the stages computed by
+//! executor `X` (`host_exec`: double on the host; `device_exec` of `device.hpp`: fp32 kernels on a
+//! device world's streams). `m.blocks` must be at least the schedule's virtual stages.
+template <class X = host_exec, class Comm>
 run_report train(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched) {
-  if (o.adam) return train_with(world, o, m, sched, loom::adam<double>{.lr = o.adam_lr});
-  return train_with(world, o, m, sched, loom::sgd{.lr = m.lr});
+  using real = typename X::value_type;
+  if (o.adam) return train_with<X>(world, o, m, sched, loom::adam<real>{.lr = o.adam_lr});
+  return train_with<X>(world, o, m, sched, loom::sgd{.lr = m.lr});
 }
 
-//! `train` with optimizer `optimizer` (`loom::sgd` or `loom::adam<double>`).
-template <class Comm, class Opt>
+//! Whether `a` and `b` have the same bits.
+template <class U>
+bool same_bits(U a, U b) {
+  return std::memcmp(&a, &b, sizeof(U)) == 0;
+}
+
+//! The bound of an fp32 run against the double-precision reference (`train` on a device). With
+//! SGD: 1e-4 of the largest magnitude of each tensor. With Adam, whose step divides by
+//! sqrt(v) + eps, a gradient that cancels to rounding noise in one precision and not in the other
+//! moves a parameter by a full step: the bound is absolute, two steps' worth per step, where a step
+//! is at most lr (1 - beta1) / sqrt(1 - beta2) (Kingma & Ba 2015, section 2.1).
+inline double fp32_bound(const run_options& o) {
+  if (!o.adam) return 1e-4;
+  const loom::adam<double> a{};
+  return 2.0 * o.steps * o.adam_lr * (1 - a.beta1) / std::sqrt(1 - a.beta2);
+}
+
+//! `train` with optimizer `optimizer` (`loom::sgd` or `loom::adam<real>`).
+template <class X, class Comm, class Opt>
 run_report train_with(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched, Opt optimizer) {
+  using real = typename X::value_type;
+  constexpr bool device = X::device;
   const sharding& s = o.layout;
   const bool det = o.deterministic;
   using C = loom::counted<Comm>;
@@ -117,32 +142,36 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   const bool root = g.rank() == 0;
   const int tpr = g.coord(loom::dim::tp), spr = g.coord(loom::dim::sp), d = g.coord(loom::dim::dp);
   // Ulysses groups (adjacent sp ranks) and the rings across them, split from the sp group.
+  // A device stage needs every group (a group of one rank for degree 1); the host passes null.
   std::optional<C> uly, ring;
-  if (s.sp_ranks() > 1) {
+  if (s.sp_ranks() > 1 || device) {
     uly.emplace(g.sp().split(spr / s.u(), spr % s.u()));
     ring.emplace(g.sp().split(spr % s.u(), spr / s.u()));
   }
-  stage_comms<C> sc{s.tp > 1 ? &g.tp() : nullptr, uly && s.u() > 1 ? &*uly : nullptr, ring && s.ring() > 1 ? &*ring : nullptr};
-  using stage_t = transformer_stage<C>;
+  const bool has_uly = s.sp_ranks() > 1 && s.u() > 1, has_ring = s.sp_ranks() > 1 && s.ring() > 1;
+  stage_comms<C> sc{s.tp > 1 || device ? &g.tp() : nullptr, has_uly || device ? &*uly : nullptr, has_ring || device ? &*ring : nullptr};
+  using stage_t = transformer_stage<C, X>;
   loom::data_parallel<decltype(g), stage_t, Opt> sync(
       g, {.bucket_bytes = o.bucket_bytes, .zero_stage = zero_stage(o), .local_steps = o.local_steps, .one_shot = o.one_shot,
           .deterministic = det, .eager = !o.sync_after_step},
       optimizer);
-  std::vector<double> targets;
   const int S = sched.stages, M = o.microbatches, T = s.tokens(m);
+  // This rank's inputs and targets of a step, at fixed addresses (device memory on a device).
+  const auto per_step = static_cast<std::size_t>(M) * static_cast<std::size_t>(T);
+  auto inputs = X::template zeros<real>(per_step), targets = X::template zeros<real>(per_step);
   // The loss scale: the mean over the step's tokens; under local SGD each replica's own mean.
   const double scale = 1.0 / (static_cast<double>(o.local_steps > 0 ? 1 : s.dp) * M * m.seq);
   loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
     auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
-    return stage_t(m, s, tpr, spr, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale, &targets);
+    return stage_t(m, s, tpr, spr, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale, X::whole(targets).data());
   }, {.deterministic = det, .scaling = loom::loss_scaling::sum, .measure = o.calibrate > 0, .observer = &sync});
   sync.attach(p);
 
   // The communicators whose counts are reported, and the loss group (ranks holding other tokens).
   std::vector<std::pair<std::string, const loom::comm_counters*>> comms{{"pp", &g.pp().counters()}};
   if (s.tp > 1) comms.push_back({"tp", &g.tp().counters()});
-  if (sc.ulysses) comms.push_back({"sp (ulysses)", &sc.ulysses->counters()});
-  if (sc.ring) comms.push_back({"sp (ring)", &sc.ring->counters()});
+  if (has_uly) comms.push_back({"sp (ulysses)", &sc.ulysses->counters()});
+  if (has_ring) comms.push_back({"sp (ring)", &sc.ring->counters()});
   for (loom::dim_set x : {loom::dim_set{loom::dim::dp}, loom::dim::dp | loom::dim::tp, loom::dim::dp | loom::dim::sp,
                           loom::dim::dp | loom::dim::tp | loom::dim::sp})
     comms.push_back({to_string(x), &g.group(x).counters()});
@@ -151,12 +180,24 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
 
   // The default mode's tolerance: 1e-12 relative with SGD. Adam divides by sqrt(v) + eps, so a
   // rounding difference d of a gradient moves a parameter by up to lr d / eps (at 0.01, 1e-17
-  // and 1e-8: 1e-11): 1e-9 relative with Adam.
-  const double tol = o.adam ? 1e-9 : 1e-12;
-  reference_model ref(m);
-  if (o.adam) ref.use_adam(loom::adam<double>{.lr = o.adam_lr});
+  // and 1e-8: 1e-11): 1e-9 relative with Adam. In fp32: 1e-5 relative with SGD; with Adam a
+  // gradient that cancels to rounding noise in one order of additions and not in the other moves
+  // its parameter by up to a step: the parameters within `fp32_bound` (absolute), the loss 1e-3.
+  constexpr bool fp32 = !std::is_same_v<real, double>;
+  const bool adam_abs = fp32 && o.adam;
+  const double tol = fp32 ? (o.adam ? 1e-3 : 1e-5) : o.adam ? 1e-9 : 1e-12;
+  using ref_model = basic_reference_model<real>;
+  ref_model ref(m);
+  if (o.adam) ref.use_adam(loom::adam<real>{.lr = o.adam_lr});
+  // fp32: the double-precision reference too (the textbook order), for the bound `fp32_bound`.
+  std::optional<reference_model> wide;
+  if constexpr (!std::is_same_v<real, double>)
+    if (o.check && o.local_steps == 0) {
+      wide.emplace(m);
+      if (o.adam) wide->use_adam(loom::adam<double>{.lr = o.adam_lr});
+    }
   // Local SGD: the replicas one after another, each its own model, averaged in replica order.
-  std::vector<reference_model> replicas;
+  std::vector<ref_model> replicas;
   if (o.local_steps > 0) replicas.assign(static_cast<std::size_t>(s.dp), ref);
   reduction_order local_order = det ? reduction_order::of(m, s) : reduction_order::plain();
   local_order.replicas = 1;
@@ -169,32 +210,47 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   int step_count = 0;
   for (int step = 0; step < o.steps; ++step) {
     const batch data = make_batch(m, s.dp * M, step);
-    std::vector<double> inputs;
-    targets.clear();
+    std::vector<real> in_host, target_host;
     for (int j = 0; j < M; ++j)
       for (int i = 0; i < T; ++i) {
         const auto at = static_cast<std::size_t>((d * M + j) * m.seq + s.token(m, tpr, spr, i));
-        inputs.push_back(data.tokens[at]);
-        targets.push_back(data.targets[at]);
+        in_host.push_back(static_cast<real>(data.tokens[at]));
+        target_host.push_back(static_cast<real>(data.targets[at]));
       }
+    X::put(X::whole(inputs), in_host);
+    X::put(X::whole(targets), target_host);
     std::vector<loom::comm_counters> before;
     for (auto& c : comms) before.push_back(*c.second);
-    if (o.calibrate > 0) g.world().barrier();  // every rank starts the step together, as the simulation does
+    if constexpr (!device)
+      if (o.calibrate > 0) g.world().barrier();  // every rank starts the step together, as the simulation does
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = p.step(inputs);
+    auto r = p.step(std::span<const real>(X::whole(inputs)));
     rep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto& counts = rep.steps.emplace_back();
     for (std::size_t i = 0; i < comms.size(); ++i) counts.push_back({comms[i].first, comms[i].second->since(before[i])});
-    if (o.calibrate > 0 && step >= 1 && step <= o.calibrate) {
-      auto all = loom::gather_timings(g.pp(), p.last_timings());
-      timings.insert(timings.end(), all.begin(), all.end());
-    } else if (o.calibrate > 0 && step > o.calibrate) {
-      step_sum += r.makespan;
-      ++step_count;
+    if constexpr (!device) {  // calibration times host stage calls (main refuses it on a device)
+      if (o.calibrate > 0 && step >= 1 && step <= o.calibrate) {
+        auto all = loom::gather_timings(g.pp(), p.last_timings());
+        timings.insert(timings.end(), all.begin(), all.end());
+      } else if (o.calibrate > 0 && step > o.calibrate) {
+        step_sum += r.makespan;
+        ++step_count;
+      }
     }
     std::vector<double> loss{r.loss};
-    if (det) loom::ordered_all_reduce(loss_group, std::span<double>(loss));
-    else if (loss_group.size() > 1) loss_group.all_reduce(std::span<double>(loss), loom::reduce_op::sum);
+    if constexpr (device) {
+      // A device group reduces host values with a sum only: each rank's loss at its index, zeros
+      // elsewhere (exact), then the sum in group order here, as loom::ordered_all_reduce adds.
+      std::vector<double> each(static_cast<std::size_t>(loss_group.size()), 0.0);
+      each[static_cast<std::size_t>(loss_group.rank())] = r.loss;
+      if (loss_group.size() > 1) loss_group.all_reduce(std::span<double>(each), loom::reduce_op::sum);
+      loss[0] = each[0];
+      for (std::size_t i = 1; i < each.size(); ++i) loss[0] += each[i];
+    } else if (det) {
+      loom::ordered_all_reduce(loss_group, std::span<double>(loss));
+    } else if (loss_group.size() > 1) {
+      loss_group.all_reduce(std::span<double>(loss), loom::reduce_op::sum);
+    }
     if (o.check && o.local_steps > 0) {
       // The loss group (dp x the sequence split) adds every (replica, token group) fold in order.
       double want = 0;
@@ -208,17 +264,16 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
         }
       }
       if (++since_average == o.local_steps && !o.one_shot) {
-        reference_model::average(replicas);
+        ref_model::average(replicas);
         since_average = 0;
       }
-      if (step + 1 == o.steps && o.one_shot) reference_model::average(replicas);
-      bad += det ? std::bit_cast<std::uint64_t>(loss[0]) != std::bit_cast<std::uint64_t>(want)
-                 : std::abs(loss[0] - want) > tol * std::abs(want);
+      if (step + 1 == o.steps && o.one_shot) ref_model::average(replicas);
+      bad += det ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
       if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
     } else if (o.check) {
       const double want = ref.step(data, det ? M : s.dp * M, order);
-      bad += det ? std::bit_cast<std::uint64_t>(loss[0]) != std::bit_cast<std::uint64_t>(want)
-                 : std::abs(loss[0] - want) > tol * std::abs(want);
+      if (wide) (void)wide->step(data, s.dp * M, reduction_order::plain());
+      bad += det ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
       if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
     } else if (root && o.print) {
       std::printf("step %d: loss %.17g\n", step, loss[0]);
@@ -232,6 +287,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
     std::printf("parameters held by rank 0 between steps: %zu elements for its stages' %zu (ZeRO stage %d%s)\n", rep.held,
                 rep.stage_params, zero_stage(o), zero_stage(o) == 3 ? ": its shards only" : zero_stage(o) > 0 ? ": the stages' and the buckets' copies" : "");
   sync.finish();
+  if constexpr (!device)
   if (o.calibrate > 0) {
     const auto sizes = loom::gather_stage_sizes(p, g.pp());
     double msg = 8;
@@ -262,20 +318,25 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   }
   // Every parameter this rank holds against the reference's.
   long long values = 0;
+  double wide_diff = 0;  // fp32 against the double-precision reference (relative to each tensor's largest value)
   if (o.check)
     for (auto& st : p.stages()) {
-      auto w = st.params();
+      const std::vector<real> w = st.host_params();
       for (auto const& ts : st.tensors()) {
         const auto& full = (o.local_steps > 0 ? replicas[static_cast<std::size_t>(d)] : ref).params().at({ts.t, ts.block});
         const int cols = full_shape(m, ts.t).second;
         double norm = 0;
-        for (double v : full) norm = std::max(norm, std::abs(v));
+        for (real v : full) norm = std::max(norm, std::abs(static_cast<double>(v)));
         for (int r = 0; r < ts.rows; ++r)
           for (int c = 0; c < ts.cols; ++c) {
-            const double got = w[ts.offset + static_cast<std::size_t>(r * ts.cols + c)];
-            const double exp = full[static_cast<std::size_t>(ts.row_of(r) * cols + ts.col_of(c))];
+            const real got = w[ts.offset + static_cast<std::size_t>(r * ts.cols + c)];
+            const auto at = static_cast<std::size_t>(ts.row_of(r) * cols + ts.col_of(c));
+            const real exp = full[at];
             ++values;
-            bad += det ? std::bit_cast<std::uint64_t>(got) != std::bit_cast<std::uint64_t>(exp) : std::abs(got - exp) > tol * norm;
+            const double diff = std::abs(static_cast<double>(got) - static_cast<double>(exp));
+            bad += det ? !same_bits(got, exp) : diff > (adam_abs ? fp32_bound(o) : tol * norm);
+            if (wide)
+              wide_diff = std::max(wide_diff, std::abs(static_cast<double>(got) - wide->params().at({ts.t, ts.block})[at]) / (o.adam ? 1.0 : norm));
           }
       }
     }
@@ -283,9 +344,23 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   g.world().all_reduce(std::span<std::int64_t>(tally), loom::reduce_op::sum);
   rep.differing = tally[0];
   rep.values = tally[1];
-  if (root && o.print && o.check)
+  if (wide) {
+    std::vector<double> worst{wide_diff};
+    g.world().all_reduce(std::span<double>(worst), loom::reduce_op::max);
+    rep.fp32_diff = worst[0];
+    const double bound = fp32_bound(o);
+    if (root && o.print)
+      std::printf("fp32 against the double-precision reference: largest parameter difference %.3g%s (bound %.2g) -> %s\n",
+                  rep.fp32_diff, o.adam ? "" : " of its tensor's largest value", bound, rep.fp32_diff <= bound ? "WITHIN" : "BEYOND");
+    rep.fp32_within = rep.fp32_diff <= bound;
+  }
+  if (root && o.print && o.check) {
+    char how[32];
+    if (adam_abs) std::snprintf(how, sizeof how, "%.2g absolute", fp32_bound(o));
+    else std::snprintf(how, sizeof how, "%.0e relative", tol);
     std::printf("reference check (%s): %lld of %lld parameter values (summed over ranks) and losses differ -> %s\n",
-                det ? "bitwise" : o.adam ? "1e-9 relative" : "1e-12 relative", rep.differing, rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
+                det ? "bitwise" : how, rep.differing, rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
+  }
   return rep;
 }
 

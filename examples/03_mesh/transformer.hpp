@@ -27,9 +27,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/exec/data_parallel.hpp>
@@ -37,6 +39,8 @@
 #include <loom/exec/tensor_parallel.hpp>
 #include <loom/mesh/mesh.hpp>
 #include <loom/stage/stage.hpp>
+
+#include "kernels.hpp"
 
 namespace mesh_example {
 
@@ -257,215 +261,6 @@ inline bool seq_partial(const sharding& s, const tensor_slot& slot) {
 //! Blocks of virtual stage `st` of `S` over `L` blocks: [st L / S, (st + 1) L / S).
 inline std::pair<int, int> stage_blocks(int L, int st, int S) { return {st * L / S, (st + 1) * L / S}; }
 
-// ---- kernels (fixed order of additions; shared with the reference) ----------------------------
-// Each kernel is a function object over one item (a token row, a feature column or an element)
-// whose call is `__host__ __device__` under nvcc, and a host function that runs it over every
-// item; the stage and the reference run the items, so a device form can launch the same objects.
-namespace kernels {
-
-inline constexpr double ln_eps = 1e-5;
-
-namespace math = loom::device_math;  // exp, log, sqrt, tanh on host and device
-
-//! Runs `f` over items `[0, n)` on the host.
-template <class F>
-void each(std::size_t n, const F& f) {
-  for (std::size_t i = 0; i < n; ++i) f(i);
-}
-
-//! Layer norm of token row `t`: y = xhat g + b, keeping xhat and 1/sigma.
-template <class T>
-struct ln_forward_row {
-  const T *x, *g, *b;
-  T *y, *xhat, *rstd;
-  std::size_t h;
-  LOOM_HOST_DEVICE void operator()(std::size_t t) const {
-    T mu = 0;
-    for (std::size_t i = 0; i < h; ++i) mu += x[t * h + i];
-    mu /= static_cast<T>(h);
-    T var = 0;
-    for (std::size_t i = 0; i < h; ++i) var += (x[t * h + i] - mu) * (x[t * h + i] - mu);
-    var /= static_cast<T>(h);
-    const T r = T(1) / math::sqrt(var + static_cast<T>(ln_eps));
-    rstd[t] = r;
-    for (std::size_t i = 0; i < h; ++i) {
-      xhat[t * h + i] = (x[t * h + i] - mu) * r;
-      y[t * h + i] = xhat[t * h + i] * g[i] + b[i];
-    }
-  }
-};
-//! Layer norm of `n` rows of `h`.
-template <class T>
-void ln_forward(const T* x, const T* g, const T* b, T* y, T* xhat, T* rstd, std::size_t n, std::size_t h) {
-  each(n, ln_forward_row<T>{x, g, b, y, xhat, rstd, h});
-}
-
-//! Row `t` of dx = res + rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy g.
-template <class T>
-struct ln_backward_input_row {
-  const T *dy, *xhat, *rstd, *g, *res;
-  T* dx;
-  std::size_t h;
-  LOOM_HOST_DEVICE void operator()(std::size_t t) const {
-    T m1 = 0, m2 = 0;
-    for (std::size_t i = 0; i < h; ++i) {
-      const T d = dy[t * h + i] * g[i];
-      m1 += d;
-      m2 += d * xhat[t * h + i];
-    }
-    m1 /= static_cast<T>(h);
-    m2 /= static_cast<T>(h);
-    for (std::size_t i = 0; i < h; ++i) {
-      const T d = dy[t * h + i] * g[i];
-      dx[t * h + i] = res[t * h + i] + rstd[t] * (d - m1 - xhat[t * h + i] * m2);
-    }
-  }
-};
-//! The layer norm's input gradient over `n` rows.
-template <class T>
-void ln_backward_input(const T* dy, const T* xhat, const T* rstd, const T* g, const T* res, T* dx, std::size_t n, std::size_t h) {
-  each(n, ln_backward_input_row<T>{dy, xhat, rstd, g, res, dx, h});
-}
-
-//! Feature `i`: dg[i] += dy xhat and db[i] += dy (`db` may be null), token by token.
-template <class T>
-struct ln_backward_weight_col {
-  const T *dy, *xhat;
-  T *dg, *db;
-  std::size_t n, h;
-  LOOM_HOST_DEVICE void operator()(std::size_t i) const {
-    for (std::size_t t = 0; t < n; ++t) {
-      if (xhat != nullptr) dg[i] += dy[t * h + i] * xhat[t * h + i];
-      db[i] += dy[t * h + i];
-    }
-  }
-};
-//! dg += dy xhat, db += dy, token by token.
-template <class T>
-void ln_backward_weight(const T* dy, const T* xhat, T* dg, T* db, std::size_t n, std::size_t h) {
-  each(h, ln_backward_weight_col<T>{dy, xhat, dg, db, n, h});
-}
-//! db += dy, token by token.
-template <class T>
-void bias_backward(const T* dy, T* db, std::size_t n, std::size_t h) {
-  each(h, ln_backward_weight_col<T>{dy, nullptr, nullptr, db, n, h});
-}
-
-//! Token `t` of the cross-entropy of logits (n x V) against `target`: the softmax into `probs`
-//! and `scale * loss_t` into `terms[t]`.
-template <class T>
-struct loss_row {
-  const T *logits, *target;
-  T *probs, *terms;
-  std::size_t V;
-  T scale;
-  LOOM_HOST_DEVICE void operator()(std::size_t t) const {
-    T mx = logits[t * V];
-    for (std::size_t v = 1; v < V; ++v) mx = math::max(mx, logits[t * V + v]);
-    T s = 0;
-    for (std::size_t v = 0; v < V; ++v) s += math::exp(logits[t * V + v] - mx);
-    const T lse = mx + math::log(s);
-    for (std::size_t v = 0; v < V; ++v) probs[t * V + v] = math::exp(logits[t * V + v] - lse);
-    terms[t] = scale * (lse - logits[t * V + static_cast<std::size_t>(target[t])]);
-  }
-};
-//! Cross-entropy of logits (n x V) against `target`: returns sum_t scale * loss_t (in order);
-//! keeps the softmax in `probs`.
-template <class T>
-T loss_forward(const T* logits, const T* target, T* probs, std::size_t n, std::size_t V, T scale) {
-  T total = 0, term = 0;
-  for (std::size_t t = 0; t < n; ++t) {  // each row on its own (no buffer of terms), added in order
-    loss_row<T>{logits + t * V, target + t, probs + t * V, &term, V, scale}(0);
-    total += term;
-  }
-  return total;
-}
-//! Element `e = t V + v`: dlogits = seed scale (p - onehot).
-template <class T>
-struct loss_backward_elem {
-  const T *probs, *target, *seed;
-  T scale;
-  T* dlogits;
-  std::size_t V;
-  LOOM_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t t = e / V, v = e % V;
-    dlogits[e] = seed[0] * scale * (probs[e] - (v == static_cast<std::size_t>(target[t]) ? T(1) : T(0)));
-  }
-};
-//! dlogits = seed scale (p - onehot).
-template <class T>
-void loss_backward(const T* probs, const T* target, T seed, T scale, T* dlogits, std::size_t n, std::size_t V) {
-  each(n * V, loss_backward_elem<T>{probs, target, &seed, scale, dlogits, V});
-}
-
-//! Element `e = t h + i` of the embedding: x = E[token] + P[position].
-template <class T>
-struct embed_elem {
-  const T *ids, *E, *P;
-  const int* pos;
-  T* x;
-  std::size_t h;
-  LOOM_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t t = e / h, i = e % h;
-    const auto tok = static_cast<std::size_t>(ids[t]), p = static_cast<std::size_t>(pos[t]);
-    x[e] = E[tok * h + i] + P[p * h + i];
-  }
-};
-//! Feature `i` of the embedding's gradient: dE[token][i] += dx and dP[position][i] += dx, token
-//! by token.
-template <class T>
-struct embed_backward_col {
-  const T *ids, *dx;
-  const int* pos;
-  T *dE, *dP;
-  std::size_t n, h;
-  LOOM_HOST_DEVICE void operator()(std::size_t i) const {
-    for (std::size_t t = 0; t < n; ++t) {
-      const auto tok = static_cast<std::size_t>(ids[t]), p = static_cast<std::size_t>(pos[t]);
-      dE[tok * h + i] += dx[t * h + i];
-      dP[p * h + i] += dx[t * h + i];
-    }
-  }
-};
-//! y = a + b, element by element (`y` may be `a`).
-template <class T>
-struct add_elem {
-  const T *a, *b;
-  T* y;
-  LOOM_HOST_DEVICE void operator()(std::size_t i) const { y[i] = a[i] + b[i]; }
-};
-//! act = tanh(u).
-template <class T>
-struct tanh_elem {
-  const T* u;
-  T* act;
-  LOOM_HOST_DEVICE void operator()(std::size_t i) const { act[i] = math::tanh(u[i]); }
-};
-//! du = du (1 - act^2), tanh's derivative from its output.
-template <class T>
-struct tanh_grad_elem {
-  const T* act;
-  T* du;
-  LOOM_HOST_DEVICE void operator()(std::size_t i) const { du[i] = du[i] * (T(1) - act[i] * act[i]); }
-};
-//! Element `e` of `[tokens][3][features]` (the Q/K/V projection's rows) against
-//! `[3][tokens][features]`: `to_heads` copies the first into the second, else back.
-template <class T>
-struct qkv_layout_elem {
-  const T* in;
-  T* out;
-  std::size_t tokens, features;
-  bool to_heads;
-  LOOM_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t i = e % features, p = e / features % 3, t = e / (3 * features);
-    const std::size_t tok = (t * 3 + p) * features + i, heads = (p * tokens + t) * features + i;
-    if (to_heads) out[heads] = in[tok];
-    else out[tok] = in[heads];
-  }
-};
-
-}  // namespace kernels
-
 //! The data of a step: token ids and targets of every global microbatch, and the loss scale.
 struct batch {
   std::vector<double> tokens, targets;  // [microbatches][seq]
@@ -489,7 +284,65 @@ inline batch make_batch(const model_spec& m, int microbatches, int step) {
   return b;
 }
 
-//! The communicators a stage uses inside its functions (any of them may be null: degree 1).
+//! The host executor of `transformer_stage` (its `X`): double precision, `std::vector` buffers,
+//! the kernels as host loops, loom's host linear kernel, and the groups themselves. The device
+//! executor (`device.hpp`) has the same members over device memory and a stream.
+struct host_exec : kernels::host_loop {
+  using value_type = double;                    //!< the stage's precision
+  static constexpr bool device = false;         //!< buffers are host memory
+  template <class U>
+  using buffer = std::vector<U>;                //!< the stage's own storage
+  template <class C>
+  using group = C;                              //!< what the patterns run over
+  //! `n` zeros.
+  template <class U>
+  static buffer<U> zeros(std::size_t n) {
+    return buffer<U>(n, U{});
+  }
+  //! A buffer holding `v`.
+  template <class U>
+  static buffer<U> upload(const std::vector<U>& v) {
+    return v;
+  }
+  //! `to = from` (equal sizes).
+  template <class U>
+  static void put(std::span<U> to, const std::vector<U>& from) {
+    std::copy(from.begin(), from.end(), to.begin());
+  }
+  //! A host copy of `s`.
+  template <class U>
+  static std::vector<U> download(std::span<const U> s) {
+    return {s.begin(), s.end()};
+  }
+  //! All of `b`.
+  template <class U>
+  static std::span<U> whole(buffer<U>& b) {
+    return {b.data(), b.size()};
+  }
+  //! Gives up `b`'s storage.
+  template <class U>
+  void release(buffer<U>& b) const {
+    b.clear();
+    b.shrink_to_fit();
+  }
+  //! The executor of a call with context `c` (nothing to bind on the host).
+  void bind(const loom::stage_context&) {}
+  //! `to = from`.
+  template <class U>
+  void copy(std::span<const U> from, std::span<U> to) const {
+    std::copy(from.begin(), from.end(), to.begin());
+  }
+  //! Every element of `x` to `v`.
+  template <class U>
+  void fill(std::span<U> x, U v) const {
+    std::fill(x.begin(), x.end(), v);
+  }
+  //! The linear blocks' local kernel.
+  loom::linear_kernel linear() const { return {}; }
+};
+
+//! The communicators a stage uses inside its functions (any of them may be null on the host:
+//! degree 1; a device stage needs every one, a group of one rank for degree 1).
 template <class C>
 struct stage_comms {
   C* tp = nullptr;       //!< tensor-parallel group
@@ -498,111 +351,115 @@ struct stage_comms {
 };
 
 //! Blocks [b0, b1) of the model (plus the embedding on the first stage and the loss on the last)
-//! as a `loom::split_stage` sharded by `sharding` (see the file comment). `targets` points at
-//! this rank's targets of the step (`[microbatch][local token]`), set before each step.
-template <class C>
+//! as a `loom::split_stage` sharded by `sharding` (see the file comment), computed by executor
+//! `X`: `host_exec` (double, host loops) or `device_exec` (`device.hpp`: fp32 kernels on the
+//! stage's stream, the groups bound to it). `targets` points at this rank's targets of the step
+//! (`[microbatch][local token]`, host or device memory as `X`'s buffers), at a fixed address whose
+//! contents are set before each step. The last stage's output is the scaled loss of each local
+//! token, which the pipeline adds in order into the microbatch's loss.
+template <class C, class X = host_exec>
 class transformer_stage {
  public:
-  using value_type = double;
+  using value_type = typename X::value_type;  //!< double on the host, float on a device
+  using T = value_type;                       //!< shorthand
+  using G = typename X::template group<C>;    //!< the group type the patterns run over
+  template <class U>
+  using buffer = typename X::template buffer<U>;
 
   transformer_stage(const model_spec& m, const sharding& s, int tp_rank, int sp_rank, int b0, int b1, bool embed,
-                    bool final_layers, stage_comms<C> comms, bool deterministic, double loss_scale,
-                    const std::vector<double>* targets)
+                    bool final_layers, stage_comms<C> comms, bool deterministic, double loss_scale, const T* targets)
       : m_(&m), s_(s), tpr_(tp_rank), spr_(sp_rank), b0_(b0), b1_(b1), embed_(embed), final_(final_layers), c_(comms),
-        targets_(targets), scale_(loss_scale),
-        tp_{comms.tp, s.megatron() ? loom::tp_mode::sequence_sharded : loom::tp_mode::replicated, deterministic},
+        targets_(targets), scale_(static_cast<T>(loss_scale)),
+        own_tp_(hold(comms.tp)), own_uly_(hold(comms.ulysses)), own_ring_(hold(comms.ring)),
+        tp_{bound(comms.tp, own_tp_), s.megatron() ? loom::tp_mode::sequence_sharded : loom::tp_mode::replicated, deterministic},
         T_(static_cast<std::size_t>(s.tokens(m))),
         Tr_(static_cast<std::size_t>(s.region_tokens(m))),
         h_(static_cast<std::size_t>(m.hidden)),
         hl_(static_cast<std::size_t>(m.hidden / s.tp)),
         fl_(static_cast<std::size_t>(m.ffn / s.tp)),
-        att_(comms.ulysses, comms.ring, s.region_tokens(m),
+        att_(bound(comms.ulysses, own_uly_), bound(comms.ring, own_ring_), s.region_tokens(m),
              loom::attention_dims{m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))}, true) {
     slots_ = stage_tensors(m, s, tp_rank, b0, b1, embed, final_layers);
     std::size_t n = 0;
     for (auto const& ts : slots_) n += ts.size();
-    params_.resize(n);
-    grads_.assign(n, 0.0);
+    std::vector<T> init(n);
     for (auto const& ts : slots_)
       for (int r = 0; r < ts.rows; ++r)
         for (int c = 0; c < ts.cols; ++c)
-          params_[ts.offset + static_cast<std::size_t>(r * ts.cols + c)] = initial(m, ts.t, ts.block, ts.row_of(r), ts.col_of(c));
+          init[ts.offset + static_cast<std::size_t>(r * ts.cols + c)] = static_cast<T>(initial(m, ts.t, ts.block, ts.row_of(r), ts.col_of(c)));
+    params_ = X::upload(init);
+    grads_ = X::template zeros<T>(n);
     for (auto const& ts : slots_)
       ranges_.push_back({ts.offset, ts.size(), seq_partial(s, ts) ? s.seq_dims() : loom::dim_set{}});
     layout_stash();
-    for (std::size_t t = 0; t < T_; ++t) pos_.push_back(s_.token(m, tpr_, spr_, static_cast<int>(t)));
-    work_.assign(8 * std::max(Tr_ * std::max({h_, 3 * hl_, fl_}), T_ * static_cast<std::size_t>(m.vocab)), 0.0);
+    std::vector<int> pos;
+    for (std::size_t t = 0; t < T_; ++t) pos.push_back(s_.token(m, tpr_, spr_, static_cast<int>(t)));
+    pos_ = X::upload(pos);
+    work_ = X::template zeros<T>(8 * work_part());
   }
 
   std::size_t input_size() const { return embed_ ? T_ : T_ * h_; }
-  std::size_t output_size() const { return final_ ? 1 : T_ * h_; }
+  std::size_t output_size() const { return T_ * (final_ ? 1 : h_); }
   std::size_t stash_size() const { return stash_total_; }
-  std::span<double> weight_grad() { return grads_; }
-  std::span<double> params() { return params_; }
-  //! Gives up the parameters' storage (ZeRO-3, `loom::releasable_stage`): `params()` is empty
-  //! until `acquire_params()`.
-  void release_params() {
-    params_.clear();
-    params_.shrink_to_fit();
-  }
+  std::span<T> weight_grad() { return X::whole(grads_); }
+  std::span<T> params() { return X::whole(params_); }
+  //! Gives up the parameters' storage (ZeRO-3, `loom::releasable_stage`; on a device freed in the
+  //! order of the stream of the last call): `params()` is empty until `acquire_params()`.
+  void release_params() { x_.release(params_); }
   //! Storage for the parameters again (contents unspecified: the reducer fills them).
-  void acquire_params() { params_.resize(grads_.size()); }
+  void acquire_params() {
+    if (params_.size() == 0) params_ = X::template zeros<T>(grads_.size());
+  }
   std::span<const loom::grad_range> grad_ranges() const { return ranges_; }
   //! The tensors this stage holds (to compare with the reference).
   const std::vector<tensor_slot>& tensors() const { return slots_; }
+  //! A host copy of the parameters (on a device after the work enqueued so far).
+  std::vector<T> host_params() { return X::template download<T>(params()); }
 
-  void forward(const loom::stage_context& ctx, loom::forward_buffers<double> b) {
-    guard([&] {
+  void forward(const loom::stage_context& ctx, loom::forward_buffers<T> b) {
+    guard(ctx, [&] {
       if (ctx.microbatch == fail_on) throw std::runtime_error("injected failure");
-      const double* x = b.input.data();
-      std::span<double> cur(work(0), T_ * h_), next(work(1), T_ * h_);
-      if (embed_) {
-        embed_forward(b.input, cur);
-        x = cur.data();
-      } else {
-        std::copy(b.input.begin(), b.input.end(), cur.begin());
-      }
+      std::span<T> cur(work(0), T_ * h_), next(work(1), T_ * h_);
+      if (embed_) embed_forward(b.input, cur);
+      else x_.copy(b.input, cur);
       for (int blk = b0_; blk < b1_; ++blk) {
         block_forward(blk, cur, next, b.stash);
         std::swap(cur, next);
       }
-      (void)x;
-      if (final_) {
-        b.output[0] = final_forward(ctx.microbatch, cur, b.stash);
-      } else {
-        std::copy(cur.begin(), cur.end(), b.output.begin());
-      }
+      if (final_) final_forward(ctx.microbatch, cur, b.stash, b.output);
+      else x_.copy(std::span<const T>(cur), b.output);
     });
   }
 
-  void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> b) {
-    guard([&] {
-      std::span<double> g(work(0), T_ * h_), gn(work(1), T_ * h_);
-      if (final_) final_backward(ctx.microbatch, b.output_grad[0], b.stash, g);
-      else std::copy(b.output_grad.begin(), b.output_grad.end(), g.begin());
+  void backward_input(const loom::stage_context& ctx, loom::backward_buffers<T> b) {
+    guard(ctx, [&] {
+      std::span<T> g(work(0), T_ * h_), gn(work(1), T_ * h_);
+      if (final_) final_backward(ctx.microbatch, b.output_grad, b.stash, g);
+      else x_.copy(b.output_grad, g);
       for (int blk = b1_ - 1; blk >= b0_; --blk) {
         block_backward_input(blk, g, gn, b.stash);
         std::swap(g, gn);
       }
-      if (embed_) std::copy(g.begin(), g.end(), st(b.stash, emb_grad_, T_ * h_).begin());
-      else std::copy(g.begin(), g.end(), b.input_grad.begin());
+      if (embed_) x_.copy(std::span<const T>(g), st(b.stash, emb_grad_, T_ * h_));
+      else x_.copy(std::span<const T>(g), b.input_grad);
     });
   }
 
-  void backward_weight(const loom::stage_context&, loom::weight_buffers<double> b) {
-    guard([&] {
-      double* gw = b.weight_grad.data();
+  void backward_weight(const loom::stage_context& ctx, loom::weight_buffers<T> b) {
+    guard(ctx, [&] {
+      T* gw = b.weight_grad.data();
       if (embed_) {
-        const double* dx = st(b.stash, emb_grad_, T_ * h_).data();
-        kernels::each(h_, kernels::embed_backward_col<double>{b.input.data(), dx, pos_.data(), gw + slot(tensor::E, -1).offset,
-                                                               gw + slot(tensor::P, -1).offset, T_, h_});
+        const T* dx = st(b.stash, emb_grad_, T_ * h_).data();
+        x_.each(h_, kernels::embed_backward_col<T>{b.input.data(), dx, pos_.data(), gw + slot(tensor::E, -1).offset,
+                                                   gw + slot(tensor::P, -1).offset, T_, h_},
+                "embedding backward");
       }
       for (int blk = b0_; blk < b1_; ++blk) block_backward_weight(blk, b.stash, gw);
       if (final_) final_backward_weight(b.stash, gw);
     });
   }
 
-  void backward(const loom::stage_context& ctx, loom::backward_buffers<double> b) {
+  void backward(const loom::stage_context& ctx, loom::backward_buffers<T> b) {
     backward_input(ctx, b);
     backward_weight(ctx, {b.input, b.stash, b.weight_grad});
   }
@@ -610,10 +467,27 @@ class transformer_stage {
   int fail_on = -1;  //!< microbatch whose forward throws (fault tests), or -1
 
  private:
+  // The device groups bound to the call's stream (none on the host: the patterns use the groups).
+  static std::unique_ptr<G> hold(C* c) {
+    if constexpr (X::device) {
+      if (c != nullptr) return std::make_unique<G>(*c, nullptr);
+    }
+    (void)c;
+    return nullptr;
+  }
+  static G* bound(C* c, const std::unique_ptr<G>& own) {
+    if constexpr (X::device) return own.get();
+    else return c;
+  }
+
   // A stage function that throws while its tp/sp peers wait in a collective would leave them
   // waiting: abort the world first, so every rank stops and names this one.
   template <class F>
-  void guard(F&& f) {
+  void guard(const loom::stage_context& ctx, F&& f) {
+    x_.bind(ctx);
+    if constexpr (X::device)
+      for (auto* own : {&own_tp_, &own_uly_, &own_ring_})
+        if (*own) **own = G((*own)->group(), ctx.stream);
     try {
       f();
     } catch (const loom::comm_error&) {
@@ -631,7 +505,8 @@ class transformer_stage {
       }
   }
 
-  double* work(int i) { return work_.data() + static_cast<std::size_t>(i) * (work_.size() / 8); }
+  std::size_t work_part() const { return std::max(Tr_ * std::max({h_, 3 * hl_, fl_}), T_ * static_cast<std::size_t>(m_->vocab)); }
+  T* work(int i) { return X::whole(work_).data() + static_cast<std::size_t>(i) * work_part(); }
 
   // ---- stash layout -------------------------------------------------------------------------
   struct block_stash {
@@ -678,166 +553,183 @@ class transformer_stage {
     if (embed_) emb_grad_ = take(T_ * h_);
     stash_total_ = off;
   }
-  static std::span<double> st(std::span<double> stash, std::size_t at, std::size_t n) { return stash.subspan(at, n); }
+  static std::span<T> st(std::span<T> stash, std::size_t at, std::size_t n) { return stash.subspan(at, n); }
 
   const tensor_slot& slot(tensor t, int block) const {
     for (auto const& ts : slots_)
       if (ts.t == t && ts.block == block) return ts;
     throw std::logic_error("transformer_stage: no tensor");
   }
-  std::span<const double> P(tensor t, int block) const {
+  std::span<const T> P(tensor t, int block) {
     auto const& ts = slot(t, block);
-    return {params_.data() + ts.offset, ts.size()};
+    return {params().data() + ts.offset, ts.size()};
   }
 
+  // ---- kernels over this stage's rows -------------------------------------------------------
+  void ln_forward(const T* x, const T* g, const T* bias, T* y, T* xhat, T* rstd) {
+    x_.each(T_, kernels::ln_forward_row<T>{x, g, bias, y, xhat, rstd, h_}, "layer norm");
+  }
+  void ln_backward_input(const T* dy, const T* xhat, const T* rstd, const T* g, const T* res, T* dx) {
+    x_.each(T_, kernels::ln_backward_input_row<T>{dy, xhat, rstd, g, res, dx, h_}, "layer norm backward (input)");
+  }
+  void ln_backward_weight(const T* dy, const T* xhat, T* dg, T* db) {
+    x_.each(h_, kernels::ln_backward_weight_col<T>{dy, xhat, dg, db, T_, h_}, "layer norm backward (weight)");
+  }
+  void bias_backward(const T* dy, T* db) {
+    x_.each(h_, kernels::ln_backward_weight_col<T>{dy, nullptr, nullptr, db, T_, h_}, "bias backward");
+  }
+  void add(const T* a, const T* b, T* y) { x_.each(T_ * h_, kernels::add_elem<T>{a, b, y}, "residual"); }
+
   // ---- embedding ----------------------------------------------------------------------------
-  void embed_forward(std::span<const double> ids, std::span<double> x) {
-    kernels::each(T_ * h_, kernels::embed_elem<double>{ids.data(), P(tensor::E, -1).data(), P(tensor::P, -1).data(), pos_.data(),
-                                                        x.data(), h_});
+  void embed_forward(std::span<const T> ids, std::span<T> x) {
+    x_.each(T_ * h_, kernels::embed_elem<T>{ids.data(), P(tensor::E, -1).data(), P(tensor::P, -1).data(), pos_.data(), x.data(), h_},
+            "embedding");
   }
 
   // ---- one block ----------------------------------------------------------------------------
-  void block_forward(int blk, std::span<const double> x, std::span<double> y, std::span<double> stash) {
+  void block_forward(int blk, std::span<const T> x, std::span<T> y, std::span<T> stash) {
     auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
-    std::span<double> a(work(2), T_ * h_), qkv_tok(work(3), Tr_ * 3 * hl_), qkv(work(4), Tr_ * 3 * hl_),
-        part(work(5), Tr_ * h_), out(work(6), T_ * h_);
+    std::span<T> a(work(2), T_ * h_), qkv_tok(work(3), Tr_ * 3 * hl_), qkv(work(4), Tr_ * 3 * hl_), part(work(5), Tr_ * h_),
+        out(work(6), T_ * h_);
     // attention branch
-    kernels::ln_forward(x.data(), P(tensor::LN1G, blk).data(), P(tensor::LN1B, blk).data(), a.data(),
-                        st(stash, bs.xhat1, T_ * h_).data(), st(stash, bs.rstd1, T_).data(), T_, h_);
-    loom::column_parallel_linear<> wqkv{h_, 3 * hl_};
-    wqkv.forward(tp_, std::span<const double>(a), st(stash, bs.afull, Tr_ * h_), P(tensor::WQKV, blk), P(tensor::BQKV, blk),
-                 qkv_tok);
+    ln_forward(x.data(), P(tensor::LN1G, blk).data(), P(tensor::LN1B, blk).data(), a.data(), st(stash, bs.xhat1, T_ * h_).data(),
+               st(stash, bs.rstd1, T_).data());
+    loom::column_parallel_linear<K> wqkv{h_, 3 * hl_, x_.linear()};
+    wqkv.forward(tp_, std::span<const T>(a), st(stash, bs.afull, Tr_ * h_), P(tensor::WQKV, blk), P(tensor::BQKV, blk), qkv_tok);
     to_heads(qkv_tok, qkv);
-    std::span<double> o = st(stash, bs.o, Tr_ * hl_);
-    att_.forward(std::span<const double>(qkv), o, st(stash, bs.att, att_.stash_size()));
-    loom::row_parallel_linear<> wo{hl_, h_};
-    wo.forward(tp_, std::span<const double>(o), P(tensor::WO, blk), P(tensor::BO, blk), part, out);
-    kernels::each(T_ * h_, kernels::add_elem<double>{x.data(), out.data(), y.data()});  // x1, kept in y
+    std::span<T> o = st(stash, bs.o, Tr_ * hl_);
+    att_.forward(std::span<const T>(qkv), o, st(stash, bs.att, att_.stash_size()));
+    loom::row_parallel_linear<K> wo{hl_, h_, x_.linear()};
+    wo.forward(tp_, std::span<const T>(o), P(tensor::WO, blk), P(tensor::BO, blk), part, out);
+    add(x.data(), out.data(), y.data());  // x1, kept in y
     // MLP branch
-    std::span<double> c(work(2), T_ * h_), u(work(3), Tr_ * fl_);
-    kernels::ln_forward(y.data(), P(tensor::LN2G, blk).data(), P(tensor::LN2B, blk).data(), c.data(),
-                        st(stash, bs.xhat2, T_ * h_).data(), st(stash, bs.rstd2, T_).data(), T_, h_);
-    loom::column_parallel_linear<> w1{h_, fl_};
-    w1.forward(tp_, std::span<const double>(c), st(stash, bs.cfull, Tr_ * h_), P(tensor::W1, blk), P(tensor::B1, blk), u);
-    std::span<double> act = st(stash, bs.act, Tr_ * fl_);
-    kernels::each(act.size(), kernels::tanh_elem<double>{u.data(), act.data()});
-    loom::row_parallel_linear<> w2{fl_, h_};
-    w2.forward(tp_, std::span<const double>(act), P(tensor::W2, blk), P(tensor::B2, blk), part, out);
-    kernels::each(T_ * h_, kernels::add_elem<double>{y.data(), out.data(), y.data()});
+    std::span<T> c(work(2), T_ * h_), u(work(3), Tr_ * fl_);
+    ln_forward(y.data(), P(tensor::LN2G, blk).data(), P(tensor::LN2B, blk).data(), c.data(), st(stash, bs.xhat2, T_ * h_).data(),
+               st(stash, bs.rstd2, T_).data());
+    loom::column_parallel_linear<K> w1{h_, fl_, x_.linear()};
+    w1.forward(tp_, std::span<const T>(c), st(stash, bs.cfull, Tr_ * h_), P(tensor::W1, blk), P(tensor::B1, blk), u);
+    std::span<T> act = st(stash, bs.act, Tr_ * fl_);
+    x_.each(act.size(), kernels::tanh_elem<T>{u.data(), act.data()}, "tanh");
+    loom::row_parallel_linear<K> w2{fl_, h_, x_.linear()};
+    w2.forward(tp_, std::span<const T>(act), P(tensor::W2, blk), P(tensor::B2, blk), part, out);
+    add(y.data(), out.data(), y.data());
   }
 
   //! `g` is the gradient of the block's output; `gx` receives the gradient of its input.
-  void block_backward_input(int blk, std::span<const double> g, std::span<double> gx, std::span<double> stash) {
+  void block_backward_input(int blk, std::span<const T> g, std::span<T> gx, std::span<T> stash) {
     auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
     // MLP branch: g is also dz (the gradient of W2's output, this rank's tokens).
-    std::span<double> dzin = st(stash, bs.dzin, T_ * h_);
-    std::copy(g.begin(), g.end(), dzin.begin());
-    loom::row_parallel_linear<> w2{fl_, h_};
-    std::span<double> du = st(stash, bs.du, Tr_ * fl_);
-    w2.backward_input(tp_, std::span<const double>(dzin), st(stash, bs.dzfull, Tr_ * h_), P(tensor::W2, blk), du);
-    std::span<const double> act = st(stash, bs.act, Tr_ * fl_);
-    kernels::each(du.size(), kernels::tanh_grad_elem<double>{act.data(), du.data()});
-    loom::column_parallel_linear<> w1{h_, fl_};
-    std::span<double> dc = st(stash, bs.dc, T_ * h_), scratch(work(5), Tr_ * h_);
-    w1.backward_input(tp_, std::span<const double>(du), P(tensor::W1, blk), scratch, dc);
-    std::span<double> g1 = st(stash, bs.dyin, T_ * h_);  // the gradient of x1 is dy of the attention branch
-    kernels::ln_backward_input(dc.data(), st(stash, bs.xhat2, T_ * h_).data(), st(stash, bs.rstd2, T_).data(),
-                               P(tensor::LN2G, blk).data(), g.data(), g1.data(), T_, h_);
+    std::span<T> dzin = st(stash, bs.dzin, T_ * h_);
+    x_.copy(g, dzin);
+    loom::row_parallel_linear<K> w2{fl_, h_, x_.linear()};
+    std::span<T> du = st(stash, bs.du, Tr_ * fl_);
+    w2.backward_input(tp_, std::span<const T>(dzin), st(stash, bs.dzfull, Tr_ * h_), P(tensor::W2, blk), du);
+    std::span<const T> act = st(stash, bs.act, Tr_ * fl_);
+    x_.each(du.size(), kernels::tanh_grad_elem<T>{act.data(), du.data()}, "tanh backward");
+    loom::column_parallel_linear<K> w1{h_, fl_, x_.linear()};
+    std::span<T> dc = st(stash, bs.dc, T_ * h_), scratch(work(5), Tr_ * h_);
+    w1.backward_input(tp_, std::span<const T>(du), P(tensor::W1, blk), scratch, dc);
+    std::span<T> g1 = st(stash, bs.dyin, T_ * h_);  // the gradient of x1 is dy of the attention branch
+    ln_backward_input(dc.data(), st(stash, bs.xhat2, T_ * h_).data(), st(stash, bs.rstd2, T_).data(), P(tensor::LN2G, blk).data(),
+                      g.data(), g1.data());
     // attention branch
-    loom::row_parallel_linear<> wo{hl_, h_};
-    std::span<double> dout(work(2), Tr_ * hl_);
-    wo.backward_input(tp_, std::span<const double>(g1), st(stash, bs.dyfull, Tr_ * h_), P(tensor::WO, blk), dout);
-    std::span<double> dqkv(work(3), Tr_ * 3 * hl_), dqkv_tok = st(stash, bs.dqkv, Tr_ * 3 * hl_);
-    att_.backward(std::span<const double>(dout), dqkv, st(stash, bs.att, att_.stash_size()));
+    loom::row_parallel_linear<K> wo{hl_, h_, x_.linear()};
+    std::span<T> dout(work(2), Tr_ * hl_);
+    wo.backward_input(tp_, std::span<const T>(g1), st(stash, bs.dyfull, Tr_ * h_), P(tensor::WO, blk), dout);
+    std::span<T> dqkv(work(3), Tr_ * 3 * hl_), dqkv_tok = st(stash, bs.dqkv, Tr_ * 3 * hl_);
+    att_.backward(std::span<const T>(dout), dqkv, st(stash, bs.att, att_.stash_size()));
     from_heads(dqkv, dqkv_tok);
-    loom::column_parallel_linear<> wqkv{h_, 3 * hl_};
-    std::span<double> da = st(stash, bs.da, T_ * h_);
-    wqkv.backward_input(tp_, std::span<const double>(dqkv_tok), P(tensor::WQKV, blk), scratch, da);
-    kernels::ln_backward_input(da.data(), st(stash, bs.xhat1, T_ * h_).data(), st(stash, bs.rstd1, T_).data(),
-                               P(tensor::LN1G, blk).data(), g1.data(), gx.data(), T_, h_);
+    loom::column_parallel_linear<K> wqkv{h_, 3 * hl_, x_.linear()};
+    std::span<T> da = st(stash, bs.da, T_ * h_);
+    wqkv.backward_input(tp_, std::span<const T>(dqkv_tok), P(tensor::WQKV, blk), scratch, da);
+    ln_backward_input(da.data(), st(stash, bs.xhat1, T_ * h_).data(), st(stash, bs.rstd1, T_).data(), P(tensor::LN1G, blk).data(),
+                      g1.data(), gx.data());
   }
 
-  void block_backward_weight(int blk, std::span<double> stash, double* gw) {
+  void block_backward_weight(int blk, std::span<T> stash, T* gw) {
     auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
     auto G = [&](tensor t) {
       auto const& ts = slot(t, blk);
-      return std::span<double>(gw + ts.offset, ts.size());
+      return std::span<T>(gw + ts.offset, ts.size());
     };
-    loom::row_parallel_linear<> w2{fl_, h_};
-    w2.backward_weight(std::span<const double>(st(stash, bs.act, Tr_ * fl_)), std::span<const double>(st(stash, bs.dzfull, Tr_ * h_)),
-                       G(tensor::W2));
-    kernels::bias_backward(st(stash, bs.dzin, T_ * h_).data(), G(tensor::B2).data(), T_, h_);
-    loom::column_parallel_linear<> w1{h_, fl_};
-    w1.backward_weight(std::span<const double>(st(stash, bs.cfull, Tr_ * h_)), std::span<const double>(st(stash, bs.du, Tr_ * fl_)),
-                       G(tensor::W1), G(tensor::B1));
-    kernels::ln_backward_weight(st(stash, bs.dc, T_ * h_).data(), st(stash, bs.xhat2, T_ * h_).data(), G(tensor::LN2G).data(),
-                                G(tensor::LN2B).data(), T_, h_);
-    loom::row_parallel_linear<> wo{hl_, h_};
-    wo.backward_weight(std::span<const double>(st(stash, bs.o, Tr_ * hl_)), std::span<const double>(st(stash, bs.dyfull, Tr_ * h_)),
-                       G(tensor::WO));
-    kernels::bias_backward(st(stash, bs.dyin, T_ * h_).data(), G(tensor::BO).data(), T_, h_);
-    loom::column_parallel_linear<> wqkv{h_, 3 * hl_};
-    wqkv.backward_weight(std::span<const double>(st(stash, bs.afull, Tr_ * h_)),
-                         std::span<const double>(st(stash, bs.dqkv, Tr_ * 3 * hl_)), G(tensor::WQKV), G(tensor::BQKV));
-    kernels::ln_backward_weight(st(stash, bs.da, T_ * h_).data(), st(stash, bs.xhat1, T_ * h_).data(), G(tensor::LN1G).data(),
-                                G(tensor::LN1B).data(), T_, h_);
+    auto c = [&](std::size_t at, std::size_t n) { return std::span<const T>(st(stash, at, n)); };
+    loom::row_parallel_linear<K> w2{fl_, h_, x_.linear()};
+    w2.backward_weight(c(bs.act, Tr_ * fl_), c(bs.dzfull, Tr_ * h_), G(tensor::W2));
+    bias_backward(c(bs.dzin, T_ * h_).data(), G(tensor::B2).data());
+    loom::column_parallel_linear<K> w1{h_, fl_, x_.linear()};
+    w1.backward_weight(c(bs.cfull, Tr_ * h_), c(bs.du, Tr_ * fl_), G(tensor::W1), G(tensor::B1));
+    ln_backward_weight(c(bs.dc, T_ * h_).data(), c(bs.xhat2, T_ * h_).data(), G(tensor::LN2G).data(), G(tensor::LN2B).data());
+    loom::row_parallel_linear<K> wo{hl_, h_, x_.linear()};
+    wo.backward_weight(c(bs.o, Tr_ * hl_), c(bs.dyfull, Tr_ * h_), G(tensor::WO));
+    bias_backward(c(bs.dyin, T_ * h_).data(), G(tensor::BO).data());
+    loom::column_parallel_linear<K> wqkv{h_, 3 * hl_, x_.linear()};
+    wqkv.backward_weight(c(bs.afull, Tr_ * h_), c(bs.dqkv, Tr_ * 3 * hl_), G(tensor::WQKV), G(tensor::BQKV));
+    ln_backward_weight(c(bs.da, T_ * h_).data(), c(bs.xhat1, T_ * h_).data(), G(tensor::LN1G).data(), G(tensor::LN1B).data());
   }
 
   //! `[tokens][3][heads][d]` (the Q/K/V projection's rows) to `[3][tokens][heads][d]`.
-  void to_heads(std::span<const double> tok, std::span<double> heads) const {
-    kernels::each(tok.size(), kernels::qkv_layout_elem<double>{tok.data(), heads.data(), Tr_, hl_, true});
+  void to_heads(std::span<const T> tok, std::span<T> heads) {
+    x_.each(tok.size(), kernels::qkv_layout_elem<T>{tok.data(), heads.data(), Tr_, hl_, true}, "q/k/v to heads");
   }
   //! The inverse of `to_heads`.
-  void from_heads(std::span<const double> heads, std::span<double> tok) const {
-    kernels::each(heads.size(), kernels::qkv_layout_elem<double>{heads.data(), tok.data(), Tr_, hl_, false});
+  void from_heads(std::span<const T> heads, std::span<T> tok) {
+    x_.each(heads.size(), kernels::qkv_layout_elem<T>{heads.data(), tok.data(), Tr_, hl_, false}, "q/k/v from heads");
   }
 
   // ---- final layer norm, output projection, loss -------------------------------------------
-  const double* targets_of(int mb) const { return targets_->data() + static_cast<std::size_t>(mb) * T_; }
+  const T* targets_of(int mb) const { return targets_ + static_cast<std::size_t>(mb) * T_; }
 
-  double final_forward(int mb, std::span<const double> x, std::span<double> stash) {
+  //! The scaled loss of each token into `terms`.
+  void final_forward(int mb, std::span<const T> x, std::span<T> stash, std::span<T> terms) {
     const auto V = static_cast<std::size_t>(m_->vocab);
-    std::span<double> f = st(stash, fin_f_, T_ * h_), logits(work(2), T_ * V);
-    kernels::ln_forward(x.data(), P(tensor::LNFG, -1).data(), P(tensor::LNFB, -1).data(), f.data(),
-                        st(stash, fin_xhat_, T_ * h_).data(), st(stash, fin_rstd_, T_).data(), T_, h_);
-    loom::linear_kernel::forward<double>(f, P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, T_, h_, V);
-    return kernels::loss_forward(logits.data(), targets_of(mb), st(stash, fin_probs_, T_ * V).data(), T_, V, scale_);
+    std::span<T> f = st(stash, fin_f_, T_ * h_), logits(work(2), T_ * V);
+    ln_forward(x.data(), P(tensor::LNFG, -1).data(), P(tensor::LNFB, -1).data(), f.data(), st(stash, fin_xhat_, T_ * h_).data(),
+               st(stash, fin_rstd_, T_).data());
+    x_.linear().forward(std::span<const T>(f), P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, T_, h_, V);
+    x_.each(T_, kernels::loss_row<T>{logits.data(), targets_of(mb), st(stash, fin_probs_, T_ * V).data(), terms.data(), V, scale_},
+            "loss");
   }
-  void final_backward(int mb, double seed, std::span<double> stash, std::span<double> g) {
+  //! `seed`: the gradient of every token's loss term (the same for all).
+  void final_backward(int mb, std::span<const T> seed, std::span<T> stash, std::span<T> g) {
     const auto V = static_cast<std::size_t>(m_->vocab);
-    std::span<double> dl = st(stash, fin_dlogits_, T_ * V), df = st(stash, fin_df_, T_ * h_), zero(work(7), T_ * h_);
-    kernels::loss_backward(st(stash, fin_probs_, T_ * V).data(), targets_of(mb), seed, scale_, dl.data(), T_, V);
-    loom::linear_kernel::backward_input<double>(dl, P(tensor::WOUT, -1), df, T_, h_, V);
-    std::fill(zero.begin(), zero.end(), 0.0);
-    kernels::ln_backward_input(df.data(), st(stash, fin_xhat_, T_ * h_).data(), st(stash, fin_rstd_, T_).data(),
-                               P(tensor::LNFG, -1).data(), zero.data(), g.data(), T_, h_);
+    std::span<T> dl = st(stash, fin_dlogits_, T_ * V), df = st(stash, fin_df_, T_ * h_), zero(work(7), T_ * h_);
+    x_.each(T_ * V, kernels::loss_backward_elem<T>{st(stash, fin_probs_, T_ * V).data(), targets_of(mb), seed.data(), scale_, dl.data(), V},
+            "loss backward");
+    x_.linear().backward_input(std::span<const T>(dl), P(tensor::WOUT, -1), df, T_, h_, V);
+    x_.fill(zero, T(0));
+    ln_backward_input(df.data(), st(stash, fin_xhat_, T_ * h_).data(), st(stash, fin_rstd_, T_).data(), P(tensor::LNFG, -1).data(),
+                      zero.data(), g.data());
   }
-  void final_backward_weight(std::span<double> stash, double* gw) {
+  void final_backward_weight(std::span<T> stash, T* gw) {
     const auto V = static_cast<std::size_t>(m_->vocab);
     auto G = [&](tensor t) {
       auto const& ts = slot(t, -1);
-      return std::span<double>(gw + ts.offset, ts.size());
+      return std::span<T>(gw + ts.offset, ts.size());
     };
-    loom::linear_kernel::backward_weight<double>(st(stash, fin_f_, T_ * h_), st(stash, fin_dlogits_, T_ * V), G(tensor::WOUT),
-                                                 G(tensor::BOUT), T_, h_, V);
-    kernels::ln_backward_weight(st(stash, fin_df_, T_ * h_).data(), st(stash, fin_xhat_, T_ * h_).data(),
-                                G(tensor::LNFG).data(), G(tensor::LNFB).data(), T_, h_);
+    x_.linear().backward_weight(std::span<const T>(st(stash, fin_f_, T_ * h_)), std::span<const T>(st(stash, fin_dlogits_, T_ * V)),
+                                G(tensor::WOUT), G(tensor::BOUT), T_, h_, V);
+    ln_backward_weight(st(stash, fin_df_, T_ * h_).data(), st(stash, fin_xhat_, T_ * h_).data(), G(tensor::LNFG).data(),
+                       G(tensor::LNFB).data());
   }
+
+  using K = decltype(std::declval<const X&>().linear());
 
   const model_spec* m_;
   sharding s_;
   int tpr_, spr_, b0_, b1_;
   bool embed_, final_;
   stage_comms<C> c_;
-  const std::vector<double>* targets_;
-  double scale_;
-  loom::tp_group<C> tp_;
+  const T* targets_;
+  T scale_;
+  X x_{};
+  std::unique_ptr<G> own_tp_, own_uly_, own_ring_;
+  loom::tp_group<G> tp_;
   std::size_t T_, Tr_, h_, hl_, fl_;
-  loom::usp_attention<C, double> att_;
+  loom::usp_attention<G, T> att_;
   std::vector<tensor_slot> slots_;
   std::vector<loom::grad_range> ranges_;
-  std::vector<double> params_, grads_, work_;
-  std::vector<int> pos_;  //!< global position of each local token
+  buffer<T> params_, grads_, work_;
+  buffer<int> pos_;  //!< global position of each local token
   std::vector<block_stash> bstash_;
   std::size_t fin_xhat_ = 0, fin_rstd_ = 0, fin_f_ = 0, fin_probs_ = 0, fin_dlogits_ = 0, fin_df_ = 0, emb_grad_ = 0;
   std::size_t stash_total_ = 0;

@@ -67,7 +67,7 @@ std::pair<std::string, double> tp_stage_failure(Comm& c) {
   loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
     auto [b0, b1] = mesh_example::stage_blocks(m.blocks, id.stage, 2);
     return mesh_example::transformer_stage<C>(m, s, g.coord(loom::dim::tp), 0, b0, b1, id.stage == 0, id.stage == 1, sc,
-                                              false, 0.01, &targets);
+                                              false, 0.01, targets.data());
   }, {.scaling = loom::loss_scaling::sum, .observer = &sync});
   sync.attach(p);
   if (c.rank() == 1) p.stages()[0].fail_on = 1;
