@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <type_traits>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,6 +28,11 @@
 #include <loom/exec/pipeline.hpp>
 #include <loom/mesh.hpp>
 #include <loom/schedule.hpp>
+
+#if defined(LOOM_CUDA_SIM)
+#include <loom/cuda/error.hpp>
+#include <loom/cudasim/sim.hpp>
+#endif
 
 #include "reference.hpp"
 #include "transformer.hpp"
@@ -68,6 +73,9 @@ struct run_report {
   std::size_t stage_params = 0;  //!< parameter elements of rank 0's stages
   double fp32_diff = 0;          //!< fp32 runs: largest parameter difference from the double-precision reference (`fp32_bound`)
   bool fp32_within = true;       //!< fp32 runs: `fp32_diff` within `fp32_bound`
+  std::size_t predicted_bytes = 0;  //!< device runs: this rank's device memory between steps, predicted
+  std::size_t measured_bytes = 0;   //!< device runs under the simulator: the same, accounted
+  int memory_differs = 0;           //!< device runs under the simulator: ranks whose accounting differs from the prediction
   //! The counts of communicator `name` in step `step` (zero if it has none).
   loom::comm_counters counts(int step, const std::string& name) const {
     for (auto const& [n, c] : steps[static_cast<std::size_t>(step)])
@@ -151,6 +159,16 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   const bool has_uly = s.sp_ranks() > 1 && s.u() > 1, has_ring = s.sp_ranks() > 1 && s.ring() > 1;
   stage_comms<C> sc{s.tp > 1 || device ? &g.tp() : nullptr, has_uly || device ? &*uly : nullptr, has_ring || device ? &*ring : nullptr};
   using stage_t = transformer_stage<C, X>;
+  // The groups this rank reports and reduces over, made now (a mesh makes a group when first
+  // asked): the device memory accounted below starts after the communicators.
+  const loom::dim_set reported[] = {loom::dim_set{loom::dim::dp}, loom::dim::dp | loom::dim::tp, loom::dim::dp | loom::dim::sp,
+                                    loom::dim::dp | loom::dim::tp | loom::dim::sp};
+  for (loom::dim_set x : reported) (void)g.group(x);
+  auto& loss_group = g.group(loom::dim_set{loom::dim::dp} | s.seq_dims());
+#if defined(LOOM_CUDA_SIM)
+  std::size_t mem_before = 0;  // this rank's device memory before its stages, reducer and batch buffers
+  if constexpr (device) mem_before = loom::cudasim::owner_memory("rank " + std::to_string(world.rank())).current;
+#endif
   loom::data_parallel<decltype(g), stage_t, Opt> sync(
       g, {.bucket_bytes = o.bucket_bytes, .zero_stage = zero_stage(o), .local_steps = o.local_steps, .one_shot = o.one_shot,
           .deterministic = det, .eager = !o.sync_after_step},
@@ -172,11 +190,8 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   if (s.tp > 1) comms.push_back({"tp", &g.tp().counters()});
   if (has_uly) comms.push_back({"sp (ulysses)", &sc.ulysses->counters()});
   if (has_ring) comms.push_back({"sp (ring)", &sc.ring->counters()});
-  for (loom::dim_set x : {loom::dim_set{loom::dim::dp}, loom::dim::dp | loom::dim::tp, loom::dim::dp | loom::dim::sp,
-                          loom::dim::dp | loom::dim::tp | loom::dim::sp})
-    comms.push_back({to_string(x), &g.group(x).counters()});
+  for (loom::dim_set x : reported) comms.push_back({to_string(x), &g.group(x).counters()});
   comms.push_back({"world", &g.world().counters()});
-  auto& loss_group = g.group(loom::dim_set{loom::dim::dp} | s.seq_dims());
 
   // The default mode's tolerance: 1e-12 relative with SGD. Adam divides by sqrt(v) + eps, so a
   // rounding difference d of a gradient moves a parameter by up to lr d / eps (at 0.01, 1e-17
@@ -279,6 +294,50 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
       std::printf("step %d: loss %.17g\n", step, loss[0]);
     }
     if (root && o.print) print_counters(step, counts);
+  }
+  // Device memory between steps, predicted (see docs/mesh.md, "The transformer on device
+  // kernels") and, under loom's simulator, accounted.
+  if constexpr (device) {
+    std::size_t channel_bytes = 0;
+    if constexpr (requires { Comm::channel_bytes; }) channel_bytes = Comm::channel_bytes;
+    const auto dm = sync.memory();
+    std::size_t predicted = loom::pipeline_device_bytes(
+                                sched, g.pp().rank(),
+                                [&](loom::stage_id id) {
+                                  auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
+                                  return stage_t::sizes(m, s, b0, b1, id.stage == 0, id.stage == S - 1);
+                                },
+                                det, sizeof(real), channel_bytes) +
+                            dm.between_steps() - dm.released;
+    for (auto& st : p.stages()) predicted += st.own_bytes();
+    predicted += 2 * per_step * sizeof(real);  // this program's inputs and targets of a step
+    if constexpr (requires { g.tp().inner().template all_reduce_scratch<real>(std::size_t{1}); }) {
+      // cuda_local: the tp group's all-reduce scratch (row-parallel outputs, column-parallel input
+      // gradients: region tokens x hidden), and the ring's channel into this rank.
+      if (s.tp > 1 && !s.megatron())
+        predicted += g.tp().inner().template all_reduce_scratch<real>(static_cast<std::size_t>(s.region_tokens(m) * m.hidden) * sizeof(real));
+      if (has_ring) predicted += channel_bytes;
+    }
+    rep.predicted_bytes = predicted;
+#if defined(LOOM_CUDA_SIM)
+    LOOM_CUDA_TRY(cudaDeviceSynchronize());
+    rep.measured_bytes = loom::cudasim::owner_memory("rank " + std::to_string(world.rank())).current - mem_before;
+#else
+    rep.measured_bytes = predicted;  // no accounting on a GPU
+#endif
+    // Every rank's verdict: the ranks whose accounting differs from the prediction.
+    std::vector<std::int64_t> off{rep.predicted_bytes == rep.measured_bytes ? 0 : 1};
+    g.world().all_reduce(std::span<std::int64_t>(off), loom::reduce_op::sum);
+    rep.memory_differs = static_cast<int>(off[0]);
+    if (root && o.print) {
+#if defined(LOOM_CUDA_SIM)
+      std::printf("device memory between steps: rank 0 %zu bytes predicted, %zu in the simulator's accounting; ranks where they differ: "
+                  "%d of %d -> %s\n",
+                  rep.predicted_bytes, rep.measured_bytes, rep.memory_differs, world.size(), rep.memory_differs == 0 ? "EQUAL" : "DIFFERENT");
+#else
+      std::printf("device memory between steps: rank 0 %zu bytes predicted\n", rep.predicted_bytes);
+#endif
+    }
   }
   // What the rank holds between steps (ZeRO-3: only its shards), before finish() gathers them.
   rep.held = sync.parameters_held();

@@ -37,6 +37,7 @@
 #include <loom/exec/data_parallel.hpp>
 #include <loom/exec/sequence_parallel.hpp>
 #include <loom/exec/tensor_parallel.hpp>
+#include <loom/exec/memory.hpp>
 #include <loom/mesh/mesh.hpp>
 #include <loom/stage/stage.hpp>
 
@@ -362,6 +363,7 @@ class transformer_stage {
  public:
   using value_type = typename X::value_type;  //!< double on the host, float on a device
   using T = value_type;                       //!< shorthand
+  using T_value = value_type;                 //!< the same, where `T` names a token count
   using G = typename X::template group<C>;    //!< the group type the patterns run over
   template <class U>
   using buffer = typename X::template buffer<U>;
@@ -398,6 +400,27 @@ class transformer_stage {
     work_ = X::template zeros<T>(8 * work_part());
   }
 
+  //! The pipeline's sizes of a stage holding blocks [b0, b1) on any tp rank (without building one).
+  static loom::stage_sizes sizes(const model_spec& m, const sharding& s, int b0, int b1, bool embed, bool final_layers) {
+    const auto T = static_cast<std::size_t>(s.tokens(m)), h = static_cast<std::size_t>(m.hidden);
+    std::size_t weights = 0;
+    for (auto const& ts : stage_tensors(m, s, 0, b0, b1, embed, final_layers)) weights += ts.size();
+    return {embed ? T : T * h, T * (final_layers ? 1 : h), stash_plan_of(m, s, b1 - b0, embed, final_layers).total, weights};
+  }
+  //! Bytes of the storage such a stage allocates itself (`X`'s buffers, device memory on a
+  //! device): parameters and gradients, the work space, the tokens' positions, and the buffers of
+  //! its attention (`loom::usp_attention::buffer_elements`).
+  static std::size_t own_bytes(const model_spec& m, const sharding& s, int b0, int b1, bool embed, bool final_layers) {
+    const auto z = sizes(m, s, b0, b1, embed, final_layers);
+    const auto T = static_cast<std::size_t>(s.tokens(m)), Tr = static_cast<std::size_t>(s.region_tokens(m)),
+               h = static_cast<std::size_t>(m.hidden), hl = h / static_cast<std::size_t>(s.tp),
+               fl = static_cast<std::size_t>(m.ffn / s.tp);
+    const std::size_t work = 8 * std::max(Tr * std::max({h, 3 * hl, fl}), T * static_cast<std::size_t>(m.vocab));
+    const std::size_t att = loom::usp_attention<G, T_value>::buffer_elements(
+        s.u(), s.ring(), s.region_tokens(m), {m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))});
+    return (2 * z.weights + work + att) * sizeof(T_value) + T * sizeof(int);
+  }
+
   std::size_t input_size() const { return embed_ ? T_ : T_ * h_; }
   std::size_t output_size() const { return T_ * (final_ ? 1 : h_); }
   std::size_t stash_size() const { return stash_total_; }
@@ -413,6 +436,8 @@ class transformer_stage {
   std::span<const loom::grad_range> grad_ranges() const { return ranges_; }
   //! The tensors this stage holds (to compare with the reference).
   const std::vector<tensor_slot>& tensors() const { return slots_; }
+  //! `own_bytes` of this stage.
+  std::size_t own_bytes() const { return own_bytes(*m_, s_, b0_, b1_, embed_, final_); }
   //! A host copy of the parameters (on a device after the work enqueued so far).
   std::vector<T> host_params() { return X::template download<T>(params()); }
 
@@ -505,7 +530,7 @@ class transformer_stage {
       }
   }
 
-  std::size_t work_part() const { return std::max(Tr_ * std::max({h_, 3 * hl_, fl_}), T_ * static_cast<std::size_t>(m_->vocab)); }
+  std::size_t work_part() const { return std::max(Tr_ * std::max({h_, 3 * hl_, fl_}), T_ * static_cast<std::size_t>(m_->vocab)); }  // own_bytes() counts 8
   T* work(int i) { return X::whole(work_).data() + static_cast<std::size_t>(i) * work_part(); }
 
   // ---- stash layout -------------------------------------------------------------------------
@@ -513,45 +538,64 @@ class transformer_stage {
     std::size_t xhat1, rstd1, afull, att, o, xhat2, rstd2, cfull, act;       // forward
     std::size_t dqkv, dyfull, dyin, du, dzfull, dzin, da, dc;               // backward_input, for W
   };
-  void layout_stash() {
+  //! Where each tensor of a stage's stash starts (see `stash_plan_of`).
+  struct stash_plan {
+    std::vector<block_stash> blocks;
+    std::size_t xhat = 0, rstd = 0, f = 0, probs = 0, dlogits = 0, df = 0, emb = 0, total = 0;
+  };
+  //! The stash of a stage of `blocks` blocks: per block the forward's tensors and what the
+  //! backward keeps for W, then the final layers', then the embedding's input gradient.
+  static stash_plan stash_plan_of(const model_spec& m, const sharding& s, int blocks, bool embed, bool final_layers) {
+    const auto T = static_cast<std::size_t>(s.tokens(m)), Tr = static_cast<std::size_t>(s.region_tokens(m)),
+               h = static_cast<std::size_t>(m.hidden), hl = h / static_cast<std::size_t>(s.tp),
+               fl = static_cast<std::size_t>(m.ffn / s.tp), V = static_cast<std::size_t>(m.vocab);
+    const std::size_t att = 4 * Tr * hl + Tr * static_cast<std::size_t>(m.heads / s.tp);  // usp_attention::stash_size()
+    stash_plan p;
     std::size_t off = 0;
     auto take = [&](std::size_t n) {
       std::size_t at = off;
       off += n;
       return at;
     };
-    for (int blk = b0_; blk < b1_; ++blk) {
+    for (int blk = 0; blk < blocks; ++blk) {
       block_stash bs{};
-      bs.xhat1 = take(T_ * h_);
-      bs.rstd1 = take(T_);
-      bs.afull = take(Tr_ * h_);
-      bs.att = take(att_.stash_size());
-      bs.o = take(Tr_ * hl_);
-      bs.xhat2 = take(T_ * h_);
-      bs.rstd2 = take(T_);
-      bs.cfull = take(Tr_ * h_);
-      bs.act = take(Tr_ * fl_);
-      bs.dqkv = take(Tr_ * 3 * hl_);
-      bs.dyfull = take(Tr_ * h_);
-      bs.dyin = take(T_ * h_);
-      bs.du = take(Tr_ * fl_);
-      bs.dzfull = take(Tr_ * h_);
-      bs.dzin = take(T_ * h_);
-      bs.da = take(T_ * h_);
-      bs.dc = take(T_ * h_);
-      bstash_.push_back(bs);
+      bs.xhat1 = take(T * h);
+      bs.rstd1 = take(T);
+      bs.afull = take(Tr * h);
+      bs.att = take(att);
+      bs.o = take(Tr * hl);
+      bs.xhat2 = take(T * h);
+      bs.rstd2 = take(T);
+      bs.cfull = take(Tr * h);
+      bs.act = take(Tr * fl);
+      bs.dqkv = take(Tr * 3 * hl);
+      bs.dyfull = take(Tr * h);
+      bs.dyin = take(T * h);
+      bs.du = take(Tr * fl);
+      bs.dzfull = take(Tr * h);
+      bs.dzin = take(T * h);
+      bs.da = take(T * h);
+      bs.dc = take(T * h);
+      p.blocks.push_back(bs);
     }
-    const auto V = static_cast<std::size_t>(m_->vocab);
-    if (final_) {
-      fin_xhat_ = take(T_ * h_);
-      fin_rstd_ = take(T_);
-      fin_f_ = take(T_ * h_);
-      fin_probs_ = take(T_ * V);
-      fin_dlogits_ = take(T_ * V);
-      fin_df_ = take(T_ * h_);
+    if (final_layers) {
+      p.xhat = take(T * h);
+      p.rstd = take(T);
+      p.f = take(T * h);
+      p.probs = take(T * V);
+      p.dlogits = take(T * V);
+      p.df = take(T * h);
     }
-    if (embed_) emb_grad_ = take(T_ * h_);
-    stash_total_ = off;
+    if (embed) p.emb = take(T * h);
+    p.total = off;
+    return p;
+  }
+  void layout_stash() {
+    stash_plan p = stash_plan_of(*m_, s_, b1_ - b0_, embed_, final_);
+    bstash_ = std::move(p.blocks);
+    fin_xhat_ = p.xhat, fin_rstd_ = p.rstd, fin_f_ = p.f, fin_probs_ = p.probs, fin_dlogits_ = p.dlogits, fin_df_ = p.df;
+    emb_grad_ = p.emb;
+    stash_total_ = p.total;
   }
   static std::span<T> st(std::span<T> stash, std::size_t at, std::size_t n) { return stash.subspan(at, n); }
 

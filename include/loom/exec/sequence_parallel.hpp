@@ -502,6 +502,18 @@ class usp_attention {
 
   //! Elements of the per-call stash: Q, K, V, O and the log-sum-exp in the ring's layout.
   std::size_t stash_size() const { return 4 * n_ + lse_size(); }
+  //! Elements of the buffers a `usp_attention` over a Ulysses group of `u` ranks and a ring of
+  //! `ring` ranks holds for `tokens` tokens and `dims` (device memory on a device group): the
+  //! Ulysses exchanges' send and receive buffers (3 tensors and 1, when `u > 1`), the ring's
+  //! current and next K/V (and their gradients' pair when `ring > 1`) and its deltas, the
+  //! backward's packed output gradient and Q/K/V gradients.
+  static std::size_t buffer_elements(int u, int ring, int tokens, attention_dims dims) {
+    const std::size_t n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) *
+                          static_cast<std::size_t>(dims.head_dim);
+    const std::size_t exchanges = u > 1 ? 2 * (3 * n + n) : 0;
+    const std::size_t kv = (ring > 1 ? 8 : 4) * n + static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads);
+    return exchanges + kv + n + 3 * n;
+  }
   //! The ring attention inside (for its block counts).
   const ring_attention<C, T>& ring() const { return ring_; }
   //! Commits `f` from now on (see `ring_attention::inject`).
