@@ -14,6 +14,7 @@
 //   mpiexec -n 8 mesh --backend mpi --dp 2 --pp 2 --tp 2 --zero
 //   mesh --sp 4 --sp-kind usp --ulysses 2 --schedule 1f1b
 //   mesh --backend cuda_local --dp 2 --pp 2 --tp 2 --schedule zb-h1 --deterministic   (fp32 device kernels)
+//   mpirun -np 8 mesh_gpu --backend nccl --launch mpi --dp 2 --pp 2 --tp 2             (one process per GPU)
 
 #include <CLI/CLI.hpp>
 
@@ -31,6 +32,9 @@
 #if defined(LOOM_MESH_DEVICE)
 #include <loom/comm/cuda_local.hpp>
 #include <loom/comm/nccl.hpp>
+#if defined(LOOM_HAS_MPI)
+#include <loom/comm/nccl_mpi.hpp>
+#endif
 #include <loom/cuda/device.hpp>
 
 #include "device.hpp"
@@ -54,6 +58,7 @@ struct options {
   int chunks = 0;
   int steps = 3;
   std::string backend = "threads";
+  std::string launch = "threads";  // nccl: ranks as threads of this process, or MPI processes (one GPU each)
   bool deterministic = false;
   bool zero = false;
   int zero_stage = -1;
@@ -127,6 +132,8 @@ int main(int argc, char** argv) {
                  "threads, mpi, or the transformer in fp32 on device kernels: cuda_local (ranks as streams of one device) or nccl "
                  "(a device per rank)")
       ->check(CLI::IsMember({"threads", "mpi", "cuda_local", "nccl"}));
+  app.add_option("--launch", o.launch, "with --backend nccl: threads (ranks as threads of this process) or mpi (one process per GPU, under mpirun)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
   app.add_flag("--deterministic", o.deterministic, "rank-ordered reductions: bitwise equal to the reference");
   app.add_flag("--zero", o.zero, "ZeRO stage 2: shard gradients and the update over the data-parallel group");
   app.add_option("--zero-stage", o.zero_stage,
@@ -194,6 +201,33 @@ int main(int argc, char** argv) {
     if (o.backend == "cuda_local" || o.backend == "nccl") {
 #if defined(LOOM_MESH_DEVICE)
       if (o.calibrate > 0) throw loom::config_error("--calibrate times host stage calls: it runs on threads and mpi");
+      if (o.launch == "mpi" && o.backend != "nccl") throw loom::config_error("--launch mpi needs --backend nccl");
+      if (o.launch == "mpi") {
+#if defined(LOOM_HAS_MPI)
+        loom::mpi::environment env(argc, argv);
+        int size = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        if (std::string rule = mesh_example::make_mesh(s).world_rule(size); !rule.empty()) {
+          std::cerr << "mesh: " << rule << "\n";
+          return 2;
+        }
+#if defined(LOOM_CUDA_SIM)
+        if (size > 1) {  // the simulator's NCCL joins the threads of one process, not processes
+          std::cerr << "mesh: --launch mpi with " << size
+                    << " processes needs GPUs (mesh_gpu): under loom's simulator NCCL ranks are threads of one process "
+                       "(--launch threads)\n";
+          return 2;
+        }
+#endif
+        auto c = loom::nccl::from_mpi(MPI_COMM_WORLD);
+        if (c.rank() == 0) banner("NCCL, MPI processes, a device each, fp32 kernels");
+        auto r = train<device_exec>(c, run(o), m, sched);
+        return r.differing == 0 && r.fp32_within ? 0 : 1;
+#else
+        std::cerr << "mesh: this build has no MPI (install libopenmpi-dev and reconfigure)\n";
+        return 2;
+#endif
+      }
       auto avail = loom::cuda::available();
       if (!avail) {
         std::cerr << "mesh: no usable CUDA device: " << avail.why << " (the mesh program runs device kernels under loom's simulator)\n";
