@@ -37,7 +37,7 @@ t0=$(date +%s)
 build() {
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA_RUNTIME=real -DLOOM_ENABLE_MPI=OFF \
   ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-cmake --build build-gpu -j"$jobs" --target loom cuda_mlp_gpu test_cuda_layer_gpu nvcc_all_headers device_overhead_gpu p2p_perf_gpu \
+cmake --build build-gpu -j"$jobs" --target loom cuda_mlp_gpu mesh_gpu test_cuda_layer_gpu nvcc_all_headers device_overhead_gpu p2p_perf_gpu \
   >>"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
 }
@@ -111,6 +111,16 @@ for ls in "--local-steps 2" "--local-steps 3 --one-shot"; do
   echo "# $ls adam zb-h1 dp2 x pp2 --deterministic" >>"$out/mesh.txt"
   ./build-gpu/examples/02_cuda_mlp/cuda_mlp_gpu --schedule zb-h1 --ranks 2 --dp 2 --microbatches 8 --steps 5 $ls --optimizer adam \
     --deterministic 2>&1 | tee -a "$out/mesh.txt" | tail -1 | tee -a "$out/summary.txt"
+done
+# The transformer of examples/03_mesh in fp32 on device kernels (mesh_gpu), 8 ranks as streams of
+# the one GPU: dp2 x pp2 x tp2 (and with ZeRO-3 and Adam), and two sp kinds; each within 1e-5 of
+# the host float reference (Adam: its step bound) and within the bound of the double one.
+for args in "--dp 2 --pp 2 --tp 2 --schedule zb-h1 --deterministic" "--dp 2 --pp 2 --tp 2 --schedule zb-h1" \
+            "--dp 2 --pp 2 --tp 2 --schedule interleaved-1f1b --zero-stage 3 --optimizer adam" \
+            "--sp 4 --sp-kind usp --pp 2 --schedule dualpipe-v" "--sp 2 --sp-kind ring --dp 2 --tp 2 --deterministic"; do
+  echo "# mesh_gpu --backend cuda_local $args" | tee -a "$out/mesh.txt" >>"$out/summary.txt"
+  timeout 120 ./build-gpu/examples/03_mesh/mesh_gpu --backend cuda_local --steps 3 $args 2>&1 | tee -a "$out/mesh.txt" \
+    | grep -E "fp32 against|device memory|reference check|mesh:" | tee -a "$out/summary.txt"
 done
 # What ZeRO-3's gathers cost at width 1024 (step time against stage 0 and 2, eager reductions).
 for z in 0 2 3; do

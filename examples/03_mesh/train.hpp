@@ -148,6 +148,14 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   constexpr bool device = X::device;
   const sharding& s = o.layout;
   const bool det = o.deterministic;
+  // The check is bitwise in deterministic mode, except for device kernels on a GPU: its exp, log,
+  // sqrt and tanh differ from the host's in the last bits, so the host float reference is then
+  // matched within the default mode's tolerance.
+#if defined(LOOM_CUDA_SIM)
+  const bool bitwise = det;
+#else
+  const bool bitwise = det && !device;
+#endif
   using C = loom::counted<Comm>;
   loom::mesh_comm g(make_mesh(s), world);
   const bool root = g.rank() == 0;
@@ -294,12 +302,12 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
         since_average = 0;
       }
       if (step + 1 == o.steps && o.one_shot) ref_model::average(replicas);
-      bad += det ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
+      bad += bitwise ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
       if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
     } else if (o.check) {
       const double want = ref.step(data, det ? M : s.dp * M, order);
       if (wide) (void)wide->step(data, s.dp * M, reduction_order::plain());
-      bad += det ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
+      bad += bitwise ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
       if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
     } else if (root && o.print) {
       std::printf("step %d: loss %.17g\n", step, loss[0]);
@@ -425,7 +433,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
             const real exp = full[at];
             ++values;
             const double diff = std::abs(static_cast<double>(got) - static_cast<double>(exp));
-            bad += det ? !same_bits(got, exp) : diff > (adam_abs ? fp32_bound(o) : tol * norm);
+            bad += bitwise ? !same_bits(got, exp) : diff > (adam_abs ? fp32_bound(o) : tol * norm);
             if (wide)
               wide_diff = std::max(wide_diff, std::abs(static_cast<double>(got) - wide->params().at({ts.t, ts.block})[at]) / (o.adam ? 1.0 : norm));
           }
@@ -450,7 +458,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
     if (adam_abs) std::snprintf(how, sizeof how, "%.2g absolute", fp32_bound(o));
     else std::snprintf(how, sizeof how, "%.0e relative", tol);
     std::printf("reference check (%s): %lld of %lld parameter values (summed over ranks) and losses differ -> %s\n",
-                det ? "bitwise" : how, rep.differing, rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
+                bitwise ? "bitwise" : how, rep.differing, rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
   }
   return rep;
 }
