@@ -9,7 +9,6 @@
 //! tests (tests/mesh, tests/mesh_mpi) and the overlap benchmark.
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>

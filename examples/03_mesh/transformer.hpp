@@ -397,7 +397,7 @@ class transformer_stage {
     std::vector<int> pos;
     for (std::size_t t = 0; t < T_; ++t) pos.push_back(s_.token(m, tpr_, spr_, static_cast<int>(t)));
     pos_ = X::upload(pos);
-    work_ = X::template zeros<T>(8 * work_part());
+    work_ = X::template zeros<T>(work_slots * work_part(m, s));
   }
 
   //! The pipeline's sizes of a stage holding blocks [b0, b1) on any tp rank (without building one).
@@ -412,10 +412,8 @@ class transformer_stage {
   //! its attention (`loom::usp_attention::buffer_elements`).
   static std::size_t own_bytes(const model_spec& m, const sharding& s, int b0, int b1, bool embed, bool final_layers) {
     const auto z = sizes(m, s, b0, b1, embed, final_layers);
-    const auto T = static_cast<std::size_t>(s.tokens(m)), Tr = static_cast<std::size_t>(s.region_tokens(m)),
-               h = static_cast<std::size_t>(m.hidden), hl = h / static_cast<std::size_t>(s.tp),
-               fl = static_cast<std::size_t>(m.ffn / s.tp);
-    const std::size_t work = 8 * std::max(Tr * std::max({h, 3 * hl, fl}), T * static_cast<std::size_t>(m.vocab));
+    const auto T = static_cast<std::size_t>(s.tokens(m));
+    const std::size_t work = work_slots * work_part(m, s);
     const std::size_t att = loom::usp_attention<G, T_value>::buffer_elements(
         s.u(), s.ring(), s.region_tokens(m), {m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))});
     return (2 * z.weights + work + att) * sizeof(T_value) + T * sizeof(int);
@@ -530,8 +528,16 @@ class transformer_stage {
       }
   }
 
-  std::size_t work_part() const { return std::max(Tr_ * std::max({h_, 3 * hl_, fl_}), T_ * static_cast<std::size_t>(m_->vocab)); }  // own_bytes() counts 8
-  T* work(int i) { return X::whole(work_).data() + static_cast<std::size_t>(i) * work_part(); }
+  //! The work space: `work_slots` slots of `work_part` elements (the largest activation of a block,
+  //! or the logits).
+  static constexpr std::size_t work_slots = 8;
+  static std::size_t work_part(const model_spec& m, const sharding& s) {
+    const auto T = static_cast<std::size_t>(s.tokens(m)), Tr = static_cast<std::size_t>(s.region_tokens(m)),
+               h = static_cast<std::size_t>(m.hidden), hl = h / static_cast<std::size_t>(s.tp),
+               fl = static_cast<std::size_t>(m.ffn / s.tp);
+    return std::max(Tr * std::max({h, 3 * hl, fl}), T * static_cast<std::size_t>(m.vocab));
+  }
+  T* work(int i) { return X::whole(work_).data() + static_cast<std::size_t>(i) * work_part(*m_, s_); }
 
   // ---- stash layout -------------------------------------------------------------------------
   struct block_stash {
