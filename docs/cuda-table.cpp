@@ -21,6 +21,7 @@ int main() {
   const int P = 4, m = 8, steps = 2;
   std::printf("| schedule | cuda_local, eager | cuda_local, graph | nccl, eager | nccl, graph |\n|---|---|---|---|---|\n");
   for (auto const& e : loom::default_registry().entries()) {
+    if (e.multi_step) continue;  // asynchronous families: checked by tests/cuda_layer/device_asynchronous_test.cpp
     loom::shape sh = e.resolve({.ranks = P, .microbatches = m});
     if (!e.check(sh).empty()) continue;
     auto s = e.make(sh);
@@ -39,6 +40,7 @@ int main() {
 
   std::printf("\n| schedule | rank 0 | rank 1 | rank 2 | rank 3 |\n|---|---|---|---|---|\n");
   for (auto const& e : loom::default_registry().entries()) {
+    if (e.multi_step) continue;  // asynchronous families: checked by tests/cuda_layer/device_asynchronous_test.cpp
     loom::shape sh = e.resolve({.ranks = P, .microbatches = m});
     if (!e.check(sh).empty()) continue;
     auto s = e.make(sh);

@@ -55,7 +55,7 @@ grep -E "tests passed|Skipped|Failed|\*\*\*" "$out/ctest-gpu.log" | tee -a "$out
 sweep() {
 ngpu=$(nvidia-smi -L | wc -l)
 pass=0; fail=0
-for sched in $(./build-gpu/tools/loom/loom list); do
+for sched in $(./build-gpu/tools/loom/loom list --synchronous); do
   for P in 2 4; do for m in $((2 * P)) $((2 * P + 1)); do
     backends="cuda_local"; [ "$ngpu" -ge "$P" ] && backends="cuda_local nccl"
     for be in $backends; do for g in "" "--graph"; do for d in "--deterministic" ""; do

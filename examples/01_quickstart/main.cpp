@@ -155,6 +155,111 @@ machine_cpu read_machine_cpu() {
   return m;
 }
 
+//! Adds the differences between this rank's layers and the reference's to `v`.
+template <class Stages>
+void compare_params(Stages&& stages, const std::vector<std::vector<double>>& ref_params, verdict& v) {
+  for (auto& stg : stages)
+    for (int l = stg.first_layer(); l < stg.last_layer(); ++l) {
+      auto w = stg.layer_params(l);
+      auto const& want = ref_params[static_cast<std::size_t>(l)];
+      double d = 0, n = 0;
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        d = std::max(d, std::abs(w[i] - want[i]));
+        n = std::max(n, std::abs(want[i]));
+        if (std::memcmp(&w[i], &want[i], sizeof(double)) != 0) ++v.differing_bits;
+      }
+      v.max_rel_params = std::max(v.max_rel_params, n > 0 ? d / n : d);
+    }
+}
+
+//! An asynchronous family (pipedream, pipedream-2bw, ...): the T steps run as one pipeline run
+//! without a flush, checked against the single-process reference of the family's rule
+//! (`quickstart::reference_asynchronous`), step by step. Returns 0 if the result matches.
+template <class Comm>
+int train_async(Comm& comm, const options& o, const loom::schedule& s, const quickstart::mlp_spec& m) {
+  const bool root = comm.rank() == 0;
+  const int T = s.steps, mb = s.step_microbatches();
+  const quickstart::batch data = quickstart::make_run_batch(m, mb, T);
+  const std::vector<double>& inputs = data.inputs;
+  const std::vector<double>& targets = data.targets;
+  loom::pipeline p(s, comm, [&](loom::stage_id id) {
+    auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
+    return quickstart::mlp_stage(m, a, b, id.stage == s.stages - 1, &targets);
+  }, {.deterministic = o.deterministic, .measure = true});
+  const auto sim = loom::simulate(s);
+  if (root) {
+    std::cout << loom::render_ascii(s, sim) << "\n";
+    std::printf("%d steps of %d microbatches in one run, never flushed; weight versions per rank (simulator):", T, mb);
+    for (double c : sim.weight_copies) std::printf(" %g", c);
+    std::printf("\n");
+  }
+  // A warm-up run first (the ranks' handshake, first touch of every buffer), its weights then put
+  // back to the initial ones: the measured run is the second, and the reference check is its.
+  p.step(inputs);
+  // Costs calibrated on the warm-up run (stage calls with the host work around them, the calls
+  // alone, a ping-pong for the link): the prediction the measured run is compared with.
+  const auto sizes = loom::gather_stage_sizes(p, comm);
+  const auto occupied = loom::gather_timings(comm, loom::occupied_timings(p.last_timeline()));
+  const auto calls = loom::gather_timings(comm, p.last_timings());
+  double msg = 8;
+  for (const auto& z : sizes) msg = std::max(msg, z.message_bytes);
+  const auto bytes = static_cast<std::size_t>(msg);
+  const loom::link_cost link = loom::measure_link(comm, std::vector<std::size_t>{8, bytes, 2 * bytes, 4 * bytes});
+  const loom::simulation calibrated = loom::simulate(s, loom::calibrate(s, occupied, sizes, {.intra = link}));
+  double call_busy = 0;
+  for (double b : loom::simulate(s, loom::calibrate(s, calls, sizes, {.intra = link})).busy) call_busy += b;
+  const double calibrated_bubble = 1 - call_busy / (s.ranks * calibrated.makespan);
+  for (auto& st : p.stages()) {
+    std::size_t at = 0;
+    for (int l = st.first_layer(); l < st.last_layer(); ++l) {
+      const auto init = quickstart::initial_params(m, l);
+      std::copy(init.begin(), init.end(), st.weights().begin() + static_cast<std::ptrdiff_t>(at));
+      at += init.size();
+    }
+  }
+  comm.barrier();
+  const auto r = p.step(inputs);
+  std::vector<std::vector<double>> ref_params;
+  const quickstart::async_rule rule{.family = s.name, .p = s.ranks, .m = mb, .N = s.microbatches};
+  const auto ref = quickstart::reference_asynchronous(m, rule, mb, T, 1.0 / mb, ref_params);
+  verdict v;
+  if (root) std::printf("step  loss (pipeline)           loss (reference of the rule)\n");
+  for (int t = 0; t < T; ++t) {
+    double sum = 0;
+    for (int i = 0; i < mb; ++i) sum += p.microbatch_losses()[static_cast<std::size_t>(t * mb + i)];
+    const double got = sum * (1.0 / mb), want = ref[static_cast<std::size_t>(t)];
+    v.max_rel_loss = std::max(v.max_rel_loss, std::abs(got - want) / std::max(std::abs(want), 1e-300));
+    if (std::memcmp(&got, &want, sizeof(double)) != 0) ++v.differing_bits;
+    if (root) std::printf("%4d  %-24.17g  %-24.17g\n", t, got, want);
+  }
+  compare_params(p.stages(), ref_params, v);
+  std::vector<std::int64_t> all_held(static_cast<std::size_t>(s.ranks), 0);
+  all_held[static_cast<std::size_t>(comm.rank())] = p.versions_held(0);
+  comm.all_reduce(std::span<std::int64_t>(all_held), loom::reduce_op::sum);
+  if (!o.trace.empty() || !o.svg.empty()) write_timeline(comm, o, s, p.last_timeline(), std::nullopt);
+  std::vector<double> worst{v.max_rel_params, v.max_rel_loss};
+  comm.all_reduce(std::span<double>(worst), loom::reduce_op::max);
+  std::vector<std::int64_t> bits{v.differing_bits};
+  comm.all_reduce(std::span<std::int64_t>(bits), loom::reduce_op::sum);
+  const bool bitwise = o.deterministic;
+  const bool ok = bitwise ? bits[0] == 0 : worst[0] <= 1e-12 && worst[1] <= 1e-12;
+  if (root) {
+    const double flushed = loom::simulate(loom::default_registry().at("1f1b").make({s.ranks, mb, 0})).bubble_ratio;
+    std::printf("weight versions held per rank (counted by the executor):");
+    for (auto h : all_held) std::printf(" %lld", static_cast<long long>(h));
+    std::printf("\n");
+    std::printf("bubble ratio over the %d steps: predicted %.3f at unit costs (f = b = w, no comm; 1F1B flushing every step: "
+                "%.3f), %.3f at the costs calibrated on a warm-up run; measured %.3f (the run after it)  [1 - time in stage "
+                "calls / (%d ranks x run time)]\n",
+                T, sim.bubble_ratio, flushed, calibrated_bubble, r.bubble_ratio, s.ranks);
+    std::printf("run time: predicted %.3f ms (calibrated costs), measured %.3f ms\n", 1e3 * calibrated.makespan, 1e3 * r.makespan);
+    std::printf("reference check (%s): max relative difference params %.3g, loss %.3g; %lld values differ bitwise -> %s\n",
+                bitwise ? "bitwise" : "1e-12 relative", worst[0], worst[1], static_cast<long long>(bits[0]),
+                ok ? "MATCH" : "DIFFERENT");
+  }
+  return ok ? 0 : 1;
+}
+
 //! The training loop of one rank, on any communicator. Returns 0 if the result matches.
 template <class Comm>
 int train(Comm& comm, const options& o, const loom::schedule& s) {
@@ -164,6 +269,7 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
   m.widths.front() = 4;
   m.samples = o.samples;
   m.widths.back() = 3;
+  if (s.versioned()) return train_async(comm, o, s, m);
   std::vector<double> targets;
   loom::pipeline_options po{.deterministic = o.deterministic, .measure = true};
   loom::pipeline p(s, comm, [&](loom::stage_id id) {
@@ -235,18 +341,7 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
     cpu_mine += thread_cpu_seconds();
     wall_measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - measured_from).count();
   }
-  for (auto& stg : p.stages())
-    for (int l = stg.first_layer(); l < stg.last_layer(); ++l) {
-      auto w = stg.layer_params(l);
-      auto const& ref = ref_params[static_cast<std::size_t>(l)];
-      double d = 0, n = 0;
-      for (std::size_t i = 0; i < w.size(); ++i) {
-        d = std::max(d, std::abs(w[i] - ref[i]));
-        n = std::max(n, std::abs(ref[i]));
-        if (std::memcmp(&w[i], &ref[i], sizeof(double)) != 0) ++v.differing_bits;
-      }
-      v.max_rel_params = std::max(v.max_rel_params, n > 0 ? d / n : d);
-    }
+  compare_params(p.stages(), ref_params, v);
   if (calibrating) {
     const auto sizes = loom::gather_stage_sizes(p, comm);
     double msg = 8;
@@ -376,7 +471,9 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", o.ranks, "pipeline ranks (threads backend; MPI uses the process count)")->check(CLI::PositiveNumber);
   app.add_option("--microbatches", o.microbatches, "microbatches per step")->check(CLI::PositiveNumber);
   app.add_option("--chunks", o.chunks, "model chunks per rank (0: the family's default)")->check(CLI::NonNegativeNumber);
-  app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps,
+                 "training steps (an asynchronous family, e.g. pipedream or pipedream-2bw, runs them in one run without a flush)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}));
   app.add_option("--width", o.width, "hidden features of the MLP")->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "layers of the MLP")->check(CLI::PositiveNumber);
@@ -392,9 +489,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    auto const& family = loom::default_registry().at(o.schedule);
+    if (family.multi_step && o.calibrate > 0)
+      throw loom::config_error("--calibrate times steps 1..N of a synchronous schedule; " + family.name +
+                               " runs its " + std::to_string(o.steps) + " steps as one run (leave --calibrate out)");
+    const int run_steps = family.multi_step ? o.steps : 1;
     if (o.backend == "threads") {
-      loom::schedule s = loom::default_registry().at(o.schedule).make({o.ranks, o.microbatches, o.chunks});
-      std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (threads), " << s.microbatches
+      loom::schedule s = family.make({o.ranks, o.microbatches, o.chunks, run_steps});
+      std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (threads), " << s.step_microbatches()
                 << " microbatches, " << s.stages << " virtual stages, " << o.steps << " steps"
                 << (o.deterministic ? ", deterministic" : "") << "\n";
       const int cores = o.cores = usable_cores();
@@ -415,9 +517,9 @@ int main(int argc, char** argv) {
     loom::mpi::environment env(argc, argv);
     int rc = 0;
     loom::run_mpi([&](loom::mpi::comm& c) {
-      loom::schedule s = loom::default_registry().at(o.schedule).make({c.size(), o.microbatches, o.chunks});
+      loom::schedule s = family.make({c.size(), o.microbatches, o.chunks, run_steps});
       if (c.rank() == 0)
-        std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (MPI processes), " << s.microbatches
+        std::cout << "loom quickstart: " << s.name << ", " << s.ranks << " ranks (MPI processes), " << s.step_microbatches()
                   << " microbatches, " << s.stages << " virtual stages, " << o.steps << " steps"
                   << (o.deterministic ? ", deterministic" : "") << std::endl;
       // mpiexec may bind each process to one core, so count the host's cores, not this process's.

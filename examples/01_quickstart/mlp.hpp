@@ -71,6 +71,18 @@ inline batch make_batch(const mlp_spec& m, int microbatches, int step) {
   return b;
 }
 
+//! The batches of an asynchronous run of `T` steps, one after another: microbatch t m + i is the
+//! i-th of `make_batch(m, microbatches, t)`.
+inline batch make_run_batch(const mlp_spec& m, int microbatches, int T) {
+  batch all;
+  for (int t = 0; t < T; ++t) {
+    batch b = make_batch(m, microbatches, t);
+    all.inputs.insert(all.inputs.end(), b.inputs.begin(), b.inputs.end());
+    all.targets.insert(all.targets.end(), b.targets.begin(), b.targets.end());
+  }
+  return all;
+}
+
 namespace kernels {
 
 //! y = act(W x + b) for one layer and `n` samples; sums run over inputs in index order.
@@ -238,6 +250,11 @@ class mlp_stage {
   void update() {
     for (std::size_t i = 0; i < params_.size(); ++i) params_[i] -= m_->lr * grad_[i];
   }
+  //! The parameters every call reads (`loom::versioned_stage`: loom loads the version an action
+  //! of an asynchronous schedule reads into them).
+  std::span<double> weights() { return params_; }
+  //! Asynchronous schedules: the same SGD step, writing the version loom names.
+  void update(const loom::update_context&) { update(); }
 
   //! Parameters of model layer `l` (must be in [first, last)).
   std::span<const double> layer_params(int l) const { return {params_.data() + offsets_[idx(l)], m_->params(l)}; }
@@ -267,6 +284,7 @@ class mlp_stage {
 };
 static_assert(loom::split_stage<mlp_stage>);
 static_assert(loom::updatable_stage<mlp_stage>);
+static_assert(loom::versioned_stage<mlp_stage>);
 
 //! Layers of virtual stage `s` of `S`: [s*L/S, (s+1)*L/S).
 inline std::pair<int, int> stage_layers(const mlp_spec& m, int s, int S) {
@@ -327,6 +345,123 @@ inline double reference_step(const mlp_spec& m, int microbatches, const batch& d
     for (std::size_t i = 0; i < params[static_cast<std::size_t>(l)].size(); ++i)
       params[static_cast<std::size_t>(l)][i] -= m.lr * grads[static_cast<std::size_t>(l)][i];
   return total * scale;
+}
+
+//! The weight-version rule of an asynchronous family (`loom/schedule/pipedream.hpp`) as closed
+//! forms over microbatch `j` (0 .. T m - 1) and stage `s` of `p` (one stage per rank): the version
+//! a forward reads, the version the backward reads, and whether the stage updates after the
+//! backward of `j`. Derived from the families' rules, not from their programs, so the reference
+//! below checks the schedules too.
+struct async_rule {
+  std::string family;    //!< pipedream, pipedream-vs, pipedream-2bw, pipelined-backprop
+  int p = 1;             //!< stages (ranks)
+  int m = 1;             //!< microbatches per step
+  int N = 1;             //!< microbatches of the run (T m)
+  int update_every = 1;  //!< pipedream: microbatches per update
+  //! Updates before the forward of j on stage s in 1F1B order: j - (p-1-s) backwards ran.
+  int updates_before_forward(int j, int s) const {
+    const int done = std::max(0, j - (p - 1 - s));
+    if (family == "pipedream-2bw") return done / m;  // (not used: 2BW reads by step)
+    return done / update_every;
+  }
+  int forward_version(int j, int s) const {
+    if (family == "pipedream-2bw") return std::max(0, j / m - 1);
+    if (family == "pipedream-vs") return updates_before_forward(j, 0);
+    return updates_before_forward(j, s);
+  }
+  int backward_version(int j, int s) const {
+    if (family == "pipelined-backprop") return j;  // the latest: every earlier backward updated
+    return forward_version(j, s);
+  }
+  bool updates_after(int j) const {
+    if (family == "pipedream-2bw") return (j + 1) % m == 0;
+    return (j + 1) % update_every == 0 || j == N - 1;
+  }
+};
+
+//! The single-process reference of an asynchronous rule: `T` steps of `microbatches` each (the
+//! batches `make_batch(m, microbatches, t)`), microbatch by microbatch in order; every stage keeps
+//! the history of its versions; microbatch j's forward on stage s uses version
+//! `rule.forward_version(j, s)`, its backward `rule.backward_version(j, s)`; the weight gradients
+//! of a stage are accumulated (a zeroed per-microbatch gradient added in microbatch order, as in
+//! `reference_step`) and applied by SGD as its next version after the backward of every `j` with
+//! `rule.updates_after(j)`. Returns each step's scaled loss; `params` ends as every layer's
+//! latest version.
+inline std::vector<double> reference_asynchronous(const mlp_spec& m, const async_rule& rule, int microbatches, int T,
+                                                  double scale, std::vector<std::vector<double>>& params) {
+  const int L = m.layers(), P = rule.p;
+  const auto n = static_cast<std::size_t>(m.samples);
+  // history[l][v]: layer l's parameters in version v of its stage
+  std::vector<std::vector<std::vector<double>>> history(static_cast<std::size_t>(L));
+  std::vector<std::vector<double>> acc(static_cast<std::size_t>(L)), g(static_cast<std::size_t>(L)), y(static_cast<std::size_t>(L)),
+      dz(static_cast<std::size_t>(L));
+  std::vector<int> stage_of(static_cast<std::size_t>(L));
+  for (int s = 0; s < P; ++s) {
+    auto [a, b] = stage_layers(m, s, P);
+    for (int l = a; l < b; ++l) stage_of[static_cast<std::size_t>(l)] = s;
+  }
+  for (int l = 0; l < L; ++l) {
+    auto ul = static_cast<std::size_t>(l);
+    history[ul].push_back(initial_params(m, l));
+    acc[ul].assign(m.params(l), 0.0);
+    y[ul].resize(n * m.width(l + 1));
+    dz[ul].resize(n * m.width(l + 1));
+  }
+  std::vector<double> scratch_in(n * m.width(0)), losses(static_cast<std::size_t>(T), 0.0);
+  const std::size_t fin = n * m.width(L);
+  for (int t = 0; t < T; ++t) {
+    const batch data = make_batch(m, microbatches, t);
+    for (int i = 0; i < microbatches; ++i) {
+      const int j = t * microbatches + i;
+      auto version = [&](int l, bool backward) -> const std::vector<double>& {
+        const int s = stage_of[static_cast<std::size_t>(l)];
+        const int v = backward ? rule.backward_version(j, s) : rule.forward_version(j, s);
+        auto const& h = history[static_cast<std::size_t>(l)];
+        if (v < 0 || static_cast<std::size_t>(v) >= h.size())
+          throw std::logic_error("reference_asynchronous: version " + std::to_string(v) + " of stage " + std::to_string(s) +
+                                 " read before it was written");
+        return h[static_cast<std::size_t>(v)];
+      };
+      const double* x0 = data.inputs.data() + static_cast<std::size_t>(i) * n * m.width(0);
+      const double* x = x0;
+      for (int l = 0; l < L; ++l) {
+        kernels::layer_forward(version(l, false), m.width(l), m.width(l + 1), l + 1 < L, n, x, y[static_cast<std::size_t>(l)].data());
+        x = y[static_cast<std::size_t>(l)].data();
+      }
+      const double* tg = data.targets.data() + static_cast<std::size_t>(i) * fin;
+      double loss = 0;
+      for (std::size_t k = 0; k < fin; ++k) {
+        double d = x[k] - tg[k];
+        loss += 0.5 * d * d;
+      }
+      losses[static_cast<std::size_t>(t)] += loss;
+      double* top = dz[static_cast<std::size_t>(L - 1)].data();
+      for (std::size_t k = 0; k < fin; ++k) top[k] = scale * (x[k] - tg[k]);
+      for (int l = L - 1; l >= 0; --l) {
+        double* gx = l > 0 ? dz[static_cast<std::size_t>(l - 1)].data() : scratch_in.data();
+        kernels::layer_backward_input(version(l, true), m.width(l), m.width(l + 1), l + 1 < L, n, y[static_cast<std::size_t>(l)].data(),
+                                      dz[static_cast<std::size_t>(l)].data(), gx);
+      }
+      for (int l = 0; l < L; ++l) {
+        auto ul = static_cast<std::size_t>(l);
+        g[ul].assign(m.params(l), 0.0);
+        kernels::layer_backward_weight(m.width(l), m.width(l + 1), n, l == 0 ? x0 : y[ul - 1].data(), dz[ul].data(), g[ul].data());
+        for (std::size_t k = 0; k < g[ul].size(); ++k) acc[ul][k] += g[ul][k];
+      }
+      if (rule.updates_after(j))
+        for (int l = 0; l < L; ++l) {
+          auto ul = static_cast<std::size_t>(l);
+          std::vector<double> next = history[ul].back();
+          for (std::size_t k = 0; k < next.size(); ++k) next[k] -= m.lr * acc[ul][k];
+          history[ul].push_back(std::move(next));
+          std::fill(acc[ul].begin(), acc[ul].end(), 0.0);
+        }
+    }
+    losses[static_cast<std::size_t>(t)] *= scale;
+  }
+  params.assign(static_cast<std::size_t>(L), {});
+  for (int l = 0; l < L; ++l) params[static_cast<std::size_t>(l)] = history[static_cast<std::size_t>(l)].back();
+  return losses;
 }
 
 }  // namespace quickstart

@@ -317,6 +317,10 @@ int main(int argc, char** argv) {
       std::cerr << "cuda_mlp: no usable CUDA device: " << avail.why << " (build against loom's simulator to run without a GPU)\n";
       return 2;
     }
+    if (loom::default_registry().at(o.schedule).multi_step)
+      throw loom::config_error("--schedule " + o.schedule +
+                               " is asynchronous (weight versions across steps): this example checks synchronous steps against "
+                               "its reference; tests/cuda_layer/device_asynchronous_test.cpp runs the asynchronous families on devices");
     auto make = [&](int ranks) { return loom::default_registry().at(o.schedule).make({ranks, o.microbatches, o.chunks}); };
     auto describe = [&](const loom::schedule& s, const char* where) {
       std::printf("loom cuda_mlp: %s, %d ranks (%s), %d microbatches, %d virtual stages, %d steps%s%s%s\n", s.name.c_str(), s.ranks, where,

@@ -64,6 +64,10 @@ class stage {
   void backward_weight(const loom::stage_context& c, loom::weight_buffers<float> b);     //!< enqueues W
   void backward(const loom::stage_context& c, loom::backward_buffers<float> b);          //!< enqueues B then W
   void update();  //!< SGD on the stream of the last call (after every rank agreed)
+  //! Asynchronous schedules (`loom::versioned_stage`): the same SGD on the update's stream.
+  void update(const loom::update_context& u);
+  //! The parameters every call reads (device memory; loom loads a version into them).
+  std::span<float> weights() { return params_.span(); }
   //! Gives up the parameters' device memory (ZeRO-3, `loom::releasable_stage`), freed in the
   //! order of the stream of the last call: `params()` is empty until `acquire_params()`.
   void release_params();
@@ -106,5 +110,6 @@ class stage {
 
 static_assert(loom::split_stage<stage>);
 static_assert(loom::updatable_stage<stage>);
+static_assert(loom::versioned_stage<stage>);
 
 }  // namespace cuda_mlp

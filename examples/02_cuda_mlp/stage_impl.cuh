@@ -188,6 +188,11 @@ void stage::update() {
   loom::cuda::for_each(u, params_.size(), sgd{params_.data(), grad_.data(), static_cast<float>(m_->lr)}, "sgd");
 }
 
+void stage::update(const loom::update_context& u) {
+  last_stream_ = u.stream;
+  update();
+}
+
 void stage::release_params() {
   float* p = params_.release();
   if (p == nullptr) return;

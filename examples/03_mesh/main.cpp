@@ -173,7 +173,12 @@ int main(int argc, char** argv) {
   loom::cudasim::reseed(static_cast<std::uint64_t>(o.seed));
 #endif
   try {
-    loom::schedule sched = loom::default_registry().at(o.schedule).make({s.pp, o.microbatches, o.chunks});
+    auto const& family = loom::default_registry().at(o.schedule);
+    if (family.multi_step)
+      throw loom::config_error("--schedule " + family.name +
+                               " is asynchronous (weight versions across steps): the mesh example runs synchronous schedules "
+                               "(its data-parallel optimizer updates once per step); the quickstart runs the asynchronous ones");
+    loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks});
     model_spec m = o.model;
     m.blocks = std::max(m.blocks, sched.stages);
     auto banner = [&](const char* backend) {

@@ -85,6 +85,9 @@ std::vector<case_> cases() {
   for (auto const& e : loom::default_registry().entries())
     for (loom::shape sh : {loom::shape{2, 3, 0}, loom::shape{4, 8, 0}, loom::shape{3, 7, 0}})
       if (e.check(e.resolve(sh)).empty()) out.push_back({e.name, sh});
+  // the asynchronous families over several steps (--steps)
+  for (auto const& e : loom::default_registry().entries())
+    if (e.multi_step) out.push_back({e.name, loom::shape{3, 4, 0, 3}});
   out.push_back({"interleaved-1f1b", {3, 6, 3}});
   return out;
 }
@@ -97,8 +100,9 @@ TEST_CASE("loom list prints every registered schedule name, one per line") {
   CHECK(r.err.empty());
   std::string expected;
   for (auto const& e : loom::default_registry().entries()) expected += e.name + "\n";
+  for (auto const& a : loom::default_registry().aliases()) expected += a.first + "\n";
   CHECK(r.out == expected);
-  for (auto name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"})
+  for (auto name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "pipedream", "pipedream-2bw", "pipedream-flush"})
     CHECK(r.out.find(std::string(name) + "\n") != std::string::npos);
 }
 
@@ -115,6 +119,11 @@ TEST_CASE("loom simulate --json agrees with the library's own simulation for eve
       args.push_back("--chunks");
       args.push_back(std::to_string(c.shape.chunks));
     }
+    if (c.shape.steps != 1) {
+      args.push_back("--steps");
+      args.push_back(std::to_string(c.shape.steps));
+    }
+    CAPTURE(c.shape.steps);
     auto r = run(args);
     REQUIRE(r.code == 0);
     CHECK(r.err.empty());
@@ -129,8 +138,16 @@ TEST_CASE("loom simulate --json agrees with the library's own simulation for eve
     REQUIRE(sim.ok);
     CHECK(j.at("schedule") == c.family);
     CHECK(j.at("ranks") == c.shape.ranks);
-    CHECK(j.at("microbatches") == c.shape.microbatches);
+    CHECK(j.at("microbatches") == c.shape.microbatches * c.shape.steps);
     CHECK(j.at("chunks") == s.chunks);
+    if (s.versioned()) {  // the asynchronous families add their versions
+      CHECK(j.at("steps") == s.steps);
+      CHECK(j.at("stash") == s.stash);
+      CHECK(j.at("version_slots").get<std::vector<int>>() == s.version_slots);
+      CHECK(j.at("weight_copies").get<std::vector<double>>() == sim.weight_copies);
+    } else {
+      CHECK(!j.contains("steps"));
+    }
     CHECK(j.at("valid") == true);
     CHECK(j.at("makespan").get<double>() == sim.makespan);
     CHECK(j.at("bubble_ratio").get<double>() == sim.bubble_ratio);
@@ -154,6 +171,12 @@ TEST_CASE("loom simulate --json agrees with the library's own simulation for eve
         CHECK(x.at("mb") == a.mb);
         CHECK(x.at("stage") == a.stage);
         CHECK(x.at("start").get<double>() == sim.times[rk][i].start);
+        if (s.versioned()) {
+          CHECK(x.at("version") == a.version);
+          CHECK(x.value("update", false) == a.update);
+        } else {
+          CHECK(!x.contains("version"));
+        }
         CHECK(x.at("end").get<double>() == sim.times[rk][i].end);
         if (a.kind == loom::op::FB) {
           CHECK(x.at("bop") == loom::to_string(a.bkind));
@@ -178,6 +201,26 @@ TEST_CASE("loom simulate's summary reports the closed-form numbers of ZB-H1") {
   CHECK(r.out.find("bubble time      3 3 3 3 ") != std::string::npos);
   CHECK(r.out.find("peak activation  4 4 4 4 ") != std::string::npos);
   CHECK(r.out.find("param copies     1\n") != std::string::npos);
+}
+
+TEST_CASE("loom simulate --steps: the asynchronous families print their versions, and synchronous ones refuse steps") {
+  auto r = run({"simulate", "--schedule", "pipedream", "--ranks", "4", "--microbatches", "4", "--steps", "4"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("steps            4 without a flush (4 microbatches each)") != std::string::npos);
+  CHECK(r.out.find("weight versions  4 3 2 1   ") != std::string::npos);
+  // (p-1)/(Tm+p-1) = 3/19 at unit costs
+  CHECK(r.out.find("bubble ratio     0.1579") != std::string::npos);
+  auto two = run({"simulate", "--schedule", "pipedream-2bw", "--ranks", "4", "--microbatches", "4", "--steps", "4"});
+  CHECK(two.out.find("weight versions  2 2 2 2   ") != std::string::npos);
+  auto sync = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4", "--steps", "2"});
+  CHECK(sync.code != 0);
+  CHECK(sync.err.find("1f1b is synchronous") != std::string::npos);
+  auto alias = run({"simulate", "--schedule", "pipedream-flush", "--ranks", "2", "--microbatches", "4"});
+  CHECK(alias.code == 0);
+  CHECK(alias.out.find("schedule         1f1b\n") != std::string::npos);
+  auto bad = run({"simulate", "--schedule", "pipedream", "--ranks", "2", "--microbatches", "4", "--steps", "0"});
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--steps") != std::string::npos);
 }
 
 TEST_CASE("loom simulate prints the certified lower bound on the schedule's placement and the gap to it") {

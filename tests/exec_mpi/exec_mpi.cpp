@@ -7,6 +7,10 @@
 //              measured timeline runs its program in order; gathered, it renders as a trace (checked
 //              against the Trace Event Format's fields, one event per executed action per rank)
 //              beside the calibrated prediction; rank 0 prints EXEC-MPI-CALIBRATE-OK.
+//   async    - every asynchronous family (pipedream, pipedream-vs, pipedream-2bw,
+//              pipelined-backprop), T = 4 steps in one run, against the single-process reference
+//              of its rule (bitwise / 1e-12), and the versions each rank holds against the
+//              simulator; rank 0 prints EXEC-MPI-ASYNC-OK.
 //   throw    - rank 1's stage throws: every rank must get the pipeline_error naming rank 1, and the
 //              retried step must match the reference.
 //   mismatch - the last rank holds another schedule: every rank must get the mismatch error.
@@ -90,7 +94,8 @@ long long train_and_compare(loom::mpi::comm& c, const loom::schedule& s, bool de
 int mode_train(loom::mpi::comm& c) {
   const int P = c.size();
   int runs = 0, failures = 0;
-  for (auto const& e : loom::default_registry().entries())
+  for (auto const& e : loom::default_registry().entries()) {
+    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
     for (int m : {P, 2 * P + 1})
       for (int v : {0, 2}) {
         loom::shape sh = e.resolve({P, m, v});
@@ -107,6 +112,7 @@ int mode_train(loom::mpi::comm& c) {
           }
         }
       }
+  }
   if (c.rank() == 0) {
     std::printf("%d runs, %d mismatches\n", runs, failures);
     if (failures == 0 && runs > 10) std::printf("EXEC-MPI-TRAIN-OK\n");
@@ -158,6 +164,7 @@ int mode_calibrate(loom::mpi::comm& c) {
     std::printf("CALIBRATE-MISMATCH rank %d: %s\n", c.rank(), what.c_str());
   };
   for (auto const& e : loom::default_registry().entries()) {
+    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
     loom::shape sh = e.resolve({P, 2 * P, 0});
     if (!e.check(sh).empty()) continue;
     const loom::schedule s = e.make(sh);
@@ -278,12 +285,77 @@ int mode_exit(loom::mpi::comm& c) {
 
 }  // namespace
 
+//! Every asynchronous family on this many processes: one run of T steps against the reference
+//! of its rule (see the file comment).
+int mode_async(loom::mpi::comm& c) {
+  const int P = c.size(), T = 4;
+  int runs = 0;
+  long long bad = 0;
+  for (auto const& e : loom::default_registry().entries()) {
+    if (!e.multi_step) continue;
+    for (int mb : {P, P + 1})
+      for (bool det : {true, false}) {
+        const loom::shape sh{.ranks = P, .microbatches = mb, .chunks = 0, .steps = T};
+        if (!e.check(e.resolve(sh)).empty()) continue;
+        const loom::schedule s = e.make(sh);
+        const auto m = spec_for(s.stages);
+        const quickstart::batch data = quickstart::make_run_batch(m, mb, T);
+        const std::vector<double>& inputs = data.inputs;
+        const std::vector<double>& targets = data.targets;
+        loom::pipeline p(s, c, [&](loom::stage_id id) {
+          auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
+          return quickstart::mlp_stage(m, a, b, id.stage == s.stages - 1, &targets);
+        }, {.deterministic = det});
+        p.step(inputs);
+        std::vector<std::vector<double>> ref_params;
+        const quickstart::async_rule rule{.family = s.name, .p = P, .m = mb, .N = s.microbatches};
+        const auto ref_losses = quickstart::reference_asynchronous(m, rule, mb, T, 1.0 / mb, ref_params);
+        auto differs = [&](double a, double b, double norm) {
+          return det ? std::memcmp(&a, &b, sizeof(double)) != 0 : std::abs(a - b) > 1e-12 * norm;
+        };
+        long long here = 0;
+        if (c.rank() == 0)
+          for (int t = 0; t < T; ++t) {
+            double sum = 0;
+            for (int i = 0; i < mb; ++i) sum += p.microbatch_losses()[static_cast<std::size_t>(t * mb + i)];
+            here += differs(sum * (1.0 / mb), ref_losses[static_cast<std::size_t>(t)], std::abs(ref_losses[static_cast<std::size_t>(t)]));
+          }
+        for (auto& stg : p.stages())
+          for (int l = stg.first_layer(); l < stg.last_layer(); ++l) {
+            auto w = stg.layer_params(l);
+            auto const& ref = ref_params[static_cast<std::size_t>(l)];
+            double norm = 0;
+            for (double v : ref) norm = std::max(norm, std::abs(v));
+            for (std::size_t i = 0; i < w.size(); ++i) here += differs(w[i], ref[i], norm) ? 1 : 0;
+          }
+        const auto sim = loom::simulate(s);
+        if (p.versions_held(0) != static_cast<int>(sim.weight_copies[static_cast<std::size_t>(c.rank())])) {
+          std::printf("ASYNC-MISMATCH %s rank %d holds %d versions, the simulator says %g\n", s.name.c_str(), c.rank(),
+                      p.versions_held(0), sim.weight_copies[static_cast<std::size_t>(c.rank())]);
+          ++here;
+        }
+        if (here != 0) std::printf("ASYNC-MISMATCH %s m=%d %s: %lld values differ on rank %d\n", s.name.c_str(), mb,
+                                   det ? "deterministic" : "default", here, c.rank());
+        bad += here;
+        ++runs;
+      }
+  }
+  std::vector<std::int64_t> total{bad};
+  c.all_reduce(std::span<std::int64_t>(total), loom::reduce_op::sum);
+  if (c.rank() == 0) {
+    std::printf("%d asynchronous runs, %lld mismatches\n", runs, static_cast<long long>(total[0]));
+    if (total[0] == 0 && runs >= 12) std::printf("EXEC-MPI-ASYNC-OK\n");
+  }
+  return total[0] == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   loom::mpi::environment env(argc, argv);
   auto c = loom::mpi::comm::world();
   c.set_timeout(std::chrono::milliseconds(20000));
   std::string mode = argc > 1 ? argv[1] : "train";
   if (mode == "train") return mode_train(c);
+  if (mode == "async") return mode_async(c);
   if (mode == "throw") return mode_throw(c);
   if (mode == "calibrate") return mode_calibrate(c);
   if (mode == "mismatch") return mode_mismatch(c);

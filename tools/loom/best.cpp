@@ -5,6 +5,9 @@
 // validates and simulates each, and prints them ranked: schedules within the memory limit first,
 // then by bubble rate, peak activation and communication volume, each with the certified lower
 // bound on its placement (loom::lower_bound) and its gap to it. With --json, one JSON object.
+// With --steps T > 1 the asynchronous families (pipedream, pipedream-2bw, ...) join, run over T
+// steps without a flush; a synchronous family's T flushed steps have its one-step bubble rate and
+// T times its makespan. "params" is the most weight versions any rank holds (per rank in --json).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -27,7 +30,8 @@ struct row {
   std::string placement;  // loop, v, bidirectional, custom
   int chunks = 1;
   double bubble_rate = 0, bubble_ratio = 0, makespan = 0, peak = 0;
-  int param_copies = 1;
+  double param_copies = 1;               // the most weight versions a rank holds (units of its share)
+  std::vector<double> weight_copies;     // per rank
   long long transfers = 0;  // p2p sends after lowering
   bool fits = true;         // peak <= mem limit on every rank (always true without a limit)
   loom::cli::bound_report bound;  // certified lower bound on its placement, and its gap to it
@@ -59,7 +63,9 @@ void run_best(const best_text& t) {
 
   std::vector<row> rows;
   json skipped = json::array();
+  const int T = r.shape.steps;
   for (auto const& e : loom::default_registry().entries()) {
+    if (e.multi_step && T == 1) continue;  // asynchronous families join with --steps T > 1
     // Cost-aware families run on every placement they support (the chunk count names it: loop 1,
     // v 2); a placement the family never runs (zb-v on loop) is not a row, and the label names
     // the placement only for families that run both.
@@ -69,13 +75,16 @@ void run_best(const best_text& t) {
         loom::generate_options o = r.options;
         o.placement = pk;
         loom::shape s = r.shape;
+        s.steps = 1;
         s.chunks = pk == loom::placement_kind::v ? 2 : 1;
         // A chunk count the family rejects even on a roomy shape is not one of its placements.
         if (!e.check({.ranks = 2, .microbatches = 64, .chunks = s.chunks}).empty()) continue;
         runs.push_back({s, o});
       }
     } else {
-      runs.push_back({e.resolve(r.shape), r.options});
+      loom::shape s = e.resolve(r.shape);
+      if (!e.multi_step) s.steps = 1;  // T flushed steps are T times one
+      runs.push_back({s, r.options});
     }
     for (auto const& [s, o] : runs) {
       std::string label = e.cost_aware && runs.size() > 1 ? e.name + " (" + std::string(loom::to_string(o.placement)) + ")" : e.name;
@@ -102,9 +111,10 @@ void run_best(const best_text& t) {
       x.chunks = ev.sched.chunks;
       x.bubble_rate = ev.sim.bubble_rate;
       x.bubble_ratio = ev.sim.bubble_ratio;
-      x.makespan = ev.sim.makespan;
+      x.makespan = ev.sim.makespan * (e.multi_step ? 1 : T);
       x.peak = ev.sim.max_peak_activation();
-      x.param_copies = ev.sched.param_copies;
+      x.weight_copies = ev.sim.weight_copies;
+      x.param_copies = *std::max_element(x.weight_copies.begin(), x.weight_copies.end());
       x.transfers = transfers_of(loom::lower(ev.sched));
       x.fits = limit <= 0 || x.peak <= limit + 1e-9;
       // A schedule over the limit is measured against the bound at its own peak (it is no order within the limit).
@@ -131,6 +141,7 @@ void run_best(const best_text& t) {
     json j;
     j["ranks"] = r.shape.ranks;
     j["microbatches"] = r.shape.microbatches;
+    j["steps"] = T;
     if (r.model)
       j["costs"] = {{"file", r.costs_file}, {"stages", r.model->stages.size()}};
     else
@@ -142,7 +153,7 @@ void run_best(const best_text& t) {
     for (auto const& x : rows) {
       json o{{"rank", rank++},          {"schedule", x.name},         {"placement", x.placement},
              {"chunks", x.chunks},      {"bubble_rate", x.bubble_rate}, {"bubble_ratio", x.bubble_ratio},
-             {"makespan", x.makespan},  {"peak_activation", x.peak},  {"param_copies", x.param_copies},
+             {"makespan", x.makespan},  {"peak_activation", x.peak},  {"param_copies", x.param_copies}, {"weight_copies", x.weight_copies},
              {"p2p_transfers", x.transfers}, {"within_mem_limit", x.fits}};
       if (bytes >= 0) o["p2p_bytes"] = bytes * static_cast<double>(x.transfers);
       if (x.bound.available) {
@@ -167,7 +178,8 @@ void run_best(const best_text& t) {
   const std::string lim = limit > 0 ? fmt::format("{}", limit) : std::string("none");
   if (r.model) {
     // Per-stage costs: ranked by step time; no bound (it assumes uniform stages).
-    std::string out = fmt::format("# loom best: p={} m={} costs {} mem_limit={}\n", r.shape.ranks, r.shape.microbatches,
+    std::string out = fmt::format("# loom best: p={} m={}{} costs {} mem_limit={}\n", r.shape.ranks, r.shape.microbatches,
+                                  T > 1 ? fmt::format(" steps={}", T) : std::string(),
                                   loom::cli::describe_model(*r.model, r.costs_file), lim);
     out += fmt::format("{:>4}  {:<24} {:>12} {:>11} {:>10} {:>6} {:>9} {:>6}", "rank", "schedule", "makespan", "bubble_rate",
                        "peak_act", "params", "p2p", "fits");
@@ -175,7 +187,7 @@ void run_best(const best_text& t) {
     out += "\n";
     int rank = 1;
     for (auto const& x : rows) {
-      out += fmt::format("{:>4}  {:<24} {:>12.6g} {:>11.6f} {:>10.4g} {:>6} {:>9} {:>6}", rank++, x.name, x.makespan,
+      out += fmt::format("{:>4}  {:<24} {:>12.6g} {:>11.6f} {:>10.4g} {:>6g} {:>9} {:>6}", rank++, x.name, x.makespan,
                          x.bubble_rate, x.peak, x.param_copies, x.transfers, x.fits ? "yes" : "no");
       if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
       out += "\n";
@@ -186,8 +198,9 @@ void run_best(const best_text& t) {
     std::fputs(out.c_str(), stdout);
     return;
   }
-  std::string head = fmt::format("# loom best: p={} m={} f={} b={} w={} c={} mem_w_ratio={} mem_limit={}\n", r.shape.ranks,
-                                 r.shape.microbatches, r.cost.f, r.cost.b, r.cost.w, r.cost.c, r.cost.mem_w_ratio, lim);
+  std::string head = fmt::format("# loom best: p={} m={}{} f={} b={} w={} c={} mem_w_ratio={} mem_limit={}\n", r.shape.ranks,
+                                 r.shape.microbatches, T > 1 ? fmt::format(" steps={}", T) : std::string(), r.cost.f, r.cost.b,
+                                 r.cost.w, r.cost.c, r.cost.mem_w_ratio, lim);
   std::string out = head;
   out += fmt::format("{:>4}  {:<24} {:>11} {:>10} {:>6} {:>9} {:>6} {:>9} {:>8}", "rank", "schedule", "bubble_rate", "peak_act",
                      "params", "p2p", "fits", "bound", "gap");
@@ -195,7 +208,7 @@ void run_best(const best_text& t) {
   out += "\n";
   int rank = 1;
   for (auto const& x : rows) {
-    out += fmt::format("{:>4}  {:<24} {:>11.6f} {:>10.3f} {:>6} {:>9} {:>6} {:>9.6f} {:>8.6f}", rank++, x.name, x.bubble_rate,
+    out += fmt::format("{:>4}  {:<24} {:>11.6f} {:>10.3f} {:>6g} {:>9} {:>6} {:>9.6f} {:>8.6f}", rank++, x.name, x.bubble_rate,
                        x.peak, x.param_copies, x.transfers, x.fits ? "yes" : "no", x.bound.lb.bubble_rate, x.bound.gap_rate);
     if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
     out += "\n";

@@ -239,7 +239,7 @@ inline double parse_real(std::string_view flag, const std::string& text, double 
 
 //! The raw text of the common options, as CLI11 stores it (parsed by `parse_request`).
 struct request_text {
-  std::string schedule, ranks, microbatches, chunks;
+  std::string schedule, ranks, microbatches, chunks, steps = "1";
   std::string f = "1", b = "1", w = "1", c = "0", fb, mem_w_ratio = "1";
   std::string mem_limit, placement = "loop";
   std::string costs_file;  //!< `--costs FILE`: a stage- and link-resolved cost model (docs/costs.md)
@@ -277,6 +277,10 @@ inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
   t->ranks_opt = sub.add_option("--ranks,-p", t->ranks, "P: pipeline ranks (devices)")->type_name("INT");
   t->microbatches_opt = sub.add_option("--microbatches,-m", t->microbatches, "m: microbatches per step")->type_name("INT");
   t->chunks_opt = sub.add_option("--chunks,-v", t->chunks, "V: model chunks per rank (default: the family's natural value)")->type_name("INT");
+  sub.add_option("--steps,-T", t->steps,
+                 "T: training steps one schedule spans without a flush (asynchronous families, e.g. pipedream; the others run 1)")
+      ->capture_default_str()
+      ->type_name("INT");
   t->uniform_opts.push_back(
       sub.add_option("--f", t->f, "forward time of one microbatch through 1/P of the model")->capture_default_str()->type_name("NUMBER"));
   t->uniform_opts.push_back(sub.add_option("--b", t->b, "input-gradient backward time")->capture_default_str()->type_name("NUMBER"));
@@ -310,6 +314,7 @@ inline request parse_request(const request_text& t) {
   if (ranks) r.shape.ranks = parse_int("--ranks", t.ranks, 1, max_ranks);
   if (microbatches) r.shape.microbatches = parse_int("--microbatches", t.microbatches, 1, max_microbatches);
   if (given(t.chunks_opt, t.chunks)) r.shape.chunks = parse_int("--chunks", t.chunks, 1, max_chunks);
+  r.shape.steps = parse_int("--steps", t.steps, 1, max_microbatches);
   r.cost.f = parse_real("--f", t.f, 0);
   r.cost.b = parse_real("--b", t.b, 0);
   r.cost.w = parse_real("--w", t.w, 0);
@@ -339,6 +344,9 @@ inline request parse_request(const request_text& t) {
   if (cells > max_cells)
     throw usage_error("--ranks x --microbatches x --chunks = " + std::to_string(cells) + " exceeds the limit of " +
                       std::to_string(max_cells));
+  if (cells * r.shape.steps > max_cells)
+    throw usage_error("--ranks x --microbatches x --chunks x --steps = " + std::to_string(cells * r.shape.steps) +
+                      " exceeds the limit of " + std::to_string(max_cells));
   return r;
 }
 

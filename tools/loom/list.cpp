@@ -10,16 +10,28 @@ namespace {
 loom::cli::register_command list_command{{.name = "list", .order = 10, .install = [](CLI::App& app) {
   auto* sub = app.add_subcommand("list", "print the schedule names, one per line");
   auto verbose = std::make_shared<bool>(false);
+  auto sync_only = std::make_shared<bool>(false);
   sub->add_flag("--long,-l", *verbose, "also print each family's natural chunk count and summary");
-  sub->callback([verbose] {
+  sub->add_flag("--synchronous", *sync_only, "only the synchronous families (one step per schedule, flushed), no aliases");
+  sub->callback([verbose, sync_only] {
     auto const& entries = loom::default_registry().entries();
     std::size_t width = 0;
     for (auto const& e : entries) width = std::max(width, e.name.size());
+    for (auto const& a : loom::default_registry().aliases()) width = std::max(width, a.first.size());
     for (auto const& e : entries) {
+      if (*sync_only && e.multi_step) continue;
       if (*verbose)
-        fmt::print("{:<{}}  chunks={}  {}\n", e.name, width, e.default_chunks, e.summary);
+        fmt::print("{:<{}}  chunks={}  {}{}\n", e.name, width, e.default_chunks, e.multi_step ? "[asynchronous, --steps T] " : "",
+                   e.summary);
       else
         fmt::print("{}\n", e.name);
+    }
+    for (auto const& [name, target] : loom::default_registry().aliases()) {
+      if (*sync_only) break;
+      if (*verbose)
+        fmt::print("{:<{}}  another name of {}\n", name, width, target);
+      else
+        fmt::print("{}\n", name);
     }
   });
 }}};

@@ -55,8 +55,11 @@ void run_plan(const plan_text& t) {
   if (!t.families.empty()) {
     o.families.clear();
     for (auto const& f : split(t.families)) {
-      if (loom::default_registry().find(f) == nullptr)
-        throw loom::cli::usage_error("--families: unknown schedule '" + f + "' (see `loom list`)");
+      auto const* e = loom::default_registry().find(f);
+      if (e == nullptr) throw loom::cli::usage_error("--families: unknown schedule '" + f + "' (see `loom list`)");
+      if (e->multi_step)
+        throw loom::cli::usage_error("--families: '" + f + "' is asynchronous (a different training rule); loom plan searches "
+                                     "synchronous training (compare it with `loom best --steps T`)");
       o.families.push_back(f);
     }
   }

@@ -3,6 +3,8 @@
 // `loom simulate`: validates and simulates a schedule under the normative cost and memory model
 // (ARCHITECTURE.md) and prints a summary, or with --json one JSON object (the CLI contract of
 // issue 2, with issue 3's FB actions and param_copies).
+#include <algorithm>
+
 #include <fmt/core.h>
 #include <fmt/format.h>
 
@@ -14,7 +16,7 @@ namespace {
 
 using nlohmann::json;
 
-json action_json(const loom::action& a, const loom::action_time& t) {
+json action_json(const loom::action& a, const loom::action_time& t, bool versioned) {
   json j;
   j["op"] = std::string(loom::to_string(a.kind));
   j["mb"] = a.mb;
@@ -26,6 +28,10 @@ json action_json(const loom::action& a, const loom::action_time& t) {
   }
   j["start"] = t.start;
   j["end"] = t.end;
+  if (versioned) {
+    j["version"] = a.version;
+    if (a.update) j["update"] = true;
+  }
   return j;
 }
 
@@ -69,6 +75,12 @@ json to_json(const loom::cli::evaluated& e, const loom::cli::request& req) {
   for (int mb = 0; mb < s.microbatches; ++mb) dirs.push_back(s.direction_of(mb));
   j["mb_direction"] = dirs;
   j["param_copies"] = s.param_copies;
+  if (s.versioned()) {  // asynchronous families only, so the synchronous contract is unchanged
+    j["steps"] = s.steps;
+    j["stash"] = s.stash;
+    j["version_slots"] = s.version_slots;
+    j["weight_copies"] = sim.weight_copies;
+  }
   json actions = json::array();
   for (std::size_t r = 0; r < s.programs.size(); ++r) {
     json row = json::array();
@@ -77,7 +89,7 @@ json to_json(const loom::cli::evaluated& e, const loom::cli::request& req) {
       if (!loom::is_compute(a.kind)) continue;
       loom::action_time t{};
       if (r < sim.times.size() && i < sim.times[r].size()) t = sim.times[r][i];
-      row.push_back(action_json(a, t));
+      row.push_back(action_json(a, t, s.versioned()));
     }
     actions.push_back(row);
   }
@@ -113,6 +125,9 @@ void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req)
   fmt::print("shape            {} ranks x {} microbatches, {} chunk{} per rank, {} stages per path, {} placement{}\n",
              s.ranks, s.microbatches, s.chunks, s.chunks == 1 ? "" : "s", s.stages, loom::to_string(s.placement),
              s.directions == 2 ? ", 2 directions" : "");
+  if (s.versioned())
+    fmt::print("steps            {} without a flush ({} microbatches each); weight versions per stage, {}\n", s.steps,
+               s.step_microbatches(), s.stash ? "a backward reading its forward's (stashed)" : "every action reading the latest");
   if (req.model)
     fmt::print("costs            {}\n", loom::cli::describe_model(*req.model, req.costs_file));
   else
@@ -133,6 +148,9 @@ void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req)
   fmt::print("span bubble      {}   (per rank: span - busy)\n", list(span_bubble));
   fmt::print("peak activation  {}   (per rank; max {:g})\n", list(sim.peak_activation), sim.max_peak_activation());
   fmt::print("param copies     {}\n", s.param_copies);
+  if (s.versioned())
+    fmt::print("weight versions  {}   (per rank: peak versions held, in units of the rank's share; max {:g})\n", list(sim.weight_copies),
+               *std::max_element(sim.weight_copies.begin(), sim.weight_copies.end()));
   fmt::print("actions          {}\n", s.size());
   if (req.model) {
     fmt::print("lower bound      n/a   (loom::lower_bound assumes uniform stages; --costs gives per-stage costs)\n");

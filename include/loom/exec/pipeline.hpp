@@ -163,15 +163,18 @@ struct fnv64 {
 constexpr std::uint64_t schedule_hash(const schedule& s, const pipeline_options& o) {
   fnv64 f;
   for (char c : s.name) f.add(static_cast<unsigned char>(c));
-  for (int v : {s.ranks, s.microbatches, s.chunks, s.stages, s.directions, s.param_copies, static_cast<int>(s.placement)})
+  for (int v : {s.ranks, s.microbatches, s.chunks, s.stages, s.directions, s.param_copies, static_cast<int>(s.placement),
+                s.steps, static_cast<int>(s.stash)})
     f.add(static_cast<std::uint64_t>(v));
+  for (int v : s.version_slots) f.add(static_cast<std::uint64_t>(v));
   for (int v : s.stage_to_rank) f.add(static_cast<std::uint64_t>(v));
   for (int v : s.mb_direction) f.add(static_cast<std::uint64_t>(v));
   for (auto const& p : s.programs) {
     f.add(p.size());
     for (auto const& a : p)
       for (int v : {static_cast<int>(a.kind), static_cast<int>(a.bkind), static_cast<int>(a.what), static_cast<int>(a.mb),
-                    static_cast<int>(a.stage), static_cast<int>(a.bmb), static_cast<int>(a.bstage), static_cast<int>(a.peer)})
+                    static_cast<int>(a.stage), static_cast<int>(a.bmb), static_cast<int>(a.bstage), static_cast<int>(a.peer),
+                    static_cast<int>(a.version), static_cast<int>(a.update)})
         f.add(static_cast<std::uint64_t>(static_cast<std::int64_t>(v)));
   }
   f.add(o.deterministic ? 1 : 0);
@@ -364,9 +367,11 @@ class pipeline {
       throw;  // a handshake mismatch: every rank found the same and throws the same
     } catch (const comm_error& e) {
       abort_quietly(std::string("stopped its pipeline step: ") + e.what());
+      restore_weights_quietly();
       throw pipeline_error(e.rank(), "communication failed: " + e.cause());
     } catch (const std::exception& e) {
       abort_quietly(std::string("stopped its pipeline step: ") + e.what());
+      restore_weights_quietly();
       throw pipeline_error(rank_, e.what());
     }
     if (failed_rank_ < 0 && sched_.directions == 2) {
@@ -380,10 +385,12 @@ class pipeline {
     if (opt_.observer != nullptr) observe_step_end();
     if (failed_rank_ >= 0) {
       if constexpr (on_device) space_.drop_graph();  // a failed capture is never replayed
+      if (versioned_) restore_weights();
       throw pipeline_error(failed_rank_, failure_);
     }
     if constexpr (updatable_stage<Stage>)
-      for (auto& st : stages_) st.update();
+      if (!versioned_)  // an asynchronous run updated where its schedule says
+        for (auto& st : stages_) st.update();
     return res;
   }
 
@@ -425,6 +432,14 @@ class pipeline {
   //! discarded input gradient and, on two-direction schedules, the buffers received from the
   //! other copy).
   std::size_t buffer_bytes() const { return buffer_elements_ * sizeof(value_type); }
+  //! Versioned (asynchronous) schedules: bytes of the weight-version buffers (K per stage, the
+  //! schedule's `version_slots`) and of the copy of every stage's weights at the run's start
+  //! (restored if the run fails); 0 for synchronous schedules.
+  std::size_t version_bytes() const { return version_elements_ * sizeof(value_type); }
+  //! Versioned schedules: the most weight versions local stage `i` (of `stages()`) held at once in
+  //! the last run, counted by the executor as its buffers were written (the version buffers in
+  //! use, at most `version_slots`); 1 for a synchronous schedule.
+  int versions_held(std::size_t i) const { return versioned_ ? locals_[i].held_peak : 1; }
 
  private:
   struct local_stage {
@@ -435,6 +450,12 @@ class pipeline {
     int twin_rank = -1;              // rank of the other copy (two directions), or -1
     int next_fold = 0;
     std::size_t in_size = 0, out_size = 0, stash_size = 0, wg_size = 0;
+    // Versioned schedules: K buffers of the stage's weights (version v in buffer v mod K), the
+    // weights at the run's start, the version now in `weights()`, the latest version, and the
+    // most buffers that held a version at once.
+    std::span<value_type> versions, backup;
+    std::size_t w_size = 0;
+    int K = 0, loaded = 0, latest = 0, held_peak = 0;
   };
 
   template <class Factory>
@@ -445,6 +466,19 @@ class pipeline {
                          " ranks but the communicator has " + std::to_string(comm_->size()));
     if (opt_.timeout.count() > 0) comm_->set_timeout(opt_.timeout);
     if (auto v = validate(generated); !v.ok) throw schedule_error("schedule " + generated.name + " is invalid: " + v.message);
+    if (generated.versioned()) {
+      if constexpr (!versioned_stage<Stage>)
+        throw config_error("schedule " + generated.name +
+                           " is asynchronous (weight versions across steps): its stage type needs weights() and "
+                           "update(const loom::update_context&) (loom::versioned_stage)");
+      if (opt_.observer != nullptr)
+        throw config_error("schedule " + generated.name +
+                           " is asynchronous: a step observer (data parallelism) is not supported over it, every update would "
+                           "need its own gradient all-reduce");
+      if (opt_.graph)
+        throw config_error("schedule " + generated.name + " is asynchronous: graph mode is not supported for it; run it eagerly");
+      versioned_ = true;
+    }
     bool lowered = false;
     for (auto const& p : generated.programs)
       for (auto const& a : p) lowered = lowered || !is_compute(a.kind);
@@ -482,6 +516,14 @@ class pipeline {
       pool(l.send_act, sl.send_act, l.out_size, "activation-send");
       pool(l.send_grad, sl.send_grad, l.in_size, "gradient-send");
       pool(l.wgrad, opt_.deterministic ? sl.wgrad : 0, l.wg_size, "weight-gradient");
+      if constexpr (versioned_stage<Stage>)
+        if (versioned_) {
+          l.w_size = std::span<value_type>(st.weights()).size();
+          l.K = sched_.version_slots[static_cast<std::size_t>(sl.id.stage)];
+          l.versions = space_.allocate(static_cast<std::size_t>(l.K) * l.w_size, where + " weight versions");
+          l.backup = space_.allocate(l.w_size, where + " weights at the run's start");
+          version_elements_ += static_cast<std::size_t>(l.K + 1) * l.w_size;
+        }
       l.contributed.assign(static_cast<std::size_t>(M_), 0);
       l.leader = li;
       l.twin_rank = detail::twin_rank(sched_, sl.id.direction, sl.id.stage);
@@ -510,7 +552,8 @@ class pipeline {
     seed_ = space_.allocate(max_out_last, "loss seed");
     discard_ = space_.allocate(max_in_first, "discarded input gradient");
     buffer_elements_ += (loss_bufs + 1) * max_out_last + max_in_first;
-    const double scale = opt_.scaling == loss_scaling::mean ? 1.0 / M_ : 1.0;
+    // The mean over a step's microbatches (an asynchronous run's T steps each have m of them).
+    const double scale = opt_.scaling == loss_scaling::mean ? 1.0 / sched_.step_microbatches() : 1.0;
     space_.fill(seed_, static_cast<value_type>(scale));
     scale_ = scale;
     std::size_t halves = 0;
@@ -623,7 +666,7 @@ class pipeline {
   void make_labels() {
     if constexpr (on_device) {
       labels_.clear();
-      for (const char* k : {"F", "B", "W", "BW"})
+      for (const char* k : {"F", "B", "W", "BW", "U"})
         for (int mb = 0; mb < M_; ++mb)
           for (int st = 0; st < S_; ++st) labels_.push_back(std::string(k) + " mb" + std::to_string(mb) + " s" + std::to_string(st));
     }
@@ -674,6 +717,7 @@ class pipeline {
       std::fill(l.contributed.begin(), l.contributed.end(), 0);
       l.next_fold = sched_.directions == 2 ? 0 : first_of_direction(ids_[li].direction, 0);
       space_.zero(std::span<value_type>(stages_[li].weight_grad()));
+      if (versioned_) start_versions(li);
       if (ids_[li].stage == 0 && inputs.size() != static_cast<std::size_t>(M_) * l.in_size)
         fail("wrong buffer size: the batch has " + std::to_string(inputs.size()) + " elements but stage 0 needs " +
              std::to_string(M_) + " microbatches x " + std::to_string(l.in_size) + " = " +
@@ -725,6 +769,7 @@ class pipeline {
     } else {
       for (const action& a : program_) run(a);
     }
+    if (versioned_) finish_versions();
   }
 
   template <int R>
@@ -738,7 +783,10 @@ class pipeline {
   //! One action known at compile time: the dispatch folds away.
   template <action A>
   void run_constant() {
+    if constexpr (is_compute(A.kind) && A.kind != op::FB)
+      if (versioned_) use_version(A.mb, A.stage, A.version);
     run_constant_action<A>();
+    if constexpr (A.update) versioned_update(A.mb, A.stage);
     if (opt_.observer != nullptr) opt_.observer->progress();
   }
   template <action A>
@@ -758,7 +806,9 @@ class pipeline {
 
   //! One action from the run-time program.
   void run(const action& a) {
+    if (versioned_ && is_compute(a.kind)) use_version(a.mb, a.stage, a.version);
     run_action(a);
+    if (a.update) versioned_update(a.mb, a.stage);
     if (opt_.observer != nullptr) opt_.observer->progress();
   }
   void run_action(const action& a) {
@@ -863,7 +913,8 @@ class pipeline {
     return from;
   }
   stage_context context(int mb, int s) const {
-    return {.microbatch = mb, .stage = s, .direction = sched_.direction_of(mb), .rank = rank_, .stages = S_, .microbatches = M_};
+    return {.microbatch = mb, .stage = s, .direction = sched_.direction_of(mb), .rank = rank_, .stages = S_, .microbatches = M_,
+            .version = version_};
   }
   std::span<const value_type> batch_input(std::size_t li, int mb) const {
     const auto w = locals_[li].in_size;
@@ -994,6 +1045,108 @@ class pipeline {
       space_.add(acc, owner.wgrad.get(l.next_fold));
       owner.wgrad.give(l.next_fold);
       l.next_fold = paired ? l.next_fold + 1 : first_of_direction(dir, l.next_fold + 1);
+    }
+  }
+
+  // ---- weight versions (asynchronous schedules) --------------------------------------------
+  // Version v of a local stage lives in buffer v mod K; `weights()` is the working copy the
+  // stage's calls read. Every copy and update is enqueued in program order on the space (on a
+  // device, the compute stream that runs the stage's calls), so no further ordering is needed.
+  std::span<value_type> version_slot(local_stage& l, int v) {
+    return l.versions.subspan(static_cast<std::size_t>(v % l.K) * l.w_size, l.w_size);
+  }
+  //! The run's start: version 0 is the stage's weights; they are also kept for a failed run.
+  void start_versions(std::size_t li) {
+    if constexpr (versioned_stage<Stage>) {
+      auto& l = locals_[li];
+      std::span<value_type> w = stages_[li].weights();
+      space_.copy(version_slot(l, 0), w);
+      space_.copy(l.backup, w);
+      l.loaded = l.latest = 0;
+      l.held_peak = 1;
+    }
+    version_ = 0;
+  }
+  //! Before a stage call reading version `v`: loads it into `weights()` unless it is there.
+  void use_version(int mb, int s, int v) {
+    version_ = v;
+    if constexpr (versioned_stage<Stage>) {
+      if (failed_rank_ >= 0) return;
+      const std::size_t li = local_index(mb, s);
+      auto& l = locals_[li];
+      if (l.loaded == v) return;
+      space_.copy(std::span<value_type>(stages_[li].weights()), version_slot(l, v));
+      l.loaded = v;
+    }
+  }
+  //! After the weight-gradient action of (mb, s) that carries the update: the stage's update turns
+  //! the latest version and the gradient accumulated since the previous update into the next
+  //! version, stored in its buffer; the accumulator starts again from zero.
+  void versioned_update(int mb, int s) {
+    if constexpr (versioned_stage<Stage>) {
+      if (failed_rank_ >= 0) return;
+      const std::size_t li = local_index(mb, s);
+      auto& l = locals_[li];
+      if (opt_.deterministic && l.next_fold <= mb) {
+        fail("stage " + std::to_string(s) + " updates after microbatch " + std::to_string(mb) +
+             " before the weight gradients of every earlier microbatch were folded (an out-of-order schedule)");
+        return;
+      }
+      std::span<value_type> w = stages_[li].weights();
+      std::span<value_type> acc = stages_[li].weight_grad();
+      if (l.loaded != l.latest) space_.copy(w, version_slot(l, l.latest));
+      const int next = l.latest + 1;
+      stage_context ctx = context(mb, s);
+      try {
+        space_.call(update_label(mb, s), ctx, [&] { return detail::accesses(detail::reads(acc), detail::writes(w)); },
+                    [&] { stages_[li].update(update_context{.stage = s, .direction = 0, .rank = rank_, .version = next, .stream = ctx.stream}); });
+      } catch (const std::exception& e) {
+        fail("stage " + std::to_string(s) + " update to version " + std::to_string(next) + " threw: " + e.what());
+        return;
+      } catch (...) {
+        fail("stage " + std::to_string(s) + " update to version " + std::to_string(next) + " threw a non-standard exception");
+        return;
+      }
+      space_.copy(version_slot(l, next), w);
+      space_.zero(acc);
+      l.latest = l.loaded = next;
+      l.held_peak = std::max(l.held_peak, std::min(next + 1, l.K));
+    }
+  }
+  //! The run's end: every stage's `weights()` holds its latest version.
+  void finish_versions() {
+    if constexpr (versioned_stage<Stage>) {
+      if (failed_rank_ >= 0) return;
+      for (std::size_t li = 0; li < locals_.size(); ++li) {
+        auto& l = locals_[li];
+        if (l.loaded != l.latest) space_.copy(std::span<value_type>(stages_[li].weights()), version_slot(l, l.latest));
+        l.loaded = l.latest;
+      }
+    }
+  }
+  //! A failed run: every stage's weights as they were at the run's start.
+  void restore_weights() {
+    if constexpr (versioned_stage<Stage>) {
+      space_.begin(false);
+      for (std::size_t li = 0; li < locals_.size(); ++li) {
+        space_.copy(std::span<value_type>(stages_[li].weights()), locals_[li].backup);
+        locals_[li].loaded = locals_[li].latest = 0;
+      }
+      space_.end();
+    }
+  }
+  void restore_weights_quietly() noexcept {
+    if (!versioned_) return;
+    try {
+      restore_weights();
+    } catch (...) {
+    }
+  }
+  const char* update_label(int mb, int st) const {
+    if constexpr (!on_device) {
+      return "";
+    } else {
+      return labels_[static_cast<std::size_t>((4 * M_ + mb) * S_ + st)].c_str();
     }
   }
 
@@ -1132,7 +1285,9 @@ class pipeline {
       }
     }
     if (failed_rank_ >= 0) {
-      failure_ += "; the step was abandoned on every rank and no weights were updated";
+      failure_ += versioned_ ? "; the run was abandoned on every rank and every stage's weights were restored to the run's start "
+                               "(optimizer state a stage keeps itself is not restored)"
+                             : "; the step was abandoned on every rank and no weights were updated";
       if (!others.empty()) failure_ += " (ranks " + others + " failed too)";
       return;
     }
@@ -1182,6 +1337,9 @@ class pipeline {
   std::chrono::steady_clock::time_point step_t0_{};  // the current step's start (`step` entry)
   std::vector<std::pair<int, int>> device_marks_;     // device measure mode: each timeline entry's marks
   bool in_fb_ = false;                  // running the halves of an FB action
+  bool versioned_ = false;              // an asynchronous schedule: weight versions and in-program updates
+  int version_ = 0;                     // versioned: the version the next stage call reads (its context's)
+  std::size_t version_elements_ = 0;    // versioned: elements of the version and start buffers
   std::vector<char> observed_use_;  // step observer: local stages used this step
   std::vector<int> observed_w_;     // step observer: weight-gradient actions run per local stage
 };

@@ -277,6 +277,11 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
   if (auto r = detail::check_model_desc(m); !r.empty()) throw config_error(r);
   if (auto r = detail::check_cluster_desc(c); !r.empty()) throw config_error(r);
   plan_report rep;
+  for (const std::string& name : o.families)
+    if (const family_entry* e = default_registry().find(name); e != nullptr && e->multi_step)
+      throw config_error("plan: '" + name +
+                         "' is asynchronous (weight versions across steps, a different training rule); plan searches synchronous "
+                         "training: compare asynchronous families with `loom best --steps T`");
   struct candidate {
     plan_config k;
     const family_entry* e;

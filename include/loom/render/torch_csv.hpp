@@ -695,7 +695,8 @@ struct torch_csv_write_options {
 //!   the line, in send order.
 //!
 //! Throws `schedule_error` for a schedule PyTorch's format cannot hold (two directions, several
-//! parameter copies), and for a lowered schedule asked for in the compute-only form.
+//! parameter copies, weight versions across steps), and for a lowered schedule asked for in the
+//! compute-only form.
 constexpr loom::text write_torch_csv(const schedule& s, const torch_csv_write_options& opt = {}) {
   using detail::to_text;
   using detail::torch_kind;
@@ -705,6 +706,9 @@ constexpr loom::text write_torch_csv(const schedule& s, const torch_csv_write_op
   if (s.param_copies != 1)
     throw schedule_error("PyTorch's pipeline CSV holds one copy of the parameters, but schedule '" + s.name + "' needs " +
                          to_text(s.param_copies) + " (param_copies)");
+  if (s.versioned())
+    throw schedule_error("PyTorch's pipeline CSV runs one synchronous step, but schedule '" + s.name + "' spans " + to_text(s.steps) +
+                         " steps with weight versions (an asynchronous family): its versions and updates cannot be written");
   bool has_comm = false;
   for (auto const& prog : s.programs)
     for (const action& a : prog) has_comm = has_comm || !is_compute(a.kind);

@@ -17,6 +17,8 @@ namespace loom {
 //! Kind of an action. `F` forward; `B` input-gradient backward; `W` weight-gradient backward;
 //! `BW` fused full backward (B then W as one action); `FB` a forward overlapped with a
 //! backward (DualPipe); `send`/`recv` point-to-point transfers inserted by `lower`.
+//! Weight updates are not actions: in a versioned schedule (`schedule::versioned`) a `W` or
+//! `BW` may carry `action::update`, the stage's optimizer step right after it.
 enum class op : std::uint8_t { F, B, W, BW, FB, send, recv };
 
 //! What a send/recv carries: the activation produced by `F(stage, mb)` or the input gradient
@@ -27,15 +29,22 @@ enum class payload : std::uint8_t { activation, gradient };
 //! along that microbatch's path. For `FB`, (`mb`, `stage`) is the forward half and
 //! (`bkind`, `bmb`, `bstage`) the backward half. For `send`/`recv`, `peer` is the other rank and
 //! (`what`, `mb`, `stage`) the transferred item, named by the stage that produced it.
+//! In a versioned schedule (asynchronous families, `schedule::versioned`), `version` is the
+//! weight version of `stage` the action reads (0: the initial weights; `v`: the weights after the
+//! stage's v-th update) and `update` on a `W`/`BW` says that the stage's optimizer runs right
+//! after it, writing the next version from the gradients accumulated since the previous update.
+//! Synchronous schedules leave both at their defaults (one update per step, after the flush).
 struct action {
   op kind = op::F;
   op bkind = op::B;
   payload what = payload::activation;
+  bool update = false;  //!< versioned schedules: the stage's update runs after this `W`/`BW`
   std::int32_t mb = 0;
   std::int32_t stage = 0;
   std::int32_t bmb = -1;
   std::int32_t bstage = -1;
   std::int32_t peer = -1;
+  std::int32_t version = 0;  //!< versioned schedules: the weight version of `stage` read
 
   friend constexpr bool operator==(const action&, const action&) = default;
 };
@@ -81,10 +90,16 @@ constexpr std::string_view to_string(op k) {
   return "?";
 }
 
-//! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`.
+//! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`; a version
+//! other than 0 is appended as `/v2`, an update as `+u` (`BW3@s1/v2+u`).
 constexpr text to_string(const action& a) {
   using detail::to_text;
-  auto one = [](op k, int mb, int s) { return text(to_string(k)) + to_text(mb) + "@s" + to_text(s); };
+  auto one = [&a](op k, int mb, int s) {
+    text t = text(to_string(k)) + to_text(mb) + "@s" + to_text(s);
+    if (a.version != 0) t += "/v" + to_text(a.version);
+    if (a.update) t += "+u";
+    return t;
+  };
   switch (a.kind) {
     case op::FB: return "FB(" + one(op::F, a.mb, a.stage) + "+" + one(a.bkind, a.bmb, a.bstage) + ")";
     case op::send:

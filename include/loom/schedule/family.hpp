@@ -98,6 +98,15 @@ concept cost_aware_family = schedule_family<F> && requires(const F& f, const sha
   { f.generate(s, o) } -> std::same_as<schedule>;
 };
 
+//! A family whose one schedule spans `shape::steps` training steps without a flush (the
+//! asynchronous families: `pipedream`, `pipedream-2bw`, ...): it declares
+//! `static constexpr bool multi_step = true`. Every other family runs one step per schedule and
+//! refuses `steps != 1`.
+template <class F>
+concept multi_step_family = schedule_family<F> && requires {
+  requires static_cast<bool>(F::multi_step);
+};
+
 //! The family's natural chunk count (its `default_chunks`, or 1).
 template <class F>
 inline constexpr int default_chunks_v = [] {
@@ -200,10 +209,24 @@ constexpr text check_options(const generate_options& o) {
   return {};
 }
 
-//! `f.check(s)` followed by loom's size limits for `F`; `s` resolved.
+//! `f.check(s)` followed by loom's size limits for `F`; `s` resolved. A family that is not a
+//! `multi_step_family` runs exactly one step; a multi-step one counts its cells over all steps.
 template <schedule_family F>
 constexpr text check_all(const F& f, shape s) {
+  if constexpr (!multi_step_family<F>) {
+    if (s.steps != 1)
+      return text(F::name) + " is synchronous: one schedule is one step, flushed (got steps=" + to_text(s.steps) +
+             "; the asynchronous families span several)";
+  } else {
+    if (s.steps < 1) return text(F::name) + " needs steps >= 1 (got steps=" + to_text(s.steps) + ")";
+  }
   if (text rule = f.check(s); !rule.empty()) return rule;
+  if constexpr (multi_step_family<F>) {
+    if (s.microbatches >= 1 && static_cast<long long>(s.microbatches) * s.steps > max_shape_cells)
+      return text(F::name) + " needs microbatches x steps <= " + to_text(max_shape_cells) + " (got " +
+             to_text(s.microbatches) + " x " + to_text(s.steps) + ")";
+    s.microbatches *= s.steps;  // the cells of all T steps
+  }
   return check_size(F::name, s, max_cells_v<F>, max_ranks_v<F>);
 }
 }  // namespace detail

@@ -42,6 +42,9 @@ constexpr schedule lower(const schedule& s) {
   out.placement = s.placement;
   out.stage_to_rank = s.stage_to_rank;
   out.mb_direction = s.mb_direction;
+  out.steps = s.steps;
+  out.version_slots = s.version_slots;
+  out.stash = s.stash;
   out.programs.resize(uP);
 
   // Pass 1: the send order on every channel (items as codes cell * 2 + payload), each item's

@@ -29,6 +29,7 @@
 #include "loom/schedule/gpipe.hpp"
 #include "loom/schedule/interleaved_1f1b.hpp"
 #include "loom/schedule/one_f_one_b.hpp"
+#include "loom/schedule/pipedream.hpp"
 #include "loom/schedule/zb_h1.hpp"
 #include "loom/schedule/zb_auto.hpp"
 #include "loom/schedule/zb_h2.hpp"
@@ -38,8 +39,14 @@
 
 namespace loom {
 
-//! The built-in schedule families, in the order `loom list` prints them.
-using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v, chimera, bitpipe, hanayo, looped_bfs, gpipe_2bp, one_f_one_b_2bp, zb_auto, zb_v, v_half, v_min>;
+//! The built-in schedule families, in the order `loom list` prints them: the synchronous ones,
+//! then the asynchronous ones (`multi_step_family`, `family_entry::multi_step`).
+using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v, chimera, bitpipe, hanayo, looped_bfs, gpipe_2bp, one_f_one_b_2bp, zb_auto, zb_v, v_half, v_min,
+                                    pipedream, pipedream_vertical_sync, pipedream_2bw, pipelined_backprop>;
+
+//! Other names of built-in families (`registry::alias`): `pipedream-flush` is 1F1B (the name the
+//! PipeDream-2BW paper, ICML 2021 §3.2, gives it).
+inline constexpr std::pair<std::string_view, std::string_view> builtin_aliases[] = {{"pipedream-flush", "1f1b"}};
 
 //! A type-erased family: what the registry stores.
 struct family_entry {
@@ -48,6 +55,9 @@ struct family_entry {
   int default_chunks = 1;                          //!< natural chunks per rank
   std::function<text(shape)> check;                //!< rule (size limits included) broken by a resolved shape, or ""
   bool cost_aware = false;                         //!< uses `generate_options` (auto-schedulers)
+  //! An asynchronous family: one schedule spans `shape::steps` steps without a flush, with weight
+  //! versions (`schedule::versioned`); its training rule differs from synchronous SGD.
+  bool multi_step = false;
   std::function<schedule(shape, const generate_options&)> generate;  //!< schedule for a resolved shape
 
   //! `s` with chunks defaulted.
@@ -72,6 +82,7 @@ family_entry make_entry() {
   e.default_chunks = default_chunks_v<F>;
   e.check = [](shape s) { return detail::check_all(F{}, s); };
   e.cost_aware = cost_aware_family<F>;
+  e.multi_step = multi_step_family<F>;
   e.generate = [](shape s, const generate_options& o) { return loom::generate(F{}, s, o); };
   return e;
 }
@@ -91,10 +102,30 @@ class registry {
   registry& add() {
     return add(make_entry<F>());
   }
-  //! The entry called `name`, or nullptr. Not on a temporary registry (it would dangle).
+  //! Makes `name` another name of the family `target` (already added): `find(name)` and
+  //! `at(name)` return `target`'s entry, which `entries()` lists once. Throws `schedule_error`
+  //! when `target` is unknown or `name` is already a family's name.
+  registry& alias(std::string_view name, std::string_view target) {
+    if (find(target) == nullptr) throw schedule_error("alias '" + text(name) + "' names unknown schedule '" + text(target) + "'");
+    for (auto const& e : entries_)
+      if (e.name == name) throw schedule_error("alias '" + text(name) + "' is already a schedule's name");
+    for (auto& a : aliases_)
+      if (a.first == name) {
+        a.second = text(target);
+        return *this;
+      }
+    aliases_.emplace_back(text(name), text(target));
+    return *this;
+  }
+  //! The aliases, as (name, target) pairs in the order they were added.
+  const std::vector<std::pair<text, text>>& aliases() const& { return aliases_; }
+  //! The entry called `name` (or aliased `name`), or nullptr. Not on a temporary registry (it
+  //! would dangle).
   const family_entry* find(std::string_view name) const& {
     for (auto const& e : entries_)
       if (e.name == name) return &e;
+    for (auto const& a : aliases_)
+      if (a.first == name) return find(a.second);
     return nullptr;
   }
   //! The entry called `name`; throws `schedule_error` listing the known names otherwise.
@@ -102,6 +133,7 @@ class registry {
     if (auto const* e = find(name)) return *e;
     text known;
     for (auto const& e : entries_) known += (known.empty() ? "" : ", ") + e.name;
+    for (auto const& a : aliases_) known += ", " + a.first;
     throw schedule_error("unknown schedule '" + text(name) + "' (known: " + known + ")");
   }
   //! All entries in insertion order.
@@ -113,6 +145,7 @@ class registry {
 
  private:
   std::vector<family_entry> entries_;
+  std::vector<std::pair<text, text>> aliases_;
 };
 
 //! A registry holding every family of the tuple `Families`: by default every built-in family.
@@ -123,6 +156,8 @@ template <class Families = builtin_families>
 registry builtin_registry() {
   registry r;
   std::apply([&](auto... f) { (r.add<decltype(f)>(), ...); }, Families{});
+  for (auto const& [name, target] : builtin_aliases)
+    if (r.find(target) != nullptr) r.alias(name, target);
   return r;
 }
 

@@ -52,6 +52,18 @@ struct schedule {
   std::vector<int> stage_to_rank;  //!< rank of stage `s` on direction `d`: `[d * stages + s]`
   std::vector<int> mb_direction;   //!< direction of each microbatch (empty: all 0)
   std::vector<std::vector<action>> programs;  //!< one program per rank, in execution order
+  //! T: training steps the programs run. Synchronous families run one (`microbatches` is m);
+  //! an asynchronous family runs T steps without a flush, microbatch `t * m + i` being the
+  //! i-th of step t, and `microbatches` is then T * m.
+  int steps = 1;
+  //! Versioned (asynchronous) schedules: the weight buffers of each stage, `[d * stages + s]`
+  //! (version v of a stage lives in buffer v mod K, so writing version v + K drops version v).
+  //! Empty for synchronous schedules, whose stages hold one version updated after the flush.
+  std::vector<int> version_slots;
+  //! Versioned schedules: true when a microbatch's forward and backward on a stage must read
+  //! the same weight version (weight stashing); false where the rule reads the latest weights at
+  //! every action (pipelined backpropagation, Kosson et al. 2021).
+  bool stash = true;
 
   //! Direction (path) of microbatch `mb`.
   constexpr int direction_of(int mb) const {
@@ -61,6 +73,10 @@ struct schedule {
   constexpr int rank_of(int mb, int stage) const {
     return stage_to_rank[static_cast<std::size_t>(direction_of(mb) * stages + stage)];
   }
+  //! True for an asynchronous schedule whose actions carry weight versions and updates.
+  constexpr bool versioned() const { return !version_slots.empty(); }
+  //! m: microbatches per step.
+  constexpr int step_microbatches() const { return steps > 1 ? microbatches / steps : microbatches; }
   //! Fraction `q = P/S` of one rank's share of the model held by one virtual stage.
   constexpr double stage_fraction() const { return static_cast<double>(ranks) / stages; }
   //! Total number of actions over all ranks.

@@ -11,11 +11,15 @@ namespace loom {
 
 //! The shape of a pipeline schedule: `ranks` devices, `microbatches` per step and `chunks`
 //! model chunks (virtual stages) per rank. `chunks = 0` means "the family's natural value".
+//! `steps` is T, the training steps one schedule spans: 1 for the synchronous families (each
+//! step is the same schedule, flushed); an asynchronous family (`multi_step_family`) runs T steps
+//! without a flush.
 //! A structural aggregate, so it can be a template argument (`static_schedule<F, shape{4, 8}>`).
 struct shape {
   int ranks = 1;
   int microbatches = 1;
   int chunks = 0;
+  int steps = 1;
   friend constexpr bool operator==(const shape&, const shape&) = default;
 };
 

@@ -50,6 +50,11 @@ struct simulation {
   std::vector<double> busy;             //!< per rank: sum of action durations
   std::vector<double> span;             //!< per rank: end of last - start of first action
   std::vector<double> peak_activation;  //!< per rank: peak live activation units
+  //! Per rank: the peak number of weight versions it holds, in units of the rank's share of one
+  //! model copy (each stage counts `q = P/S` per version). Synchronous schedules hold one
+  //! version per stage (so `param_copies`); a versioned schedule's count follows its programs
+  //! (`weight_versions`).
+  std::vector<double> weight_copies;
   std::vector<std::vector<action_time>> times;  //!< parallel to `schedule::programs`
 
   //! Idle time of rank `r` inside the global window: `makespan - busy[r]`.
@@ -104,6 +109,64 @@ constexpr text waited_for(const schedule& s, const action& a, bool backward_half
 }  // namespace detail
 
 namespace detail {
+
+//! Per rank, the peak number of weight versions held (see `simulation::weight_copies`). In a
+//! versioned schedule, a version of a stage is held from the update that writes it until it is
+//! neither the latest nor read again: replaying each rank's program, the count after each action
+//! is, per stage, 1 (the latest) plus the older versions some later action reads. Versions out
+//! of range (an invalid schedule) are ignored: `validate` reports them.
+constexpr std::vector<double> weight_versions(const schedule& s) {
+  const auto uP = static_cast<std::size_t>(s.ranks);
+  const auto uS = static_cast<std::size_t>(s.stages);
+  const double q = s.stages >= 1 ? s.stage_fraction() : 1.0;
+  std::vector<double> out(uP, 0.0);
+  std::vector<int> held(uP, 0);  // stages on each rank
+  for (int r : s.stage_to_rank)
+    if (static_cast<std::size_t>(r) < uP) ++held[static_cast<std::size_t>(r)];
+  if (!s.versioned() || s.version_slots.size() != uS || s.programs.size() != uP) {
+    for (std::size_t r = 0; r < uP; ++r) out[r] = held[r] * q;
+    return out;
+  }
+  // Pass 1: updates per stage, then the position of the last read of every version.
+  std::vector<int> updates(uS, 0);
+  for (auto const& prog : s.programs)
+    for (const action& a : prog)
+      if (is_compute(a.kind) && a.update && static_cast<std::size_t>(a.stage) < uS) ++updates[static_cast<std::size_t>(a.stage)];
+  std::vector<std::vector<long long>> last_read(uS);
+  for (std::size_t st = 0; st < uS; ++st) last_read[st].assign(static_cast<std::size_t>(updates[st]) + 1, -1);
+  auto readable = [&](const action& a) {
+    return is_compute(a.kind) && static_cast<std::size_t>(a.stage) < uS &&
+           static_cast<std::size_t>(a.version) < last_read[static_cast<std::size_t>(a.stage)].size();
+  };
+  for (auto const& prog : s.programs)
+    for (std::size_t i = 0; i < prog.size(); ++i)
+      if (readable(prog[i])) last_read[static_cast<std::size_t>(prog[i].stage)][static_cast<std::size_t>(prog[i].version)] = static_cast<long long>(i);
+  // Pass 2: the count after every action.
+  std::vector<int> latest(uS, 0);
+  for (std::size_t r = 0; r < uP; ++r) {
+    int live = held[r], peak = live;  // version 0 of every stage the rank holds
+    auto const& prog = s.programs[r];
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
+      if (!readable(a)) continue;
+      const auto st = static_cast<std::size_t>(a.stage);
+      auto const& lr = last_read[st];
+      const auto here = static_cast<long long>(i);
+      const bool done = lr[static_cast<std::size_t>(a.version)] == here;
+      if (a.update && latest[st] < updates[st]) {
+        const int old = latest[st]++;
+        ++live;
+        if (lr[static_cast<std::size_t>(old)] <= here) --live;  // the old latest is read no more
+        if (a.version != old && done) --live;
+      } else if (a.version != latest[st] && done) {
+        --live;
+      }
+      peak = live > peak ? live : peak;
+    }
+    out[r] = peak * q;
+  }
+  return out;
+}
 
 //! The simulator's view of `loom::costs`: every stage takes `q` of a rank's share, every hop `c`.
 struct uniform_cost_view {
@@ -320,6 +383,7 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
   if (!finite(out.makespan) || !finite(total))
     throw config_error("costs too large: the makespan of schedule " + s.name + " is not a finite number (" +
                        view.describe() + ")");
+  out.weight_copies = weight_versions(s);
   out.bubble_ratio = out.makespan > 0 ? 1 - total / (P * out.makespan) : 0;
   out.bubble_rate = max_span > 0 ? 1 - total / (P * max_span) : 0;
   out.ok = true;

@@ -16,6 +16,14 @@
 //!     before it is consumed; every item is sent after it is produced and received exactly once.
 //!     Rule 4 implies rule 3, so a lowered schedule is checked by the lowered replay alone (the
 //!     dependency replay runs only to explain a failure).
+//!  5. weight versions: a synchronous schedule carries none (every `version` 0, no `update`); a
+//!     versioned one (`schedule::versioned`: the asynchronous families) has one weight-buffer
+//!     count >= 1 per stage, one direction, no `FB`, `update` only on `W`/`BW`, T m microbatches
+//!     for T steps, and, replaying each rank's program in order: every action reads a version of
+//!     its stage that is written (v <= the stage's updates so far) and not yet dropped (writing
+//!     version v + K drops version v, K the stage's buffers); with `stash`, a microbatch's
+//!     backward actions read the version its forward read; the last `W`/`BW` of every stage
+//!     updates (no gradient is left unapplied).
 //! Errors name the rank, the position and the action, and render the offending grid.
 
 #include <cstddef>
@@ -292,7 +300,75 @@ constexpr validation check_structure(const schedule& s) {
 }
 }  // namespace detail
 
-//! Checks rules 1-4 above. Never throws; see `require_valid`.
+namespace detail {
+//! Rule 5: weight versions (see the file comment). Assumes rules 1-2 hold (stages in range and
+//! on their ranks).
+constexpr validation check_versions(const schedule& s) {
+  using detail::to_text;
+  if (!s.versioned()) {
+    for (int r = 0; r < s.ranks; ++r) {
+      auto const& prog = s.programs[static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < prog.size(); ++i)
+        if (is_compute(prog[i].kind) && (prog[i].version != 0 || prog[i].update))
+          return fail_at(s, r, i, "a synchronous schedule carries no weight versions or updates (version_slots is empty)");
+    }
+    if (s.steps != 1) return {false, "a synchronous schedule spans one step (got steps=" + to_text(s.steps) + ")"};
+    return {};
+  }
+  const int S = s.stages;
+  if (s.directions != 1) return {false, "a versioned schedule has one direction (got " + to_text(s.directions) + ")"};
+  if (s.version_slots.size() != static_cast<std::size_t>(S))
+    return {false, "version_slots has " + to_text(static_cast<long long>(s.version_slots.size())) + " entries for " + to_text(S) + " stages"};
+  for (int st = 0; st < S; ++st)
+    if (s.version_slots[static_cast<std::size_t>(st)] < 1)
+      return {false, "stage " + to_text(st) + " has " + to_text(s.version_slots[static_cast<std::size_t>(st)]) + " weight buffers (needs >= 1)"};
+  if (s.steps < 1 || s.microbatches % s.steps != 0)
+    return {false, "a versioned schedule of " + to_text(s.steps) + " steps needs a multiple of them as microbatches (got " +
+                       to_text(s.microbatches) + ")"};
+  std::vector<int> updates(static_cast<std::size_t>(S), 0), forward_version(static_cast<std::size_t>(s.microbatches) * static_cast<std::size_t>(S), -1);
+  std::vector<std::size_t> last_grad(static_cast<std::size_t>(S), ~std::size_t{0});
+  std::vector<int> last_grad_rank(static_cast<std::size_t>(S), -1);
+  for (int r = 0; r < s.ranks; ++r) {
+    auto const& prog = s.programs[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
+      if (!is_compute(a.kind)) continue;
+      if (a.kind == op::FB) return fail_at(s, r, i, "a versioned schedule has no overlapped FB actions");
+      if (a.update && a.kind != op::W && a.kind != op::BW)
+        return fail_at(s, r, i, "only a weight-gradient action (W or BW) carries an update");
+      const auto st = static_cast<std::size_t>(a.stage);
+      const int K = s.version_slots[st], have = updates[st];
+      if (a.version < 0 || a.version > have)
+        return fail_at(s, r, i, "reads version " + to_text(a.version) + " of stage " + to_text(a.stage) + ", which is not written yet (the stage has " +
+                                    to_text(have) + " update(s) so far)");
+      if (a.version <= have - K)
+        return fail_at(s, r, i, "reads version " + to_text(a.version) + " of stage " + to_text(a.stage) + ", dropped when version " +
+                                    to_text(a.version + K) + " was written (" + to_text(K) + " weight buffer(s))");
+      const std::size_t c = cell(a.mb, a.stage, s.microbatches);
+      if (a.kind == op::F) {
+        forward_version[c] = a.version;
+      } else if (s.stash && forward_version[c] != a.version) {
+        return fail_at(s, r, i, "reads version " + to_text(a.version) + " but the forward of the same microbatch read version " +
+                                    to_text(forward_version[c]) + " (weight stashing: the backward reads the forward's weights)");
+      }
+      if (a.kind == op::W || a.kind == op::BW) {
+        last_grad[st] = i;
+        last_grad_rank[st] = r;
+      }
+      if (a.update) ++updates[st];
+    }
+  }
+  for (std::size_t st = 0; st < static_cast<std::size_t>(S); ++st) {
+    const int r = last_grad_rank[st];
+    if (r >= 0 && !s.programs[static_cast<std::size_t>(r)][last_grad[st]].update)
+      return fail_at(s, r, last_grad[st], "the last weight-gradient action of stage " + to_text(static_cast<long long>(st)) +
+                                              " has no update: its gradients would never be applied");
+  }
+  return {};
+}
+}  // namespace detail
+
+//! Checks rules 1-5 above. Never throws; see `require_valid`.
 constexpr validation validate(const schedule& s) {
   using detail::fail_at;
   using detail::to_text;
@@ -327,12 +403,12 @@ constexpr validation validate(const schedule& s) {
     if (validation v = detail::check_structure(s); !v.ok) return v;
     simulation sim = simulate(s);  // rule 3
     if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
-    return {};
+    return detail::check_versions(s);
   }
   // Lowered: the replay checks rules 1-4 in one pass; on failure, explain it by the first broken
   // rule in order (structure, then dependencies, then the replay's own finding).
   validation v = detail::replay_lowered(s);
-  if (v.ok) return v;
+  if (v.ok) return detail::check_versions(s);
   if (validation sv = detail::check_structure(s); !sv.ok) return sv;
   simulation sim = simulate(s);
   if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};

@@ -14,6 +14,11 @@
 //! - `loom::split_stage`: additionally `backward_input` and `backward_weight`, the split the
 //!   Zero Bubble schedules need (Qi et al., ICLR 2024, §2: B computes the gradient with respect
 //!   to the stage input, W the gradient with respect to the weights, later).
+//! - `loom::versioned_stage`: additionally `weights()` (the parameters its calls read) and
+//!   `update(const update_context&)`, what the asynchronous schedules need (PipeDream,
+//!   PipeDream-2BW, pipelined backpropagation: `loom/schedule/pipedream.hpp`). loom keeps the
+//!   schedule's weight versions in buffers of its own, loads the version an action reads into
+//!   `weights()` before the call, and calls `update` where the schedule updates.
 //!
 //! Buffers (all sizes in elements of `value_type`, per microbatch):
 //! - `input` (`input_size()`): the activation entering the stage; read-only; alive from the
@@ -61,7 +66,10 @@ struct stage_context {
   int direction = 0;    //!< path of the microbatch
   int rank = 0;         //!< rank running the call
   int stages = 1;       //!< S, the number of virtual stages per path
-  int microbatches = 1; //!< m, microbatches in the step
+  int microbatches = 1; //!< m, microbatches in the step (an asynchronous run: T m, microbatch t m + i)
+  //! Versioned (asynchronous) schedules: the weight version this call reads, already loaded into
+  //! the stage's `weights()`; 0 otherwise.
+  int version = 0;
   //! CUDA backends: the rank's compute stream (a `cudaStream_t`); the stage enqueues its kernels
   //! there and returns without waiting. Null on host backends.
   CUstream_st* stream = nullptr;
@@ -130,5 +138,30 @@ concept split_stage =
 //! that the step succeeded (never after a failed step).
 template <class S>
 concept updatable_stage = stage<S> && requires(S& s) { s.update(); };
+
+//! What a versioned stage's update is told (see `versioned_stage`).
+struct update_context {
+  int stage = 0;      //!< virtual stage index
+  int direction = 0;  //!< path (always 0: versioned schedules have one)
+  int rank = 0;       //!< rank running the update
+  //! The version this update writes: the stage's updates so far, this one included (1 for the
+  //! first). `weights()` holds the previous latest version when `update` is called.
+  int version = 1;
+  //! CUDA backends: the rank's compute stream; the update enqueues there. Null on host backends.
+  CUstream_st* stream = nullptr;
+};
+
+//! A stage that runs asynchronous (versioned) schedules: `weights()` is the span of parameters
+//! every call reads (a `std::span<value_type>`, fixed for the life of the object), and
+//! `update(const update_context&)` applies the gradient accumulated in `weight_grad()` to
+//! `weights()` (weights -= lr * gradient, or any optimizer). loom holds the schedule's versions
+//! (`schedule::version_slots`) in buffers of `weights().size()` elements, copies the version an
+//! action reads into `weights()` before the call, and, at an update, loads the latest version,
+//! calls `update`, stores the result as the next version and zeroes `weight_grad()`.
+template <class S>
+concept versioned_stage = stage<S> && requires(S& s, const update_context& u) {
+  { s.weights() } -> std::convertible_to<std::span<typename S::value_type>>;
+  s.update(u);
+};
 
 }  // namespace loom
