@@ -273,3 +273,37 @@ TEST_CASE("asynchronous schedules refuse a stage without versions and a step obs
   CHECK(stage_errors == 2);
   CHECK(observer_errors == 2);
 }
+
+TEST_CASE("a static (compile-time) pipedream-2bw schedule runs its versions and updates as the run-time one does") {
+  using sched = loom::static_schedule<loom::pipedream_2bw, loom::shape{.ranks = 2, .microbatches = 2, .chunks = 1, .steps = 4}>;
+  static_assert(sched::lowered_program<0>.size() > 0);
+  const loom::schedule rt = sched::runtime();
+  REQUIRE(rt.versioned());
+  const auto m = spec_for(rt.stages);
+  const auto data = quickstart::make_run_batch(m, 2, 4);
+  std::vector<std::vector<double>> params(static_cast<std::size_t>(m.layers()));
+  std::vector<double> losses;
+  std::mutex mu;
+  loom::run_threads(2, [&](loom::threads::comm& c) {
+    loom::pipeline p(sched{}, c, [&](loom::stage_id id) {
+      auto [a, b] = quickstart::stage_layers(m, id.stage, rt.stages);
+      return quickstart::mlp_stage(m, a, b, id.stage == rt.stages - 1, &data.targets);
+    }, {.deterministic = true});
+    p.step(data.inputs);
+    std::lock_guard lk(mu);
+    if (c.rank() == 0) {
+      for (int t = 0; t < 4; ++t) losses.push_back((p.microbatch_losses()[static_cast<std::size_t>(2 * t)] +
+                                                    p.microbatch_losses()[static_cast<std::size_t>(2 * t + 1)]) *
+                                                   0.5);
+    }
+    for (auto& st : p.stages())
+      for (int l = st.first_layer(); l < st.last_layer(); ++l) {
+        auto w = st.layer_params(l);
+        params[static_cast<std::size_t>(l)].assign(w.begin(), w.end());
+      }
+  });
+  std::vector<std::vector<double>> want_params;
+  const auto want = quickstart::reference_asynchronous(m, rule_of(rt), 2, 4, 0.5, want_params);
+  for (int t = 0; t < 4; ++t) CHECK(std::memcmp(&losses[static_cast<std::size_t>(t)], &want[static_cast<std::size_t>(t)], sizeof(double)) == 0);
+  for (std::size_t l = 0; l < want_params.size(); ++l) CHECK(same_bits(params[l], want_params[l]));
+}
