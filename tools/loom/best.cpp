@@ -7,7 +7,8 @@
 // bound on its placement (loom::lower_bound) and its gap to it. With --json, one JSON object.
 // With --steps T > 1 the asynchronous families (pipedream, pipedream-2bw, ...) join, run over T
 // steps without a flush; a synchronous family's T flushed steps have its one-step bubble rate and
-// T times its makespan. "params" is the most weight versions any rank holds (per rank in --json).
+// T times its makespan and its transfers. "params" is the most weight versions any rank holds (per
+// rank in --json).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -115,7 +116,7 @@ void run_best(const best_text& t) {
       x.peak = ev.sim.max_peak_activation();
       x.weight_copies = ev.sim.weight_copies;
       x.param_copies = *std::max_element(x.weight_copies.begin(), x.weight_copies.end());
-      x.transfers = transfers_of(loom::lower(ev.sched));
+      x.transfers = transfers_of(loom::lower(ev.sched)) * (e.multi_step ? 1 : T);  // over the T steps
       x.fits = limit <= 0 || x.peak <= limit + 1e-9;
       // A schedule over the limit is measured against the bound at its own peak (it is no order within the limit).
       x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0, r.model);
