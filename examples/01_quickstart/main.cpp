@@ -97,6 +97,19 @@ struct verdict {
   double max_rel_params = 0;  // largest relative parameter difference to the reference
   std::int64_t differing_bits = 0;
   double max_rel_loss = 0;
+  //! Every rank's worst relative differences `mine`, the largest over the ranks (collective).
+  template <class Comm>
+  static std::vector<double> gather(Comm& comm, std::vector<double> mine) {
+    comm.all_reduce(std::span<double>(mine), loom::reduce_op::max);
+    return mine;
+  }
+  //! The values that differ bitwise, summed over the ranks (collective).
+  template <class Comm>
+  std::int64_t gather_bits(Comm& comm) const {
+    std::vector<std::int64_t> bits{differing_bits};
+    comm.all_reduce(std::span<std::int64_t>(bits), loom::reduce_op::sum);
+    return bits[0];
+  }
 };
 
 //! The cores this process may run on (its affinity mask, as `nproc` counts them).
@@ -237,12 +250,10 @@ int train_async(Comm& comm, const options& o, const loom::schedule& s, const qui
   all_held[static_cast<std::size_t>(comm.rank())] = p.versions_held(0);
   comm.all_reduce(std::span<std::int64_t>(all_held), loom::reduce_op::sum);
   if (!o.trace.empty() || !o.svg.empty()) write_timeline(comm, o, s, p.last_timeline(), std::nullopt);
-  std::vector<double> worst{v.max_rel_params, v.max_rel_loss};
-  comm.all_reduce(std::span<double>(worst), loom::reduce_op::max);
-  std::vector<std::int64_t> bits{v.differing_bits};
-  comm.all_reduce(std::span<std::int64_t>(bits), loom::reduce_op::sum);
+  const std::vector<double> worst = v.gather(comm, {v.max_rel_params, v.max_rel_loss});
+  const std::int64_t differing = v.gather_bits(comm);
   const bool bitwise = o.deterministic;
-  const bool ok = bitwise ? bits[0] == 0 : worst[0] <= 1e-12 && worst[1] <= 1e-12;
+  const bool ok = bitwise ? differing == 0 : worst[0] <= 1e-12 && worst[1] <= 1e-12;
   if (root) {
     const double flushed = loom::simulate(loom::default_registry().at("1f1b").make({s.ranks, mb, 0})).bubble_ratio;
     std::printf("weight versions held per rank (counted by the executor):");
@@ -254,7 +265,7 @@ int train_async(Comm& comm, const options& o, const loom::schedule& s, const qui
                 T, sim.bubble_ratio, flushed, calibrated_bubble, r.bubble_ratio, s.ranks);
     std::printf("run time: predicted %.3f ms (calibrated costs), measured %.3f ms\n", 1e3 * calibrated.makespan, 1e3 * r.makespan);
     std::printf("reference check (%s): max relative difference params %.3g, loss %.3g; %lld values differ bitwise -> %s\n",
-                bitwise ? "bitwise" : "1e-12 relative", worst[0], worst[1], static_cast<long long>(bits[0]),
+                bitwise ? "bitwise" : "1e-12 relative", worst[0], worst[1], static_cast<long long>(differing),
                 ok ? "MATCH" : "DIFFERENT");
   }
   return ok ? 0 : 1;
@@ -439,21 +450,19 @@ int train(Comm& comm, const options& o, const loom::schedule& s) {
     }
   }
   if (!o.trace.empty() || !o.svg.empty()) write_timeline(comm, o, s, p.last_timeline(), calibrated);
-  std::vector<double> worst{v.max_rel_params, v.max_rel_loss};
-  comm.all_reduce(std::span<double>(worst), loom::reduce_op::max);
-  std::vector<std::int64_t> bits{v.differing_bits};
-  comm.all_reduce(std::span<std::int64_t>(bits), loom::reduce_op::sum);
   // Deterministic mode folds weight gradients in microbatch order on every schedule (both
   // copies of a two-direction schedule too), so it must equal the reference bit for bit.
+  const std::vector<double> worst = v.gather(comm, {v.max_rel_params, v.max_rel_loss});
+  const std::int64_t differing = v.gather_bits(comm);
   const bool bitwise = o.deterministic;
-  const bool ok = bitwise ? bits[0] == 0 : worst[0] <= 1e-12 && worst[1] <= 1e-12;
+  const bool ok = bitwise ? differing == 0 : worst[0] <= 1e-12 && worst[1] <= 1e-12;
   if (root) {
     if (!calibrating)
       std::printf("bubble ratio: predicted %.3f (unit costs: f = b = w, no comm), measured %.3f (mean over %d steps; "
                   "--calibrate N predicts from this machine's costs)\n",
                   predicted, measured_sum / o.steps, o.steps);
     std::printf("reference check (%s): max relative difference params %.3g, loss %.3g; %lld values differ bitwise -> %s\n",
-                bitwise ? "bitwise" : "1e-12 relative", worst[0], worst[1], static_cast<long long>(bits[0]),
+                bitwise ? "bitwise" : "1e-12 relative", worst[0], worst[1], static_cast<long long>(differing),
                 ok ? "MATCH" : "DIFFERENT");
   }
   return ok ? 0 : 1;
