@@ -492,6 +492,35 @@ TEST_CASE("--costs FILE: simulate and best use the stage- and link-resolved mode
   CHECK(e.err.find("cannot read --costs") != std::string::npos);
 }
 
+TEST_CASE("--costs FILE: a stage's update cost lengthens an asynchronous schedule by its updates, and is checked") {
+  auto write = [](const std::string& name, const std::string& text) {
+    const std::string p = tmp_path(name);
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  };
+  const std::string plain = write("costs-update-0.json", R"({"stages": [{"f": 1, "b": 1, "w": 1}, {"f": 1, "b": 1, "w": 1}]})");
+  const std::string upd = write("costs-update-1.json", R"({"stages": [{"f": 1, "b": 1, "w": 1, "update": 0.5}, {"f": 1, "b": 1, "w": 1, "update": 0.5}]})");
+  auto sim = [](const std::string& schedule, const std::string& file) {
+    auto r = run({"simulate", "--schedule", schedule, "--ranks", "2", "--microbatches", "4", "--steps", "4", "--costs", file, "--json"});
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  // pipedream-2bw updates once per step (4 per stage), pipedream after every microbatch (16): each
+  // update adds 0.5 to its rank's busy time.
+  for (auto [schedule, updates] : {std::pair<const char*, int>{"pipedream-2bw", 4}, {"pipedream", 16}}) {
+    CAPTURE(schedule);
+    const auto a = sim(schedule, plain), b = sim(schedule, upd);
+    CHECK(b["makespan"].get<double>() > a["makespan"].get<double>());
+    // busy time over both ranks: (1 - bubble ratio) * 2 * makespan
+    auto busy = [](const nlohmann::json& j) { return (1 - j["bubble_ratio"].get<double>()) * 2 * j["makespan"].get<double>(); };
+    CHECK(busy(b) - busy(a) == doctest::Approx(2 * 0.5 * updates));
+  }
+  const std::string bad = write("costs-update-bad.json", R"({"stages": [{"f": 1, "b": 1, "w": 1, "update": -1}]})");
+  auto e = run({"simulate", "--schedule", "pipedream", "--ranks", "2", "--microbatches", "2", "--steps", "2", "--costs", bad});
+  CHECK(e.code == 2);
+  CHECK(e.err.find("stages[0].update must be >= 0 (got -1)") != std::string::npos);
+}
+
 TEST_CASE("docs/costs/vocab-heavy-8.json read by the CLI is the model docs/costs.md's table is computed from") {
   const loom::cost_model m = loom::docs::vocab_heavy_8();
   for (auto fam : {"1f1b", "zb-h1", "interleaved-1f1b", "zb-v"}) {

@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include <loom/exec/calibrate.hpp>
+#include <loom/exec/timeline.hpp>
+
 #include "training_support.hpp"
 
 using namespace loom_test;
@@ -306,4 +309,51 @@ TEST_CASE("a static (compile-time) pipedream-2bw schedule runs its versions and 
   const auto want = quickstart::reference_asynchronous(m, rule_of(rt), 2, 4, 0.5, want_params);
   for (int t = 0; t < 4; ++t) CHECK(std::memcmp(&losses[static_cast<std::size_t>(t)], &want[static_cast<std::size_t>(t)], sizeof(double)) == 0);
   for (std::size_t l = 0; l < want_params.size(); ++l) CHECK(same_bits(params[l], want_params[l]));
+}
+
+TEST_CASE("a measured asynchronous run times every update as its own entry, and calibrate turns them into the stages' update costs") {
+  for (const char* name : {"pipedream", "pipedream-2bw", "pipelined-backprop"})
+    for (int p : {2, 3}) {
+      CAPTURE(name);
+      CAPTURE(p);
+      const loom::schedule s = loom::default_registry().at(name).make({.ranks = p, .microbatches = p + 1, .chunks = 0, .steps = 4});
+      const auto m = spec_for(s.stages);
+      const auto data = quickstart::make_run_batch(m, s.step_microbatches(), s.steps);
+      std::mutex mu;
+      std::vector<loom::action_timing> all;
+      std::vector<int> bad_timeline(static_cast<std::size_t>(p), 1), updates_timed(static_cast<std::size_t>(p), 0),
+          updates_planned(static_cast<std::size_t>(p), 0);
+      std::vector<double> busy_gap(static_cast<std::size_t>(p), -1);
+      loom::run_threads(p, [&](loom::threads::comm& c) {
+        loom::pipeline pl(s, c, [&](loom::stage_id id) {
+          auto [a, b] = quickstart::stage_layers(m, id.stage, s.stages);
+          return quickstart::mlp_stage(m, a, b, id.stage == s.stages - 1, &data.targets);
+        }, {.measure = true});
+        const auto r = pl.step(data.inputs);
+        auto gathered = loom::gather_timings(c, pl.last_timings());
+        const auto ur = static_cast<std::size_t>(c.rank());
+        std::lock_guard lk(mu);
+        if (c.rank() == 0) all = std::move(gathered);
+        bad_timeline[ur] = loom::same_actions(pl.last_timeline(), loom::expected_timeline(pl.lowered(), c.rank())) ? 0 : 1;
+        double timed = 0;
+        for (auto const& t : pl.last_timings()) {
+          timed += t.seconds;
+          updates_timed[ur] += t.update ? 1 : 0;
+          if (t.update) CHECK((t.kind == loom::op::W || t.kind == loom::op::BW));
+        }
+        for (auto const& a : s.programs[ur]) updates_planned[ur] += a.update ? 1 : 0;
+        busy_gap[ur] = r.busy_seconds - timed;  // the busy time is the calls and the updates, nothing else
+      });
+      for (int r = 0; r < p; ++r) {
+        CAPTURE(r);
+        const auto ur = static_cast<std::size_t>(r);
+        CHECK(bad_timeline[ur] == 0);
+        CHECK(updates_planned[ur] > 0);
+        CHECK(updates_timed[ur] == updates_planned[ur]);
+        CHECK(std::abs(busy_gap[ur]) <= 1e-9);
+      }
+      const loom::cost_model cm = loom::calibrate(s, all, {});
+      for (auto const& st : cm.stages) CHECK(st.update > 0);
+      CHECK(loom::simulate(s, cm).ok);
+    }
 }

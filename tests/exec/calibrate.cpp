@@ -160,6 +160,20 @@ TEST_CASE("calibrate takes the median of each stage's F, B and W calls") {
   CHECK(m.mem_w_ratio == 0.5);
 }
 
+TEST_CASE("calibrate makes a stage's update timings its update cost (their median), 0 without any, and refuses an update on F") {
+  const loom::schedule s = loom::default_registry().at("pipedream").make({.ranks = 2, .microbatches = 2, .chunks = 0, .steps = 2});
+  auto upd = [](op k, int st, double sec) { return loom::action_timing{.kind = k, .stage = st, .update = true, .seconds = sec}; };
+  std::vector<loom::action_timing> ts{t(op::F, 0, 1), t(op::BW, 0, 4), upd(op::BW, 0, 3), upd(op::BW, 0, 9), upd(op::BW, 0, 5),
+                                      t(op::F, 1, 2), t(op::BW, 1, 6)};
+  const loom::cost_model m = loom::calibrate(s, ts, {});
+  CHECK(m.stages[0].update == 5);  // the median of 3, 9, 5: not the BW's time
+  CHECK(m.stages[0].b == 4);
+  CHECK(m.stages[1].update == 0);  // no update timing: none
+  CHECK(loom::cost_file_json(m).find("\"update\": 5}") != std::string::npos);
+  ts.push_back(upd(op::F, 1, 1));
+  CHECK_THROWS_WITH_AS(loom::calibrate(s, ts, {}), "calibrate: an update timing has kind F (updates follow W or BW)", loom::config_error);
+}
+
 TEST_CASE("calibrate writes a fused BW as b with w = 0, or splits it by w_fraction") {
   const loom::schedule s = loom::default_registry().at("1f1b").make({.ranks = 2, .microbatches = 2});
   std::vector<loom::action_timing> ts{t(op::F, 0, 1), t(op::BW, 0, 4), t(op::F, 1, 1), t(op::BW, 1, 8)};
@@ -243,7 +257,7 @@ TEST_CASE("measure_link and gather_timings give every rank the same answer over 
       std::vector<loom::action_timing> mine;
       for (int i = 0; i <= c.rank(); ++i)  // rank r contributes r + 1 timings
         mine.push_back({.kind = i % 2 ? op::W : op::F, .microbatch = i, .stage = c.rank(), .rank = c.rank(), .in_fb = i == 1,
-                        .seconds = 0.5 * i + c.rank()});
+                        .update = i == 3, .seconds = 0.5 * i + c.rank()});
       auto all = loom::gather_timings(c, mine);
       std::lock_guard lk(mu);
       links.push_back(l);
@@ -259,7 +273,8 @@ TEST_CASE("measure_link and gather_timings give every rank the same answer over 
     std::vector<loom::action_timing> want;
     for (int r = 0; r < p; ++r)
       for (int i = 0; i <= r; ++i)
-        want.push_back({.kind = i % 2 ? op::W : op::F, .microbatch = i, .stage = r, .rank = r, .in_fb = i == 1, .seconds = 0.5 * i + r});
+        want.push_back({.kind = i % 2 ? op::W : op::F, .microbatch = i, .stage = r, .rank = r, .in_fb = i == 1, .update = i == 3,
+                        .seconds = 0.5 * i + r});
     for (const auto& g : gathered) CHECK(g == want);
   }
 }

@@ -284,3 +284,56 @@ static_assert(loom::validate(loom::generate(loom::pipedream{}, {.ranks = 3, .mic
 static_assert(loom::validate(loom::generate(loom::pipedream_2bw{}, {.ranks = 3, .microbatches = 3, .chunks = 1, .steps = 4})).ok);
 static_assert(loom::simulate(loom::generate(loom::pipedream_2bw{}, {.ranks = 4, .microbatches = 4, .chunks = 1, .steps = 4}))
                   .weight_copies[0] == 2);
+
+TEST_CASE("a stage's update cost lengthens every W/BW carrying an update by exactly that much, busy time included") {
+  for (auto const& e : loom::builtin_registry().entries()) {
+    if (!e.multi_step) continue;
+    for (int p : {2, 3, 4}) {
+      const loom::shape sh{.ranks = p, .microbatches = p + 1, .chunks = 0, .steps = 4};
+      if (!e.check(e.resolve(sh)).empty()) continue;
+      const loom::schedule s = e.make(sh);
+      CAPTURE(e.name);
+      CAPTURE(p);
+      loom::cost_model none = loom::cost_model::uniform({}, s.stages, s.ranks), with = none;
+      for (std::size_t st = 0; st < with.stages.size(); ++st) with.stages[st].update = 0.25 * static_cast<double>(st + 1);
+      const auto a = loom::simulate(s, none), b = loom::simulate(s, with);
+      REQUIRE(a.ok);
+      REQUIRE(b.ok);
+      CHECK(a.makespan == doctest::Approx(loom::simulate(s).makespan));
+      CHECK(b.makespan > a.makespan);
+      for (int r = 0; r < p; ++r) {
+        CAPTURE(r);
+        double extra = 0;
+        auto const& prog = s.programs[static_cast<std::size_t>(r)];
+        for (std::size_t i = 0; i < prog.size(); ++i) {
+          if (!loom::is_compute(prog[i].kind)) continue;
+          const double u = prog[i].update ? with.stages[static_cast<std::size_t>(prog[i].stage)].update : 0.0;
+          extra += u;
+          // each action lasts its plain time plus its update
+          CHECK(b.times[static_cast<std::size_t>(r)][i].end - b.times[static_cast<std::size_t>(r)][i].start ==
+                doctest::Approx(a.times[static_cast<std::size_t>(r)][i].end - a.times[static_cast<std::size_t>(r)][i].start + u));
+        }
+        CHECK(extra > 0);
+        CHECK(b.busy[static_cast<std::size_t>(r)] == doctest::Approx(a.busy[static_cast<std::size_t>(r)] + extra));
+      }
+    }
+  }
+  // A synchronous schedule carries no update: the update cost changes nothing.
+  const loom::schedule flush = loom::generate(loom::one_f_one_b{}, {.ranks = 3, .microbatches = 5});
+  loom::cost_model m = loom::cost_model::uniform({}, 3, 3);
+  for (auto& st : m.stages) st.update = 7;
+  CHECK(loom::simulate(flush, m).makespan == doctest::Approx(loom::simulate(flush).makespan));
+}
+
+TEST_CASE("the update cost is checked, and split or summed with the pieces when a model is fitted") {
+  loom::cost_model m = loom::cost_model::uniform({}, 2, 2);
+  m.stages[0].update = 0.5;
+  m.stages[1].update = 1.5;
+  const auto split = m.fit(4);
+  CHECK(split.stages[0].update == doctest::Approx(0.25));
+  CHECK(split.stages[3].update == doctest::Approx(0.75));
+  const auto merged = m.fit(1);
+  CHECK(merged.stages[0].update == doctest::Approx(2.0));
+  m.stages[1].update = -1;
+  CHECK(std::string(loom::detail::check_model(m)) == "cost model: stages[1].update must be a finite number >= 0 (got -1)");
+}

@@ -75,7 +75,7 @@ struct cost_file_reader {
       const std::string name = "stages[" + std::to_string(i) + "]";
       const json& e = (*st)[i];
       object(e, name);
-      only(e, name, {"f", "b", "w", "fb", "activation", "message_bytes", "param_bytes"});
+      only(e, name, {"f", "b", "w", "fb", "activation", "message_bytes", "param_bytes", "update"});
       loom::stage_cost c;
       c.f = number(e, name, "f", 0, true);
       c.b = number(e, name, "b", 0, true);
@@ -84,6 +84,7 @@ struct cost_file_reader {
       c.activation = number(e, name, "activation", 1, false);
       c.message_bytes = number(e, name, "message_bytes", 0, false);
       c.param_bytes = number(e, name, "param_bytes", 0, false);
+      c.update = number(e, name, "update", 0, false);
       m.stages.push_back(c);
     }
     if (auto l = doc.find("links"); l != doc.end()) {

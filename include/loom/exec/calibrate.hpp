@@ -98,6 +98,8 @@ inline std::string json_number(double v) {
 //! - `activation`: `s.stage_fraction()` (`P / S`, the normative unit of ARCHITECTURE.md, so memory
 //!   limits mean what they mean with unit costs); `message_bytes`, `param_bytes`: from `sizes`
 //!   (one per virtual stage, or empty for 0).
+//! - `update`: the median of the stage's update timings (`action_timing::update`: a versioned
+//!   schedule's optimizer step with its version copies), 0 when it has none.
 //! - links, `ranks_per_node` and `mem_w_ratio` from `o`.
 //! Throws `config_error` naming the stage when a stage has no `F` or no backward timing, when a
 //! timing names a stage outside `s`, or when `sizes` has neither 0 nor `s.stages` entries.
@@ -111,12 +113,18 @@ inline cost_model calibrate(const schedule& s, std::span<const action_timing> ti
   if (!(o.w_fraction >= 0 && o.w_fraction <= 1))
     throw config_error("calibrate: w_fraction must be in [0, 1] (got " + std::to_string(o.w_fraction) + ")");
   const auto uS = static_cast<std::size_t>(S);
-  std::vector<std::vector<double>> f(uS), b(uS), w(uS), bw(uS);
+  std::vector<std::vector<double>> f(uS), b(uS), w(uS), bw(uS), u(uS);
   for (const action_timing& t : timings) {
     if (t.stage < 0 || t.stage >= S)
       throw config_error("calibrate: a timing names stage " + std::to_string(t.stage) + " but schedule " + s.name + " has " +
                          std::to_string(S) + " virtual stages");
     const auto st = static_cast<std::size_t>(t.stage);
+    if (t.update) {
+      if (t.kind != op::W && t.kind != op::BW)
+        throw config_error("calibrate: an update timing has kind " + std::string(to_string(t.kind)) + " (updates follow W or BW)");
+      u[st].push_back(t.seconds);
+      continue;
+    }
     switch (t.kind) {
       case op::F: f[st].push_back(t.seconds); break;
       case op::B: b[st].push_back(t.seconds); break;
@@ -145,6 +153,7 @@ inline cost_model calibrate(const schedule& s, std::span<const action_timing> ti
       throw config_error("calibrate: no backward timing of stage " + std::to_string(st));
     }
     c.fb = -1;
+    c.update = u[st].empty() ? 0 : detail::median(u[st]);
     c.activation = s.stage_fraction();
     if (!sizes.empty()) {
       c.message_bytes = sizes[st].message_bytes;
@@ -164,7 +173,7 @@ inline cost_model calibrate(const schedule& s, std::span<const action_timing> ti
 //! other collectives. Two all-gathers (the counts, then the timings packed as doubles).
 template <communicator C>
 std::vector<action_timing> gather_timings(C& comm, std::span<const action_timing> mine) {
-  constexpr std::size_t fields = 6;
+  constexpr std::size_t fields = 7;
   const auto P = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> counts(P, 0);
   const std::vector<std::int64_t> my_count{static_cast<std::int64_t>(mine.size())};
@@ -181,6 +190,7 @@ std::vector<action_timing> gather_timings(C& comm, std::span<const action_timing
     p[3] = t.rank;
     p[4] = t.in_fb ? 1 : 0;
     p[5] = t.seconds;
+    p[6] = t.update ? 1 : 0;
   }
   if (most > 0) comm.all_gather(std::span<const double>(packed), std::span<double>(all));
   std::vector<action_timing> out;
@@ -188,7 +198,8 @@ std::vector<action_timing> gather_timings(C& comm, std::span<const action_timing
     for (std::size_t i = 0; i < static_cast<std::size_t>(counts[r]); ++i) {
       const double* p = all.data() + (r * most + i) * fields;
       out.push_back({.kind = static_cast<op>(static_cast<int>(p[0])), .microbatch = static_cast<int>(p[1]),
-                     .stage = static_cast<int>(p[2]), .rank = static_cast<int>(p[3]), .in_fb = p[4] != 0, .seconds = p[5]});
+                     .stage = static_cast<int>(p[2]), .rank = static_cast<int>(p[3]), .in_fb = p[4] != 0, .update = p[6] != 0,
+                     .seconds = p[5]});
     }
   return out;
 }
@@ -284,7 +295,7 @@ link_cost measure_link(C& comm, std::span<const std::size_t> bytes, int a = 0, i
 
 //! `m` as the JSON cost file that the CLI reads (`loom simulate --costs FILE`; the schema of
 //! docs/costs.md): `{"stages":[{"f":..,"b":..,"w":..,"fb":..,"activation":..,"message_bytes":..,
-//! "param_bytes":..},...],"links":{"intra":{"alpha":..,"beta":..},"inter":{...}},
+//! "param_bytes":..[,"update":..]},...],"links":{"intra":{"alpha":..,"beta":..},"inter":{...}},
 //! "ranks_per_node":N,"mem_w_ratio":r}`, one stage per line, numbers with 9 significant digits
 //! (`%.9g`), ending with a newline. Throws `config_error` when `m` breaks a rule of
 //! `detail::check_model` (JSON has no infinities).
@@ -296,7 +307,8 @@ inline std::string cost_file_json(const cost_model& m) {
     const stage_cost& c = m.stages[i];
     out += "    {\"f\": " + json_number(c.f) + ", \"b\": " + json_number(c.b) + ", \"w\": " + json_number(c.w) +
            ", \"fb\": " + json_number(c.fb) + ", \"activation\": " + json_number(c.activation) +
-           ", \"message_bytes\": " + json_number(c.message_bytes) + ", \"param_bytes\": " + json_number(c.param_bytes) + "}" +
+           ", \"message_bytes\": " + json_number(c.message_bytes) + ", \"param_bytes\": " + json_number(c.param_bytes) +
+           (c.update != 0 ? ", \"update\": " + json_number(c.update) : std::string()) + "}" +
            (i + 1 < m.stages.size() ? ",\n" : "\n");
   }
   auto link = [](const link_cost& l) { return "{\"alpha\": " + json_number(l.alpha) + ", \"beta\": " + json_number(l.beta) + "}"; };

@@ -46,7 +46,9 @@
 //! `last_timings()` is empty there for now (calibration is host-only). `last_timeline()` places
 //! every executed action of the step on the rank's clock (start and duration of each stage call,
 //! each posted send and each wait for a receive), the input of the measured renderers
-//! (`loom/render/measured.hpp`); it is reserved the same way.
+//! (`loom/render/measured.hpp`); it is reserved the same way. A versioned schedule's optimizer
+//! updates (`action::update`) are busy time too, and each is an entry of both lists after its
+//! action's (`update = true`), timed with the copies of weight versions it makes.
 //!
 //! Execution spaces. Everything above is one code for the host and for CUDA devices. The
 //! communicator's type picks an *execution space* (`loom/exec/space.hpp`), the one place the
@@ -139,7 +141,7 @@ struct step_result {
   //! The part of `seconds` the host spent issuing the program: on the host, all of it; on a
   //! device, enqueueing the step (or launching its graph), before waiting for the device.
   double host_seconds = 0;
-  double busy_seconds = 0;  //!< this rank's time inside stage functions (`measure` only)
+  double busy_seconds = 0;  //!< this rank's time inside stage functions and versioned updates (`measure` only)
   double busy_sum = 0;      //!< sum of every rank's busy time (`measure` only)
   double makespan = 0;      //!< largest rank wall time (`measure` only)
   //! Measured bubble ratio 1 - busy_sum / (P * makespan) (`measure` only).
@@ -408,14 +410,16 @@ class pipeline {
   int rank() const { return rank_; }
   //! Measure mode on the host: the duration of every stage call of the last step on this rank,
   //! in the order they ran (an `FB` action as its two halves, `action_timing::in_fb`); exactly one
-  //! entry per compute half of the rank's program after a successful step. Empty when not
+  //! entry per compute half of the rank's program after a successful step, and one per versioned
+  //! update after its action's (`action_timing::update`). Empty when not
   //! measuring, on a device space (calibration is host-only for now), and after a step in which
   //! this rank's stage threw (the calls after it were skipped). Valid until the next `step`.
   std::span<const action_timing> last_timings() const { return timings_; }
   //! Measure mode on the host: every executed action of the last step on this rank, in the order
   //! it ran, with its start (seconds from this rank's `step` entry) and duration: each compute half
   //! (an `FB` action as its two halves), each send posted and each receive waited for (the wait).
-  //! One entry per action of the rank's program (two per `FB`) after a successful step. On a device
+  //! One entry per action of the rank's program (two per `FB`; an update its own, after its
+  //! action's: `expected_timeline`) after a successful step. On a device
   //! space the times are device times on the rank's compute stream, from events recorded around
   //! each action (a stage call's kernels; a receive's wait for its copy; a send posts nothing on
   //! the stream and is a point), eager steps only (empty after a replay). Empty when not
@@ -556,17 +560,20 @@ class pipeline {
     const double scale = opt_.scaling == loss_scaling::mean ? 1.0 / sched_.step_microbatches() : 1.0;
     space_.fill(seed_, static_cast<value_type>(scale));
     scale_ = scale;
-    std::size_t halves = 0;
-    for (auto const& a : program_) halves += a.kind == op::FB ? 2 : is_compute(a.kind) ? 1 : 0;
+    std::size_t halves = 0, updates = 0;
+    for (auto const& a : program_) {
+      halves += a.kind == op::FB ? 2 : is_compute(a.kind) ? 1 : 0;
+      updates += a.update ? 1 : 0;
+    }
     space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last, std::span<const value_type>(loss_out_));
     if (opt_.measure) {  // once: a measured step appends without allocating
-      if constexpr (!on_device) timings_.reserve(halves);
+      if constexpr (!on_device) timings_.reserve(halves + updates);
       std::size_t transfers = 0;
       for (auto const& a : program_) transfers += a.kind == op::send || a.kind == op::recv ? 1 : 0;
-      timeline_.reserve(halves + transfers);
+      timeline_.reserve(halves + transfers + updates);
       if constexpr (on_device) {
-        device_marks_.reserve(halves + transfers);
-        space_.reserve_marks(2 * (halves + transfers));
+        device_marks_.reserve(halves + transfers + updates);
+        space_.reserve_marks(2 * (halves + transfers + updates));
       }
     }
     make_labels();
@@ -786,7 +793,7 @@ class pipeline {
     if constexpr (is_compute(A.kind) && A.kind != op::FB)
       if (versioned_) use_version(A.mb, A.stage, A.version);
     run_constant_action<A>();
-    if constexpr (A.update) versioned_update(A.mb, A.stage);
+    if constexpr (A.update) versioned_update(A.kind, A.mb, A.stage);
     if (opt_.observer != nullptr) opt_.observer->progress();
   }
   template <action A>
@@ -808,7 +815,7 @@ class pipeline {
   void run(const action& a) {
     if (versioned_ && is_compute(a.kind)) use_version(a.mb, a.stage, a.version);
     run_action(a);
-    if (a.update) versioned_update(a.mb, a.stage);
+    if (a.update) versioned_update(a.kind, a.mb, a.stage);
     if (opt_.observer != nullptr) opt_.observer->progress();
   }
   void run_action(const action& a) {
@@ -872,9 +879,9 @@ class pipeline {
     }
   }
   //! Device measure mode: an action between marks `m0` and `m1`, timed once the step has synchronised.
-  void note_device(op kind, int mb, int s, int peer, int m0, int m1) {
+  void note_device(op kind, int mb, int s, int peer, int m0, int m1, bool update = false) {
     if (timeline_.size() >= timeline_.capacity()) return;
-    timeline_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .peer = peer, .in_fb = in_fb_});
+    timeline_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .peer = peer, .in_fb = in_fb_, .update = update});
     device_marks_.push_back({m0, m1});
   }
   //! Device measure mode, after the step synchronised: each noted action's start and duration from
@@ -1079,10 +1086,12 @@ class pipeline {
       l.loaded = v;
     }
   }
-  //! After the weight-gradient action of (mb, s) that carries the update: the stage's update turns
-  //! the latest version and the gradient accumulated since the previous update into the next
-  //! version, stored in its buffer; the accumulator starts again from zero.
-  void versioned_update(int mb, int s) {
+  //! After the weight-gradient action `kind` of (mb, s) that carries the update: the stage's update
+  //! turns the latest version and the gradient accumulated since the previous update into the
+  //! next version, stored in its buffer; the accumulator starts again from zero. The whole of it
+  //! (copies included) is busy time, and in measure mode an entry of the timings and the timeline
+  //! (`update = true`): the time `stage_cost::update` calibrates.
+  void versioned_update(op kind, int mb, int s) {
     if constexpr (versioned_stage<Stage>) {
       if (failed_rank_ >= 0) return;
       const std::size_t li = local_index(mb, s);
@@ -1092,6 +1101,10 @@ class pipeline {
              " before the weight gradients of every earlier microbatch were folded (an out-of-order schedule)");
         return;
       }
+      [[maybe_unused]] const auto t0 = std::chrono::steady_clock::now();
+      [[maybe_unused]] int m0 = -1;
+      if constexpr (on_device)
+        if (opt_.measure) m0 = space_.mark();
       std::span<value_type> w = stages_[li].weights();
       std::span<value_type> acc = stages_[li].weight_grad();
       if (l.loaded != l.latest) space_.copy(w, version_slot(l, l.latest));
@@ -1111,6 +1124,20 @@ class pipeline {
       space_.zero(acc);
       l.latest = l.loaded = next;
       l.held_peak = std::max(l.held_peak, std::min(next + 1, l.K));
+      if constexpr (on_device) {
+        if (opt_.measure) note_device(kind, mb, s, -1, m0, space_.mark(), true);
+      } else {
+        const auto t1 = std::chrono::steady_clock::now();
+        const double d = seconds_since(t0, t1);
+        busy_ += d;
+        if (opt_.measure) {
+          if (timings_.size() < timings_.capacity())
+            timings_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .update = true, .seconds = d});
+          if (timeline_.size() < timeline_.capacity())
+            timeline_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .update = true,
+                                 .start = seconds_since(step_t0_, t0), .seconds = d});
+        }
+      }
     }
   }
   //! The run's end: every stage's `weights()` holds its latest version.

@@ -39,7 +39,7 @@ concept host_reducing = requires(C& c, std::span<std::int64_t> i, std::span<doub
 //! processes of one machine enter a step within a barrier's latency of each other.
 template <host_reducing C>
 std::vector<measured_action> gather_timeline(C& comm, std::span<const measured_action> mine) {
-  constexpr std::size_t fields = 9;  // present, kind, microbatch, stage, rank, peer, in_fb, start, seconds
+  constexpr std::size_t fields = 10;  // present, kind, microbatch, stage, rank, peer, in_fb, start, seconds, update
   const auto P = static_cast<std::size_t>(comm.size());
   const auto me = static_cast<std::size_t>(comm.rank());
   std::vector<std::int64_t> most_v{static_cast<std::int64_t>(mine.size())};
@@ -60,6 +60,7 @@ std::vector<measured_action> gather_timeline(C& comm, std::span<const measured_a
     p[6] = t.in_fb ? 1 : 0;
     p[7] = t.start;
     p[8] = t.seconds;
+    p[9] = t.update ? 1 : 0;
   }
   comm.all_reduce(std::span<double>(all), reduce_op::sum);  // each slot has one writer: the sum is exact
   for (std::size_t r = 0; r < P; ++r)
@@ -68,7 +69,7 @@ std::vector<measured_action> gather_timeline(C& comm, std::span<const measured_a
       if (p[0] == 0) break;
       out.push_back({.kind = static_cast<op>(static_cast<int>(p[1])), .microbatch = static_cast<int>(p[2]),
                      .stage = static_cast<int>(p[3]), .rank = static_cast<int>(p[4]), .peer = static_cast<int>(p[5]),
-                     .in_fb = p[6] != 0, .start = p[7], .seconds = p[8]});
+                     .in_fb = p[6] != 0, .update = p[9] != 0, .start = p[7], .seconds = p[8]});
     }
   return out;
 }
@@ -79,7 +80,8 @@ std::vector<measured_action> gather_timeline(C& comm, std::span<const measured_a
 //! (handing out and zeroing buffers; in deterministic mode a weight-gradient slot per microbatch)
 //! counts in the action it prepares. `loom::calibrate` over these predicts the step as the host
 //! runs it; over `pipeline::last_timings()` (the calls alone) it predicts the time in stage calls.
-//! The time before the first action and after the last is not in any (the step's own work).
+//! The time before the first action and after the last is not in any (the step's own work). An
+//! update entry (`measured_action::update`) stays one: its time from its action's end to its own.
 inline std::vector<action_timing> occupied_timings(std::span<const measured_action> t) {
   std::vector<action_timing> out;
   for (std::size_t i = 0; i < t.size(); ++i) {
@@ -87,7 +89,7 @@ inline std::vector<action_timing> occupied_timings(std::span<const measured_acti
     const double end = t[i].start + t[i].seconds;
     const double from = i == 0 ? t[i].start : std::min(t[i].start, t[i - 1].start + t[i - 1].seconds);
     out.push_back({.kind = t[i].kind, .microbatch = t[i].microbatch, .stage = t[i].stage, .rank = t[i].rank,
-                   .in_fb = t[i].in_fb, .seconds = end - from});
+                   .in_fb = t[i].in_fb, .update = t[i].update, .seconds = end - from});
   }
   return out;
 }
@@ -95,7 +97,8 @@ inline std::vector<action_timing> occupied_timings(std::span<const measured_acti
 //! What rank `r`'s measured timeline holds, times aside: one entry per action of its program in
 //! `lowered` (a lowered schedule, as `pipeline::lowered()` gives it), an `FB` as its forward half
 //! then its backward half (`in_fb`), transfers with their `peer`. Compare a measured timeline's
-//! kinds, microbatches, stages and peers with it to check that a step ran its program.
+//! kinds, microbatches, stages and peers with it to check that a step ran its program. An action
+//! carrying `action::update` is followed by its update entry (`update = true`).
 inline std::vector<measured_action> expected_timeline(const schedule& lowered, int r) {
   std::vector<measured_action> out;
   for (auto const& a : lowered.programs.at(static_cast<std::size_t>(r))) {
@@ -106,17 +109,20 @@ inline std::vector<measured_action> expected_timeline(const schedule& lowered, i
       const bool transfer = a.kind == op::send || a.kind == op::recv;
       out.push_back({.kind = a.kind, .microbatch = a.mb, .stage = a.stage, .rank = r, .peer = transfer ? a.peer : -1});
     }
+    if (a.update && (a.kind == op::W || a.kind == op::BW))  // the validator allows no other
+      out.push_back({.kind = a.kind, .microbatch = a.mb, .stage = a.stage, .rank = r, .update = true});
   }
   return out;
 }
 
 //! Whether `got` (one rank's timeline) ran exactly `want` (its `expected_timeline`) in order:
-//! same kinds, microbatches, stages, peers and FB halves; times are not compared.
+//! same kinds, microbatches, stages, peers, FB halves and updates; times are not compared.
 inline bool same_actions(std::span<const measured_action> got, std::span<const measured_action> want) {
   if (got.size() != want.size()) return false;
   for (std::size_t i = 0; i < got.size(); ++i)
     if (got[i].kind != want[i].kind || got[i].microbatch != want[i].microbatch || got[i].stage != want[i].stage ||
-        got[i].peer != want[i].peer || got[i].in_fb != want[i].in_fb || got[i].rank != want[i].rank)
+        got[i].peer != want[i].peer || got[i].in_fb != want[i].in_fb || got[i].rank != want[i].rank ||
+        got[i].update != want[i].update)
       return false;
   return true;
 }

@@ -86,6 +86,7 @@ inline std::string measured_label(const measured_action& a) {
   if (a.kind == op::send || a.kind == op::recv)
     return std::string(to_string(a.kind)) + " mb" + to_text(a.microbatch) + " s" + to_text(a.stage) +
            (a.kind == op::send ? " to " : " from ") + to_text(a.peer);
+  if (a.update) return "update s" + to_text(a.stage) + " after " + std::string(to_string(a.kind)) + to_text(a.microbatch);
   return std::string(to_string(a.kind)) + to_text(a.microbatch) + (a.in_fb ? " (in FB)" : "");
 }
 

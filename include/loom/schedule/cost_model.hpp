@@ -42,6 +42,10 @@ struct stage_cost {
   double activation = 1;     //!< memory a forward of this stage allocates (released by B and W as in ARCHITECTURE.md)
   double message_bytes = 0;  //!< bytes of the activation it sends to the next stage (the gradient sent back has the same size)
   double param_bytes = 0;    //!< bytes of parameters the stage holds (reported, not timed)
+  //! One optimizer update of the stage inside a program: a versioned schedule's `W`/`BW` that
+  //! carries `action::update` takes `update` longer (a synchronous schedule's optimizer runs
+  //! after its step, outside the program, and is not timed here)
+  double update = 0;
   friend constexpr bool operator==(const stage_cost&, const stage_cost&) = default;
 };
 
@@ -75,7 +79,8 @@ struct cost_model {
   //! The model for a schedule of `S` stages: the stages as they are when there are `S`; each
   //! piece split evenly into `S / n` stages when `S` is a multiple of their number `n` (times,
   //! activation and parameters divided, every inner message as large as the piece's); `n / S`
-  //! consecutive pieces merged when `n` is a multiple of `S` (sums; the group's last message).
+  //! consecutive pieces merged when `n` is a multiple of `S` (sums; the group's last message). An
+  //! update scales with the parameters it writes: divided when a piece is split, summed when merged.
   //! Throws `config_error` otherwise, or when the model breaks a rule (`detail::check_model`).
   constexpr cost_model fit(int S) const;
 
@@ -97,7 +102,7 @@ constexpr text check_model(const cost_model& m) {
     const stage_cost& s = m.stages[i];
     const text at = "stages[" + to_text(static_cast<long long>(i)) + "].";
     for (auto [name, v] : {std::pair<const char*, double>{"f", s.f}, {"b", s.b}, {"w", s.w}, {"activation", s.activation},
-                           {"message_bytes", s.message_bytes}, {"param_bytes", s.param_bytes}})
+                           {"message_bytes", s.message_bytes}, {"param_bytes", s.param_bytes}, {"update", s.update}})
       if (text r = rule(at + name, v); !r.empty()) return r;
     if (!finite(s.fb)) return "cost model: " + at + "fb must be finite (negative: the sum of its parts) (got " + real_text(s.fb) + ")";
   }
@@ -126,7 +131,8 @@ constexpr cost_model cost_model::fit(int S) const {
     for (const stage_cost& p : stages)
       for (int i = 0; i < k; ++i)
         out.stages.push_back({.f = p.f / k, .b = p.b / k, .w = p.w / k, .fb = p.fb >= 0 ? p.fb / k : -1,
-                              .activation = p.activation / k, .message_bytes = p.message_bytes, .param_bytes = p.param_bytes / k});
+                              .activation = p.activation / k, .message_bytes = p.message_bytes, .param_bytes = p.param_bytes / k,
+                              .update = p.update / k});
     return out;
   }
   if (n % S == 0) {
@@ -141,6 +147,7 @@ constexpr cost_model cost_model::fit(int S) const {
         sum.fb = sum.fb >= 0 && p.fb >= 0 ? sum.fb + p.fb : -1;
         sum.activation += p.activation;
         sum.param_bytes += p.param_bytes;
+        sum.update += p.update;
         sum.message_bytes = p.message_bytes;
       }
       out.stages.push_back(sum);

@@ -12,7 +12,9 @@
 //! rank. Dependencies: `F(s,j)` after `F(s-1,j)`; `B(s,j)`/`BW(s,j)` after the backward of
 //! `(s+1,j)` (after `F(S-1,j)` on the last stage) and after `F(s,j)`; `W(s,j)` after `B(s,j)`.
 //! An overlapped `FB` waits for the dependencies of both halves and completes both at its end.
-//! Send/recv actions take no time here (latency is `c`).
+//! Send/recv actions take no time here (latency is `c`). Under a `cost_model`, a `W`/`BW` that
+//! carries `action::update` (a versioned schedule's optimizer step) lasts its stage's `update`
+//! longer, and that time counts as busy.
 //!
 //! Memory (unit: activations of one microbatch through one rank's share): `F` allocates `q`,
 //! `B` releases `(1-r)q`, `W` releases `rq`, `BW` releases `q`, with `q = P/S` and
@@ -182,6 +184,8 @@ struct uniform_cost_view {
   constexpr double fused(const action& a) const { return duration(a, k, q); }
   //! Latency of the message from `from` to `to` (different ranks) across boundary `st`|`st+1`.
   constexpr double hop(int /*from*/, int /*to*/, int /*st*/) const { return k.c; }
+  //! Time of an optimizer update of stage `st` inside the program (`action::update`): none here.
+  constexpr double update(int /*st*/) const { return 0; }
   //! Memory a forward of stage `st` allocates.
   constexpr double alloc(int /*st*/) const { return q; }
   //! Memory an action of `kind` of stage `st` releases.
@@ -212,6 +216,7 @@ struct staged_cost_view {
   constexpr double hop(int from, int to, int st) const {
     return m.link(from, to).time(m.stages[static_cast<std::size_t>(st)].message_bytes);
   }
+  constexpr double update(int st) const { return m.stages[static_cast<std::size_t>(st)].update; }
   constexpr double alloc(int st) const { return m.stages[static_cast<std::size_t>(st)].activation; }
   constexpr double release(op kind, int st) const {
     const double a = m.stages[static_cast<std::size_t>(st)].activation;
@@ -325,7 +330,10 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
         t = tb > t ? tb : t;
       }
       const double start = t > t_free ? t : t_free;
-      const double d = fb ? view.fused(a) : view.plain(a.kind, a.stage);
+      // An update carried by the action (a versioned schedule's optimizer step) runs right after
+      // it on the same rank: its time extends the action (what depends on the action's output
+      // waits for the update too, as the executor runs them: the send follows both).
+      const double d = (fb ? view.fused(a) : view.plain(a.kind, a.stage)) + (a.update ? view.update(a.stage) : 0.0);
       const double end = start + d;
       times[i] = {start, end};
       if (first[ur] < 0) first[ur] = start;
