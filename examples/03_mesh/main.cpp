@@ -174,11 +174,11 @@ int main(int argc, char** argv) {
 #endif
   try {
     auto const& family = loom::default_registry().at(o.schedule);
+    // An asynchronous family runs the --steps as one run without a flush (pp x tp, SGD, on the host).
     if (family.multi_step)
-      throw loom::config_error("--schedule " + family.name +
-                               " is asynchronous (weight versions across steps): the mesh example runs synchronous schedules "
-                               "(its data-parallel optimizer updates once per step); the quickstart runs the asynchronous ones");
-    loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks});
+      if (std::string why = mesh_example::async_rule_of(run(o), o.backend == "cuda_local" || o.backend == "nccl"); !why.empty())
+        throw loom::config_error("--schedule " + family.name + ": " + why);
+    loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks, family.multi_step ? o.steps : 1});
     model_spec m = o.model;
     m.blocks = std::max(m.blocks, sched.stages);
     auto banner = [&](const char* backend) {

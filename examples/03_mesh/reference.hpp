@@ -22,10 +22,13 @@
 //!   its local order), and then the members' folds added in group order (replica-major); the
 //!   step's loss likewise.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <map>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -163,6 +166,82 @@ class basic_reference_model {
     return loss;
   }
 
+  //! The single-process reference of an asynchronous run (PipeDream, its vertical sync, PipeDream-2BW,
+  //! pipelined backpropagation: `rule` is a `quickstart::async_rule`) on `stages` pipeline stages
+  //! (the blocks as `stage_blocks` splits them; the embedding on the first stage, the final layers
+  //! on the last): `steps` steps of `M` microbatches (the batches `make_batch(m, M, t)`), microbatch
+  //! by microbatch in order. Every stage keeps the history of its versions; microbatch j's forward
+  //! reads version `rule.forward_version(j, s)` of stage s, its backward
+  //! `rule.backward_version(j, s)`; each stage adds the weight gradients of its microbatches in
+  //! order from zero and, after every `j` with `rule.updates_after(j)`, writes its next version by
+  //! SGD. Loss of each token scaled by 1 / (M tokens of a step). Returns each step's loss (the sum
+  //! of its microbatches' losses, each the sum over its tokens, in order); the parameters end as
+  //! every stage's latest version.
+  template <class Rule>
+  std::vector<double> asynchronous(const Rule& rule, int stages, int M, int steps, const reduction_order& ord) {
+    auto stage_of = [&](const key& k) {
+      if (k.second >= 0) {
+        for (int st = 0; st < stages; ++st)
+          if (k.second < stage_blocks(m_.blocks, st, stages).second) return st;
+      }
+      return k.first == tensor::E || k.first == tensor::P ? 0 : stages - 1;
+    };
+    using tensors = std::map<key, std::vector<T>>;
+    const auto uS = static_cast<std::size_t>(stages);
+    std::vector<std::vector<tensors>> history(uS, std::vector<tensors>(1));  // [stage][version]
+    std::vector<tensors> acc(uS);
+    for (auto const& [k, w] : params_) {
+      const auto st = static_cast<std::size_t>(stage_of(k));
+      history[st][0][k] = w;
+      acc[st][k].assign(w.size(), T(0));
+    }
+    auto versions = [&](int j, bool backward) {
+      tensors out;
+      for (int st = 0; st < stages; ++st) {
+        const int v = backward ? rule.backward_version(j, st) : rule.forward_version(j, st);
+        auto const& h = history[static_cast<std::size_t>(st)];
+        if (v < 0 || static_cast<std::size_t>(v) >= h.size())
+          throw std::logic_error("reference asynchronous: version " + std::to_string(v) + " of stage " + std::to_string(st) +
+                                 " read before it was written");
+        for (auto const& [k, w] : h[static_cast<std::size_t>(v)]) out[k] = w;
+      }
+      return out;
+    };
+    std::vector<int> all(static_cast<std::size_t>(m_.seq));
+    for (int i = 0; i < m_.seq; ++i) all[static_cast<std::size_t>(i)] = i;
+    const double scale = 1.0 / (static_cast<double>(M) * m_.seq);
+    const auto lr = static_cast<T>(m_.lr);
+    std::vector<double> losses(static_cast<std::size_t>(steps), 0.0);
+    for (int t = 0; t < steps; ++t) {
+      const batch data = make_batch(m_, M, t);
+      for (int i = 0; i < M; ++i) {
+        const int j = t * M + i;
+        const tensors fwd = versions(j, false), bwd = versions(j, true);
+        const pass p = run(data, i, scale, ord, &fwd, &bwd);
+        double l = 0;
+        for (T v : p.loss) l += static_cast<double>(v);
+        losses[static_cast<std::size_t>(t)] += l;
+        for (auto const& [k, g] : weight_grads(p, all)) {
+          auto& a = acc[static_cast<std::size_t>(stage_of(k))].at(k);
+          for (std::size_t e = 0; e < g.size(); ++e) a[e] += g[e];
+        }
+        if (!rule.updates_after(j)) continue;
+        for (std::size_t st = 0; st < uS; ++st) {
+          tensors next = history[st].back();
+          for (auto& [k, w] : next) {
+            auto& a = acc[st].at(k);
+            for (std::size_t e = 0; e < w.size(); ++e) w[e] -= lr * a[e];
+            std::fill(a.begin(), a.end(), T(0));
+          }
+          history[st].push_back(std::move(next));
+        }
+      }
+    }
+    for (auto const& h : history)
+      for (auto const& [k, w] : h.back()) params_[k] = w;
+    return losses;
+  }
+
  private:
   static constexpr tensor block_tensors[] = {tensor::LN1G, tensor::LN1B, tensor::WQKV, tensor::BQKV, tensor::WO, tensor::BO,
                                              tensor::LN2G, tensor::LN2B, tensor::W1,   tensor::B1,   tensor::W2, tensor::B2};
@@ -183,7 +262,7 @@ class basic_reference_model {
     std::vector<block_acts> blocks;
   };
 
-  std::span<const T> P(tensor t, int b) const { return params_.at({t, b}); }
+  std::span<const T> P(tensor t, int b) const { return (reading_ != nullptr ? *reading_ : params_).at({t, b}); }
 
   //! `sum_k partial_k + bias` over `k` tensor-parallel slices of the contraction (`in` columns
   //! of `w`, `[out][in]`), partial sums from zero in index order, added in slice order.
@@ -291,8 +370,15 @@ class basic_reference_model {
   }
 
   //! Forward and backward of microbatch `mb` (loss scale `scale`, seed 1), keeping per token
-  //! what the weight gradients need.
-  pass run(const batch& data, int mb, double scale, const reduction_order& ord) const {
+  //! what the weight gradients need. The forward reads `forward_params` and the backward
+  //! `backward_params` (an asynchronous rule's versions), both the model's parameters when null.
+  pass run(const batch& data, int mb, double scale, const reduction_order& ord, const std::map<key, std::vector<T>>* forward_params = nullptr,
+           const std::map<key, std::vector<T>>* backward_params = nullptr) const {
+    reading_ = forward_params;
+    struct restore {
+      const std::map<key, std::vector<T>>*& r;
+      ~restore() { r = nullptr; }
+    } done{reading_};
     const int N = m_.seq, h = m_.hidden, H = m_.heads, D = m_.head_dim(), f = m_.ffn, V = m_.vocab, tp = ord.tp;
     const auto uN = static_cast<std::size_t>(N), uh = static_cast<std::size_t>(h);
     const loom::attention_dims a{H, D, 1.0 / std::sqrt(static_cast<double>(D))};
@@ -351,6 +437,7 @@ class basic_reference_model {
     p.loss.resize(uN);
     for (std::size_t t = 0; t < uN; ++t)
       kernels::loss_row<T>{logits.data(), target, probs.data(), p.loss.data(), uV, tscale}(t);
+    reading_ = backward_params;  // the backward's version from here
     p.dlogits.resize(uN * uV), p.df.resize(uN * uh);
     kernels::loss_backward(probs.data(), target, T(1), tscale, p.dlogits.data(), uN, uV);
     loom::linear_kernel::backward_input<T>(p.dlogits, P(tensor::WOUT, -1), p.df, uN, uh, uV);
@@ -442,6 +529,9 @@ class basic_reference_model {
 
   model_spec m_;
   std::map<key, std::vector<T>> params_;
+  //! The parameters `run` reads instead of `params_` while it runs (an asynchronous rule's
+  //! version), null otherwise: a copied model never points into another.
+  mutable const std::map<key, std::vector<T>>* reading_ = nullptr;
   loom::adam<T> adam_{};
   bool use_adam_ = false;
   long adam_t_ = 0;  // steps taken (Adam's bias correction)

@@ -33,6 +33,7 @@
 #include <loom/cudasim/sim.hpp>
 #endif
 
+#include "../01_quickstart/mlp.hpp"  // quickstart::async_rule: the asynchronous families' version rules
 #include "reference.hpp"
 #include "transformer.hpp"
 
@@ -113,12 +114,55 @@ inline int zero_stage(const run_options& o) { return o.zero_stage != 0 ? o.zero_
 template <class X, class Comm, class Opt>
 run_report train_with(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched, Opt optimizer);
 
+template <class X, class Comm>
+run_report train_async(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched);
+
+//! What an asynchronous family (weight versions, `loom::schedule::versioned()`) cannot run with
+//! in this example, as one line, or "": the layout must be pp x tp (Megatron's tensor parallelism
+//! without its sequence split), SGD, no data parallelism and no ZeRO or local SGD (each update
+//! would need its own gradient reduction), on the host.
+inline std::string async_rule_of(const run_options& o, bool device) {
+  const sharding& s = o.layout;
+  const std::string why = " needs a gradient reduction per update, which loom's data_parallel does not run inside an "
+                          "asynchronous pipeline yet";
+  if (device) return "the device backends run synchronous schedules here (the quickstart and 02_cuda_mlp run the asynchronous ones)";
+  if (s.dp > 1) return "--dp " + std::to_string(s.dp) + why;
+  if (s.sp_ranks() > 1 || s.megatron()) return "a sequence split (--sp, --sp-kind megatron)" + why;
+  if (o.adam) return "--optimizer adam: the asynchronous rules here are SGD's";
+  if (o.local_steps > 0 || zero_stage(o) > 0) return "--local-steps and ZeRO need data parallelism";
+  if (o.calibrate > 0) return "--calibrate times the steps of a synchronous schedule (the quickstart calibrates asynchronous runs)";
+  return {};
+}
+
+//! A transformer stage with weight versions (`loom::versioned_stage`): its parameters are the
+//! weights loom keeps versions of, and `update` is SGD, `w -= lr g` element by element, as the
+//! reference's update.
+template <class Base>
+class versioned_transformer : public Base {
+ public:
+  using value_type = typename Base::value_type;
+  //! The stage, updating with learning rate `lr`.
+  versioned_transformer(Base&& b, double lr) : Base(std::move(b)), lr_(static_cast<value_type>(lr)) {}
+  //! The parameters (the version loom loaded).
+  std::span<value_type> weights() { return this->params(); }
+  //! One SGD step of the accumulated weight gradient.
+  void update(const loom::update_context&) {
+    std::span<value_type> w = this->params();
+    std::span<value_type> g = this->weight_grad();
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= lr_ * g[i];
+  }
+
+ private:
+  value_type lr_;
+};
+
 //! One rank's training run over `world` (every rank of the mesh calls it), the stages computed by
 //! executor `X` (`host_exec`: double on the host; `device_exec` of `device.hpp`: fp32 kernels on a
 //! device world's streams). `m.blocks` must be at least the schedule's virtual stages.
 template <class X = host_exec, class Comm>
 run_report train(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched) {
   using real = typename X::value_type;
+  if (sched.versioned()) return train_async<X>(world, o, m, sched);
   if (o.adam) return train_with<X>(world, o, m, sched, loom::adam<real>{.lr = o.adam_lr});
   return train_with<X>(world, o, m, sched, loom::sgd{.lr = m.lr});
 }
@@ -460,6 +504,104 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
                 bitwise ? "bitwise" : how, rep.differing, rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
   }
   return rep;
+}
+
+//! An asynchronous family's run on one rank (see `async_rule_of` for the layouts it takes): the
+//! `--steps` T run as one pipeline run without a flush, every step's loss and every parameter
+//! checked against the reference of the family's rule (`basic_reference_model::asynchronous`):
+//! bitwise in deterministic mode, within 1e-12 relative otherwise.
+template <class X, class Comm>
+run_report train_async(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched) {
+  if (std::string why = async_rule_of(o, X::device); !why.empty())
+    throw loom::config_error("--schedule " + sched.name + ": " + why);
+  if constexpr (X::device) {
+    return {};
+  } else {
+    using real = typename X::value_type;
+    const sharding& s = o.layout;
+    const bool det = o.deterministic;
+    using C = loom::counted<Comm>;
+    loom::mesh_comm g(make_mesh(s), world);
+    const bool root = g.rank() == 0;
+    const int tpr = g.coord(loom::dim::tp), spr = g.coord(loom::dim::sp);
+    stage_comms<C> sc{s.tp > 1 ? &g.tp() : nullptr, nullptr, nullptr};
+    using stage_t = versioned_transformer<transformer_stage<C, X>>;
+    const int S = sched.stages, M = sched.step_microbatches(), T = s.tokens(m), steps = sched.steps;
+    // The run's inputs and targets: all T steps' microbatches, step after step.
+    std::vector<real> in_host, target_host;
+    for (int t = 0; t < steps; ++t) {
+      const batch data = make_batch(m, M, t);
+      for (int j = 0; j < M; ++j)
+        for (int i = 0; i < T; ++i) {
+          const auto at = static_cast<std::size_t>(j * m.seq + s.token(m, tpr, spr, i));
+          in_host.push_back(static_cast<real>(data.tokens[at]));
+          target_host.push_back(static_cast<real>(data.targets[at]));
+        }
+    }
+    auto inputs = X::template zeros<real>(in_host.size()), targets = X::template zeros<real>(target_host.size());
+    X::put(X::whole(inputs), in_host);
+    X::put(X::whole(targets), target_host);
+    const double scale = 1.0 / (static_cast<double>(M) * m.seq);  // the mean over a step's tokens
+    loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
+      auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
+      return stage_t(transformer_stage<C, X>(m, s, tpr, spr, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale,
+                                             X::whole(targets).data()),
+                     m.lr);
+    }, {.deterministic = det, .scaling = loom::loss_scaling::sum});
+    const auto t0 = std::chrono::steady_clock::now();
+    p.step(std::span<const real>(X::whole(inputs)));
+    run_report rep;
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The reference of the rule, microbatch by microbatch.
+    reference_model ref(m);
+    const quickstart::async_rule rule{.family = sched.name, .p = S, .m = M, .N = sched.microbatches};
+    const auto want = ref.asynchronous(rule, S, M, steps, det ? reduction_order::of(m, s) : reduction_order::plain());
+    const bool bitwise = det;
+    const double tol = 1e-12;
+    long long bad = 0, values = 0;
+    for (int t = 0; t < steps; ++t) {
+      double got = 0;
+      for (int i = 0; i < M; ++i) got += p.microbatch_losses()[static_cast<std::size_t>(t * M + i)];
+      const double w = want[static_cast<std::size_t>(t)];
+      bad += bitwise ? !same_bits(got, w) : std::abs(got - w) > tol * std::abs(w);
+      if (root && o.print) std::printf("step %d: loss %.17g, reference of the rule %.17g\n", t, got, w);
+    }
+    for (auto& st : p.stages()) {
+      const std::vector<real> wts = st.host_params();
+      for (auto const& ts : st.tensors()) {
+        const auto& full = ref.params().at({ts.t, ts.block});
+        const int cols = full_shape(m, ts.t).second;
+        double norm = 0;
+        for (real v : full) norm = std::max(norm, std::abs(static_cast<double>(v)));
+        for (int r = 0; r < ts.rows; ++r)
+          for (int c = 0; c < ts.cols; ++c) {
+            const real got = wts[ts.offset + static_cast<std::size_t>(r * ts.cols + c)];
+            const real exp = full[static_cast<std::size_t>(ts.row_of(r) * cols + ts.col_of(c))];
+            ++values;
+            bad += bitwise ? !same_bits(got, exp) : std::abs(static_cast<double>(got) - static_cast<double>(exp)) > tol * norm;
+          }
+      }
+    }
+    // The versions each pipeline rank held, counted by the executor, beside the simulator's.
+    std::vector<std::int64_t> held(static_cast<std::size_t>(world.size()), 0);
+    if (g.coord(loom::dim::tp) == 0) held[static_cast<std::size_t>(g.pp().rank())] = p.versions_held(0);
+    std::vector<std::int64_t> tally{bad, values};
+    g.world().all_reduce(std::span<std::int64_t>(tally), loom::reduce_op::sum);
+    g.world().all_reduce(std::span<std::int64_t>(held), loom::reduce_op::sum);
+    rep.differing = tally[0];
+    rep.values = tally[1];
+    for (auto& st : p.stages()) rep.stage_params += st.weight_grad().size();
+    if (root && o.print) {
+      const auto sim = loom::simulate(sched);
+      std::printf("%d steps of %d microbatches in one run, never flushed; weight versions per pipeline rank: simulator", steps, M);
+      for (double c : sim.weight_copies) std::printf(" %g", c);
+      std::printf(", held by the executor");
+      for (int r = 0; r < s.pp; ++r) std::printf(" %lld", static_cast<long long>(held[static_cast<std::size_t>(r)]));
+      std::printf("\nreference check (%s): %lld of %lld parameter values (summed over ranks) and losses differ -> %s\n",
+                  bitwise ? "bitwise" : "1e-12 relative", rep.differing, rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
+    }
+    return rep;
+  }
 }
 
 }  // namespace mesh_example
