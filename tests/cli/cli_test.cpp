@@ -515,6 +515,21 @@ TEST_CASE("--costs FILE: a stage's update cost lengthens an asynchronous schedul
     auto busy = [](const nlohmann::json& j) { return (1 - j["bubble_ratio"].get<double>()) * 2 * j["makespan"].get<double>(); };
     CHECK(busy(b) - busy(a) == doctest::Approx(2 * 0.5 * updates));
   }
+  // loom best --steps 4: an asynchronous row is its run's makespan; a synchronous row is 4 flushed
+  // steps, each followed by the slowest rank's update of its stage (0.5).
+  auto r = run({"best", "--ranks", "2", "--microbatches", "4", "--steps", "4", "--costs", upd, "--json"});
+  REQUIRE(r.code == 0);
+  const auto best = nlohmann::json::parse(r.out);
+  auto row_of = [&](const std::string& name) {
+    for (auto const& row : best["ranking"])
+      if (row["schedule"] == name) return row;
+    FAIL("no row " << name);
+    return nlohmann::json();
+  };
+  auto one = run({"simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4", "--costs", upd, "--json"});
+  REQUIRE(one.code == 0);
+  CHECK(row_of("1f1b")["makespan"].get<double>() == doctest::Approx(4 * (nlohmann::json::parse(one.out)["makespan"].get<double>() + 0.5)));
+  CHECK(row_of("pipedream-2bw")["makespan"].get<double>() == doctest::Approx(sim("pipedream-2bw", upd)["makespan"].get<double>()));
   const std::string bad = write("costs-update-bad.json", R"({"stages": [{"f": 1, "b": 1, "w": 1, "update": -1}]})");
   auto e = run({"simulate", "--schedule", "pipedream", "--ranks", "2", "--microbatches", "2", "--steps", "2", "--costs", bad});
   CHECK(e.code == 2);
