@@ -161,6 +161,15 @@ registry builtin_registry() {
   return r;
 }
 
+#if defined(LOOM_EXTERN_REGISTRY)
+//! With `LOOM_EXTERN_REGISTRY` defined, a translation unit does not instantiate the built-in
+//! registry (the bulk of a registry user's compile time: 7.6 s against 1.2 s of CPU at `-O2`
+//! with g++ 12, docs/include-cost.md); exactly one translation unit of the program then defines it
+//! with `template loom::registry loom::builtin_registry<loom::builtin_families>();` (loom's own
+//! build: src/registry/builtin.cpp).
+extern template registry builtin_registry<builtin_families>();
+#endif
+
 //! The process-wide registry: the built-ins plus whatever the program added (one registry; the
 //! template parameter only defers its instantiation to the first use, see above).
 template <class = void>
