@@ -1101,7 +1101,8 @@ class pipeline {
              " before the weight gradients of every earlier microbatch were folded (an out-of-order schedule)");
         return;
       }
-      [[maybe_unused]] const auto t0 = std::chrono::steady_clock::now();
+      // Measure mode only: a step that does not measure reads no clock.
+      [[maybe_unused]] const auto t0 = opt_.measure ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       [[maybe_unused]] int m0 = -1;
       if constexpr (on_device)
         if (opt_.measure) m0 = space_.mark();
@@ -1126,17 +1127,14 @@ class pipeline {
       l.held_peak = std::max(l.held_peak, std::min(next + 1, l.K));
       if constexpr (on_device) {
         if (opt_.measure) note_device(kind, mb, s, -1, m0, space_.mark(), true);
-      } else {
-        const auto t1 = std::chrono::steady_clock::now();
-        const double d = seconds_since(t0, t1);
+      } else if (opt_.measure) {
+        const double d = seconds_since(t0, std::chrono::steady_clock::now());
         busy_ += d;
-        if (opt_.measure) {
-          if (timings_.size() < timings_.capacity())
-            timings_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .update = true, .seconds = d});
-          if (timeline_.size() < timeline_.capacity())
-            timeline_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .update = true,
-                                 .start = seconds_since(step_t0_, t0), .seconds = d});
-        }
+        if (timings_.size() < timings_.capacity())
+          timings_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .update = true, .seconds = d});
+        if (timeline_.size() < timeline_.capacity())
+          timeline_.push_back({.kind = kind, .microbatch = mb, .stage = s, .rank = rank_, .update = true,
+                               .start = seconds_since(step_t0_, t0), .seconds = d});
       }
     }
   }
