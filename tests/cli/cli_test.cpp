@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -221,6 +222,39 @@ TEST_CASE("loom simulate --steps: the asynchronous families print their versions
   auto bad = run({"simulate", "--schedule", "pipedream", "--ranks", "2", "--microbatches", "4", "--steps", "0"});
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--steps") != std::string::npos);
+}
+
+TEST_CASE("loom --group: the grouped family takes g in ceil(P/2)..P, the others refuse it, and loom best ranks every g") {
+  auto two = run({"simulate", "--schedule", "group-interleaved-1f1b", "--ranks", "4", "--microbatches", "8", "--group", "2", "--json"});
+  auto four = run({"simulate", "--schedule", "group-interleaved-1f1b", "--ranks", "4", "--microbatches", "8", "--group", "4", "--json"});
+  REQUIRE(two.code == 0);
+  REQUIRE(four.code == 0);
+  // PipeOffload's point: the smaller group holds fewer activations (peaks 3 and 4 units on rank 0).
+  CHECK(nlohmann::json::parse(two.out).at("peak_activation").at(0) == 3.0);
+  CHECK(nlohmann::json::parse(four.out).at("peak_activation").at(0) == 4.0);
+  auto low = run({"simulate", "--schedule", "group-interleaved-1f1b", "--ranks", "4", "--microbatches", "8", "--group", "1"});
+  CHECK(low.code != 0);
+  CHECK(low.err.find("needs a group size between ceil(p/2) = 2 and p = 4 (got group=1)") != std::string::npos);
+  auto other = run({"simulate", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8", "--group", "2"});
+  CHECK(other.code != 0);
+  CHECK(other.err.find("1f1b issues no microbatch groups") != std::string::npos);
+  auto zero = run({"simulate", "--schedule", "group-interleaved-1f1b", "--ranks", "4", "--microbatches", "8", "--group", "0"});
+  CHECK(zero.code == 2);
+  CHECK(zero.err.find("--group") != std::string::npos);
+  auto best = run({"best", "--ranks", "4", "--microbatches", "8", "--json"});
+  REQUIRE(best.code == 0);
+  std::set<std::string> names;
+  const auto all = nlohmann::json::parse(best.out);  // kept: a range-for over a temporary's member dangles
+  for (auto const& row : all.at("ranking")) names.insert(row.at("schedule").get<std::string>());
+  for (const char* g : {"group-interleaved-1f1b (g=2)", "group-interleaved-1f1b (g=3)", "group-interleaved-1f1b (g=4)"})
+    CHECK(names.count(g) == 1);
+  auto one = run({"best", "--ranks", "4", "--microbatches", "8", "--group", "3", "--json"});
+  REQUIRE(one.code == 0);
+  names.clear();
+  const auto only = nlohmann::json::parse(one.out);
+  for (auto const& row : only.at("ranking")) names.insert(row.at("schedule").get<std::string>());
+  CHECK(names.count("group-interleaved-1f1b") == 1);
+  CHECK(names.count("1f1b") == 1);
 }
 
 TEST_CASE("loom simulate prints the certified lower bound on the schedule's placement and the gap to it") {

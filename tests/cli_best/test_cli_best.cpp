@@ -45,7 +45,7 @@ void check_ranking(int p, int m, const loom::costs& k, double limit) {
   REQUIRE(rows.size() >= 5);
   bool seen_over = false;
   double prev = -1;
-  bool saw_auto = false;
+  bool saw_auto = false, saw_group = false;
   for (auto const& x : rows) {
     const bool fits = x.at("within_mem_limit").get<bool>();
     const double rate = x.at("bubble_rate").get<double>();
@@ -62,7 +62,12 @@ void check_ranking(int p, int m, const loom::costs& k, double limit) {
     loom::generate_options o{.cost = k, .mem_limit = limit};
     loom::shape s{p, m, 0};
     std::string family = name;
-    if (auto sp = name.find(" ("); sp != std::string::npos) {
+    if (auto g = name.find(" (g="); g != std::string::npos) {
+      // a grouped family, once per group: "group-interleaved-1f1b (g=3)"
+      family = name.substr(0, g);
+      s.group = std::stoi(name.substr(g + 4));
+      saw_group = true;
+    } else if (auto sp = name.find(" ("); sp != std::string::npos) {
       family = name.substr(0, sp);
       bool vee = name.find("(v)") != std::string::npos;
       o.placement = vee ? loom::placement_kind::v : loom::placement_kind::loop;
@@ -89,6 +94,7 @@ void check_ranking(int p, int m, const loom::costs& k, double limit) {
     CHECK(x.at("gap").at("makespan").get<double>() >= -1e-12);
   }
   CHECK(saw_auto);
+  CHECK(saw_group);
   CHECK(j.at("chosen").at("schedule") == rows.at(0).at("schedule"));
   CHECK(j.at("chosen").at("gap") == rows.at(0).at("gap"));
 }

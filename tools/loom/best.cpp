@@ -53,6 +53,21 @@ struct best_text {
   std::string activation_bytes;
 };
 
+// The groups a grouped family is ranked with: --group g alone when given, else every g in
+// ceil(P/2)..P for P <= 16, and beyond that the two ends and the middle (a row per g would be
+// hundreds of schedules on a large P).
+std::vector<int> groups_to_try(const loom::shape& s) {
+  if (s.group != 0) return {s.group};
+  const int lo = (s.ranks + 1) / 2, hi = s.ranks;
+  std::vector<int> out;
+  if (hi <= 16) {
+    for (int g = lo; g <= hi; ++g) out.push_back(g);
+  } else {
+    out = {lo, (lo + hi) / 2, hi};
+  }
+  return out;
+}
+
 void run_best(const best_text& t) {
   loom::cli::request r = loom::cli::parse_request(*t.req);
   if (!r.schedule.empty()) throw loom::cli::usage_error("loom best ranks every family; do not give --schedule");
@@ -85,10 +100,20 @@ void run_best(const best_text& t) {
     } else {
       loom::shape s = e.resolve(r.shape);
       if (!e.multi_step) s.steps = 1;  // T flushed steps are T times one
-      runs.push_back({s, r.options});
+      if (!e.grouped) {
+        s.group = 0;  // --group names the grouped families' g; the others have none
+        runs.push_back({s, r.options});
+      } else {
+        for (int g : groups_to_try(r.shape)) {
+          s.group = g;
+          runs.push_back({s, r.options});
+        }
+      }
     }
     for (auto const& [s, o] : runs) {
-      std::string label = e.cost_aware && runs.size() > 1 ? e.name + " (" + std::string(loom::to_string(o.placement)) + ")" : e.name;
+      std::string label = e.cost_aware && runs.size() > 1 ? e.name + " (" + std::string(loom::to_string(o.placement)) + ")"
+                          : e.grouped && runs.size() > 1 ? e.name + " (g=" + std::to_string(s.group) + ")"
+                                                         : e.name;
       if (std::string rule = e.check(e.resolve(s)); !rule.empty()) {
         skipped.push_back({{"schedule", label}, {"reason", rule}});
         continue;
@@ -193,18 +218,20 @@ void run_best(const best_text& t) {
     return;
   }
   const std::string lim = limit > 0 ? fmt::format("{}", limit) : std::string("none");
+  std::size_t nw = 24;  // the schedule column: as wide as its longest label ("group-interleaved-1f1b (g=2)")
+  for (auto const& x : rows) nw = std::max(nw, x.name.size());
   if (r.model) {
     // Per-stage costs: ranked by step time; no bound (it assumes uniform stages).
     std::string out = fmt::format("# loom best: p={} m={}{} costs {} mem_limit={}\n", r.shape.ranks, r.shape.microbatches,
                                   T > 1 ? fmt::format(" steps={}", T) : std::string(),
                                   loom::cli::describe_model(*r.model, r.costs_file), lim);
-    out += fmt::format("{:>4}  {:<24} {:>12} {:>11} {:>10} {:>6} {:>9} {:>6}", "rank", "schedule", "makespan", "bubble_rate",
+    out += fmt::format("{:>4}  {:<{}} {:>12} {:>11} {:>10} {:>6} {:>9} {:>6}", "rank", "schedule", nw, "makespan", "bubble_rate",
                        "peak_act", "params", "p2p", "fits");
     if (bytes >= 0) out += fmt::format(" {:>12}", "p2p_bytes");
     out += "\n";
     int rank = 1;
     for (auto const& x : rows) {
-      out += fmt::format("{:>4}  {:<24} {:>12.6g} {:>11.6f} {:>10.4g} {:>6g} {:>9} {:>6}", rank++, x.name, x.makespan,
+      out += fmt::format("{:>4}  {:<{}} {:>12.6g} {:>11.6f} {:>10.4g} {:>6g} {:>9} {:>6}", rank++, x.name, nw, x.makespan,
                          x.bubble_rate, x.peak, x.param_copies, x.transfers, x.fits ? "yes" : "no");
       if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
       out += "\n";
@@ -219,13 +246,13 @@ void run_best(const best_text& t) {
                                  r.shape.microbatches, T > 1 ? fmt::format(" steps={}", T) : std::string(), r.cost.f, r.cost.b,
                                  r.cost.w, r.cost.c, r.cost.mem_w_ratio, lim);
   std::string out = head;
-  out += fmt::format("{:>4}  {:<24} {:>11} {:>10} {:>6} {:>9} {:>6} {:>9} {:>8}", "rank", "schedule", "bubble_rate", "peak_act",
+  out += fmt::format("{:>4}  {:<{}} {:>11} {:>10} {:>6} {:>9} {:>6} {:>9} {:>8}", "rank", "schedule", nw, "bubble_rate", "peak_act",
                      "params", "p2p", "fits", "bound", "gap");
   if (bytes >= 0) out += fmt::format(" {:>12}", "p2p_bytes");
   out += "\n";
   int rank = 1;
   for (auto const& x : rows) {
-    out += fmt::format("{:>4}  {:<24} {:>11.6f} {:>10.3f} {:>6g} {:>9} {:>6} {:>9.6f} {:>8.6f}", rank++, x.name, x.bubble_rate,
+    out += fmt::format("{:>4}  {:<{}} {:>11.6f} {:>10.3f} {:>6g} {:>9} {:>6} {:>9.6f} {:>8.6f}", rank++, x.name, nw, x.bubble_rate,
                        x.peak, x.param_copies, x.transfers, x.fits ? "yes" : "no", x.bound.lb.bubble_rate, x.bound.gap_rate);
     if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
     out += "\n";

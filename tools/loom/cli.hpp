@@ -239,13 +239,13 @@ inline double parse_real(std::string_view flag, const std::string& text, double 
 
 //! The raw text of the common options, as CLI11 stores it (parsed by `parse_request`).
 struct request_text {
-  std::string schedule, ranks, microbatches, chunks, steps = "1";
+  std::string schedule, ranks, microbatches, chunks, steps = "1", group;
   std::string f = "1", b = "1", w = "1", c = "0", fb, mem_w_ratio = "1";
   std::string mem_limit, placement = "loop";
   std::string costs_file;  //!< `--costs FILE`: a stage- and link-resolved cost model (docs/costs.md)
   //! The options behind the optional values, set by `add_request_options`: an option given with
   //! an empty value ("--ranks ''") is an error, not "absent". Null: absent when empty.
-  CLI::Option *ranks_opt = nullptr, *microbatches_opt = nullptr, *chunks_opt = nullptr, *fb_opt = nullptr,
+  CLI::Option *ranks_opt = nullptr, *microbatches_opt = nullptr, *chunks_opt = nullptr, *group_opt = nullptr, *fb_opt = nullptr,
               *mem_limit_opt = nullptr, *placement_opt = nullptr, *costs_opt = nullptr;
   //! The uniform cost options (they exclude `--costs`).
   std::vector<CLI::Option*> uniform_opts;
@@ -281,6 +281,9 @@ inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
                  "T: training steps one schedule spans without a flush (asynchronous families, e.g. pipedream; the others run 1)")
       ->capture_default_str()
       ->type_name("INT");
+  t->group_opt = sub.add_option("--group", t->group,
+                                "g: microbatch group size of a grouped family (group-interleaved-1f1b: ceil(P/2)..P, default ceil(P/2))")
+                     ->type_name("INT");
   t->uniform_opts.push_back(
       sub.add_option("--f", t->f, "forward time of one microbatch through 1/P of the model")->capture_default_str()->type_name("NUMBER"));
   t->uniform_opts.push_back(sub.add_option("--b", t->b, "input-gradient backward time")->capture_default_str()->type_name("NUMBER"));
@@ -315,6 +318,7 @@ inline request parse_request(const request_text& t) {
   if (microbatches) r.shape.microbatches = parse_int("--microbatches", t.microbatches, 1, max_microbatches);
   if (given(t.chunks_opt, t.chunks)) r.shape.chunks = parse_int("--chunks", t.chunks, 1, max_chunks);
   r.shape.steps = parse_int("--steps", t.steps, 1, max_microbatches);
+  if (given(t.group_opt, t.group)) r.shape.group = parse_int("--group", t.group, 1, max_ranks);
   r.cost.f = parse_real("--f", t.f, 0);
   r.cost.b = parse_real("--b", t.b, 0);
   r.cost.w = parse_real("--w", t.w, 0);

@@ -107,6 +107,14 @@ concept multi_step_family = schedule_family<F> && requires {
   requires static_cast<bool>(F::multi_step);
 };
 
+//! A family whose microbatches are issued in groups of `shape::group` (PipeOffload's
+//! `group-interleaved-1f1b`): it declares `static constexpr bool grouped = true` and reads
+//! `shape::group` (0: its natural group). Every other family refuses `group != 0`.
+template <class F>
+concept grouped_family = schedule_family<F> && requires {
+  requires static_cast<bool>(F::grouped);
+};
+
 //! The family's natural chunk count (its `default_chunks`, or 1).
 template <class F>
 inline constexpr int default_chunks_v = [] {
@@ -219,6 +227,11 @@ constexpr text check_all(const F& f, shape s) {
              "; the asynchronous families span several)";
   } else {
     if (s.steps < 1) return text(F::name) + " needs steps >= 1 (got steps=" + to_text(s.steps) + ")";
+  }
+  if constexpr (!grouped_family<F>) {
+    if (s.group != 0)
+      return text(F::name) + " issues no microbatch groups (got group=" + to_text(s.group) +
+             "; --group is for the grouped families, e.g. group-interleaved-1f1b)";
   }
   if (text rule = f.check(s); !rule.empty()) return rule;
   if constexpr (multi_step_family<F>) {

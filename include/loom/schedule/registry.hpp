@@ -27,6 +27,7 @@
 #include "loom/schedule/error.hpp"
 #include "loom/schedule/family.hpp"
 #include "loom/schedule/gpipe.hpp"
+#include "loom/schedule/group_interleaved_1f1b.hpp"
 #include "loom/schedule/interleaved_1f1b.hpp"
 #include "loom/schedule/one_f_one_b.hpp"
 #include "loom/schedule/pipedream.hpp"
@@ -42,7 +43,7 @@ namespace loom {
 //! The built-in schedule families, in the order `loom list` prints them: the synchronous ones,
 //! then the asynchronous ones (`multi_step_family`, `family_entry::multi_step`).
 using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v, chimera, bitpipe, hanayo, looped_bfs, gpipe_2bp, one_f_one_b_2bp, zb_auto, zb_v, v_half, v_min,
-                                    pipedream, pipedream_vertical_sync, pipedream_2bw, pipelined_backprop>;
+                                    group_interleaved_1f1b, pipedream, pipedream_vertical_sync, pipedream_2bw, pipelined_backprop>;
 
 //! Other names of built-in families (`registry::alias`): `pipedream-flush` is 1F1B (the name the
 //! PipeDream-2BW paper, ICML 2021 §3.2, gives it).
@@ -58,6 +59,8 @@ struct family_entry {
   //! An asynchronous family: one schedule spans `shape::steps` steps without a flush, with weight
   //! versions (`schedule::versioned`); its training rule differs from synchronous SGD.
   bool multi_step = false;
+  //! A grouped family (`grouped_family`): it reads `shape::group`; the others refuse a nonzero one.
+  bool grouped = false;
   std::function<schedule(shape, const generate_options&)> generate;  //!< schedule for a resolved shape
 
   //! `s` with chunks defaulted.
@@ -83,6 +86,7 @@ family_entry make_entry() {
   e.check = [](shape s) { return detail::check_all(F{}, s); };
   e.cost_aware = cost_aware_family<F>;
   e.multi_step = multi_step_family<F>;
+  e.grouped = grouped_family<F>;
   e.generate = [](shape s, const generate_options& o) { return loom::generate(F{}, s, o); };
   return e;
 }

@@ -14,12 +14,16 @@ namespace loom {
 //! `steps` is T, the training steps one schedule spans: 1 for the synchronous families (each
 //! step is the same schedule, flushed); an asynchronous family (`multi_step_family`) runs T steps
 //! without a flush.
+//! `group` is g, the microbatch group size of a grouped family (`grouped_family`:
+//! `group-interleaved-1f1b`); 0 means the family's natural value, and every other family refuses
+//! any other value.
 //! A structural aggregate, so it can be a template argument (`static_schedule<F, shape{4, 8}>`).
 struct shape {
   int ranks = 1;
   int microbatches = 1;
   int chunks = 0;
   int steps = 1;
+  int group = 0;
   friend constexpr bool operator==(const shape&, const shape&) = default;
 };
 
