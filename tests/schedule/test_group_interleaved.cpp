@@ -7,12 +7,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "loom/schedule.hpp"
+#include "reference_csv.hpp"
 
 namespace {
 
@@ -23,12 +23,8 @@ struct ref_row {
 };
 
 std::vector<ref_row> read_reference() {
-  std::ifstream in(LOOM_SOURCE_DIR "/tests/schedule/data/group_interleaved_reference.csv");
-  REQUIRE(in.good());
   std::vector<ref_row> rows;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
+  for (const std::string& line : loom_ref::data_lines(LOOM_SOURCE_DIR "/tests/schedule/data/group_interleaved_reference.csv")) {
     std::istringstream f(line);
     ref_row r;
     char comma = 0;
