@@ -21,6 +21,7 @@
 
 #include <loom/loom.hpp>
 #include <loom/schedule/bound.hpp>
+#include <loom/schedule/offload.hpp>
 
 #include "costs/vocab_heavy_8.hpp"
 
@@ -255,6 +256,53 @@ TEST_CASE("loom --group: the grouped family takes g in ceil(P/2)..P, the others 
   for (auto const& row : only.at("ranking")) names.insert(row.at("schedule").get<std::string>());
   CHECK(names.count("group-interleaved-1f1b") == 1);
   CHECK(names.count("1f1b") == 1);
+}
+
+TEST_CASE("loom simulate --offload-chunks prints PipeOffload's plan, as the library makes it, and refuses what it cannot plan") {
+  const std::initializer_list<const char*> base = {"simulate", "--schedule", "group-interleaved-1f1b", "--ranks", "4", "--microbatches", "16",
+                                                   "--group", "2", "--f", "2", "--b", "2", "--w", "2"};
+  auto with = [&](std::initializer_list<const char*> more) {
+    std::vector<std::string> a(base.begin(), base.end());
+    a.insert(a.end(), more.begin(), more.end());
+    return run(a);
+  };
+  const loom::schedule s = loom::default_registry().at("group-interleaved-1f1b").make({.ranks = 4, .microbatches = 16, .chunks = 2, .group = 2});
+  const auto plan = loom::plan_offload(s, {.f = 2, .b = 2, .w = 2}, {.chunks = 1, .time = 0.2});
+  REQUIRE(plan.ok);
+  auto j = with({"--offload-chunks", "1", "--json"});
+  REQUIRE(j.code == 0);
+  const auto js = nlohmann::json::parse(j.out);
+  CHECK(js.at("offload").at("peak_activation").get<std::vector<double>>() == plan.peak_activation);
+  CHECK(js.at("offload").at("copies").size() == plan.copies.size());
+  CHECK(js.at("offload").at("copy_time").get<double>() == 0.6);
+  // The authors' peaks at unit cost per stage: 4 3 3 3 chunk-activations, i.e. 2 1.5 1.5 1.5 units.
+  auto t = with({"--offload-chunks", "1"});
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("peak offloaded   2 1.5 1.5 1.5   (per rank") != std::string::npos);
+  CHECK(t.out.find("offload          first 1 chunk of each rank, one copy 0.6 (--offload-time 0.2): ") != std::string::npos);
+  auto none = with({});
+  CHECK(none.out.find("offload") == std::string::npos);
+  // Refusals: one line, exit 2, nothing on stdout.
+  for (auto [more, says] : std::vector<std::pair<std::vector<const char*>, const char*>>{
+           {{"--offload-chunks", "3"}, "offload needs 0 <= offloaded chunks <= chunks per rank = 2 (got 3)"},
+           {{"--offload-chunks", "1", "--offload-time", "0"}, "--offload-time '0' must be > 0"}}) {
+    std::vector<std::string> a(base.begin(), base.end());
+    a.insert(a.end(), more.begin(), more.end());
+    auto r = run(a);
+    CAPTURE(says);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.find(says) != std::string::npos);
+  }
+  // Both chunks of p = 8 at offload time 0.5: the link is too slow (the authors refuse it too).
+  auto slow = run({"simulate", "--schedule", "group-interleaved-1f1b", "--ranks", "8", "--microbatches", "32", "--group", "4", "--f", "2",
+                   "--b", "2", "--w", "2", "--offload-chunks", "2", "--offload-time", "0.5"});
+  CHECK(slow.code == 2);
+  CHECK(slow.out.empty());
+  CHECK(slow.err.find("cannot copy the activation of") != std::string::npos);
+  auto odd = run({"simulate", "--schedule", "group-interleaved-1f1b", "--ranks", "3", "--microbatches", "6", "--offload-chunks", "1"});
+  CHECK(odd.code == 2);
+  CHECK(odd.err.find("needs an even number of ranks (got 3)") != std::string::npos);
 }
 
 TEST_CASE("loom simulate prints the certified lower bound on the schedule's placement and the gap to it") {

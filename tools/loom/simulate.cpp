@@ -4,6 +4,7 @@
 // (ARCHITECTURE.md) and prints a summary, or with --json one JSON object (the CLI contract of
 // issue 2, with issue 3's FB actions and param_copies).
 #include <algorithm>
+#include <optional>
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "loom/schedule/offload.hpp"
 
 namespace {
 
@@ -115,7 +117,31 @@ std::string list(const std::vector<double>& v) {
   return out;
 }
 
-void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req) {
+// `--offload-chunks K --offload-time T`: PipeOffload's plan for the schedule (loom/schedule/offload.hpp).
+struct offload_request {
+  std::string chunks, time = "0.2";
+  CLI::Option* chunks_opt = nullptr;
+};
+
+struct offload_result {
+  int chunks = 0;
+  double time = 0;
+  loom::offload_plan plan;
+};
+
+std::optional<offload_result> plan_of(const loom::cli::evaluated& e, const loom::cli::request& req, const offload_request& o) {
+  if (o.chunks_opt == nullptr || o.chunks_opt->count() == 0) return std::nullopt;
+  const int k = loom::cli::parse_int("--offload-chunks", o.chunks, 0, loom::cli::max_chunks);
+  const double t = loom::cli::parse_real("--offload-time", o.time, 0);
+  if (!(t > 0)) throw loom::cli::usage_error("--offload-time '" + o.time + "' must be > 0");
+  if (req.model) throw loom::cli::usage_error("--offload-chunks plans under uniform costs (--f --b --w --c), not --costs");
+  if (!e.valid.ok || !e.sim.ok) return std::nullopt;  // the schedule's own failure is reported as usual
+  auto plan = loom::plan_offload(e.sched, req.cost, {.chunks = k, .time = t});
+  if (!plan.ok) throw loom::cli::usage_error(std::string(plan.error));
+  return offload_result{k, t, std::move(plan)};
+}
+
+void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req, const std::optional<offload_result>& off) {
   const loom::costs& k = req.cost;
   const double mem_limit = req.options.mem_limit;
   auto const& s = e.sched;
@@ -147,6 +173,14 @@ void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req)
   fmt::print("bubble time      {}   (per rank: makespan - busy)\n", list(bubble));
   fmt::print("span bubble      {}   (per rank: span - busy)\n", list(span_bubble));
   fmt::print("peak activation  {}   (per rank; max {:g})\n", list(sim.peak_activation), sim.max_peak_activation());
+  if (off) {
+    std::size_t out = 0;
+    for (const auto& c : off->plan.copies) out += c.reload ? 0 : 1;
+    fmt::print("offload          first {} chunk{} of each rank, one copy {:g} (--offload-time {:g}): {} activations out and back\n",
+               off->chunks, off->chunks == 1 ? "" : "s", off->plan.copy_time, off->time, out);
+    fmt::print("peak offloaded   {}   (per rank, with the copies of PipeOffload's plan; max {:g})\n", list(off->plan.peak_activation),
+               *std::max_element(off->plan.peak_activation.begin(), off->plan.peak_activation.end()));
+  }
   fmt::print("param copies     {}\n", s.param_copies);
   if (s.versioned())
     fmt::print("weight versions  {}   (per rank: peak versions held, in units of the rank's share; max {:g})\n", list(sim.weight_copies),
@@ -167,13 +201,31 @@ loom::cli::register_command simulate_command{{.name = "simulate", .order = 20, .
   auto req = loom::cli::add_request_options(*sub);
   auto as_json = std::make_shared<bool>(false);
   sub->add_flag("--json", *as_json, "print one JSON object (the CLI contract) instead of the summary");
-  sub->callback([req, as_json] {
+  auto off = std::make_shared<offload_request>();
+  off->chunks_opt = sub->add_option("--offload-chunks", off->chunks,
+                                    "K: plan PipeOffload's activation offload of the first K chunks of every rank (loop placement, "
+                                    "even ranks; docs/offload.md)")
+                        ->type_name("INT");
+  sub->add_option("--offload-time", off->time, "one copy's time as a fraction of a stage's f + b + w (PipeOffload's --offload-time)")
+      ->capture_default_str()
+      ->type_name("NUMBER");
+  sub->callback([req, as_json, off] {
     loom::cli::request r = loom::cli::parse_request(*req);
     auto e = loom::cli::evaluate(loom::cli::make_schedule(r), r.cost, r.model);
-    if (*as_json)
-      fmt::print("{}\n", to_json(e, r).dump());
-    else
-      print_summary(e, r);
+    const auto plan = plan_of(e, r, *off);  // a refused plan is bad input: one line, nothing printed
+    if (*as_json) {
+      json j = to_json(e, r);
+      if (plan) {
+        json copies = json::array();
+        for (const auto& c : plan->plan.copies)
+          copies.push_back({{"rank", c.rank}, {"mb", c.mb}, {"stage", c.stage}, {"reload", c.reload}, {"start", c.start}, {"end", c.end}});
+        j["offload"] = {{"chunks", plan->chunks}, {"offload_time", plan->time}, {"copy_time", plan->plan.copy_time},
+                        {"peak_activation", plan->plan.peak_activation}, {"copies", copies}};
+      }
+      fmt::print("{}\n", j.dump());
+    } else {
+      print_summary(e, r, plan);
+    }
     if (!e.valid.ok || !e.sim.ok)
       throw loom::cli::run_failure("schedule '" + e.sched.name + "' is not valid: " +
                                    (e.valid.ok ? e.sim.error : e.valid.message));

@@ -80,9 +80,11 @@ struct offload_copy {
 
 //! The plan: the copies, and per rank the peak activation with them (loom's unit: one microbatch
 //! through a rank's share) and without them. `ok` false: `error` says which rule refused.
+//! `copy_time` is T, one copy's time on the link (0 when nothing is offloaded).
 struct offload_plan {
   bool ok = false;
   text error;
+  double copy_time = 0;
   std::vector<offload_copy> copies;
   std::vector<double> peak_activation;
   std::vector<double> peak_without;
@@ -180,6 +182,8 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
     X = x > X ? x : X;
   }
   const double T = detail::round2(X * o.time), solo = T * 0.7;
+  out.copy_time = T;
+  if (!(T > 0)) return fail("offload: one copy would take " + detail::real_text(T) + " (the offload time times f + b + w of a stage, rounded to 0.01): nothing can be planned");
 
   struct pass {
     int index = 0;
