@@ -53,19 +53,19 @@ struct best_text {
   std::string activation_bytes;
 };
 
-// The groups a grouped family is ranked with: --group g alone when given, else every g in
-// ceil(P/2)..P for P <= 16, and beyond that the two ends and the middle (a row per g would be
-// hundreds of schedules on a large P).
-std::vector<int> groups_to_try(const loom::shape& s) {
+// The groups a grouped family is ranked with: --group g alone when given, else every g the family
+// accepts (its own check decides the range) when there are at most 9 of them, and beyond that the
+// two ends and the middle (a row per g would be hundreds of schedules on a large P).
+std::vector<int> groups_to_try(const loom::family_entry& e, loom::shape s) {
   if (s.group != 0) return {s.group};
-  const int lo = (s.ranks + 1) / 2, hi = s.ranks;
-  std::vector<int> out;
-  if (hi <= 16) {
-    for (int g = lo; g <= hi; ++g) out.push_back(g);
-  } else {
-    out = {lo, (lo + hi) / 2, hi};
+  std::vector<int> ok;
+  for (int g = 1; g <= s.ranks; ++g) {
+    s.group = g;
+    if (e.check(s).empty()) ok.push_back(g);
   }
-  return out;
+  if (ok.empty()) return {0};  // no group fits: one row, skipped with the family's own reason
+  if (ok.size() <= 9) return ok;
+  return {ok.front(), ok[ok.size() / 2], ok.back()};
 }
 
 void run_best(const best_text& t) {
@@ -104,7 +104,7 @@ void run_best(const best_text& t) {
         s.group = 0;  // --group names the grouped families' g; the others have none
         runs.push_back({s, r.options});
       } else {
-        for (int g : groups_to_try(r.shape)) {
+        for (int g : groups_to_try(e, s)) {
           s.group = g;
           runs.push_back({s, r.options});
         }

@@ -122,7 +122,8 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
   if (s.placement != placement_kind::loop) return fail("offload plans the loop placement only");
   const simulation sim = simulate(s, k);
   if (!sim.ok) return fail("the schedule does not run: " + sim.error);
-  const double q = static_cast<double>(P) / S, r = k.mem_w_ratio;
+  // The simulator's own durations and memory rule, so the plan counts what `simulate` counts.
+  const detail::uniform_cost_view view(k, s.stage_fraction());
   out.peak_without = sim.peak_activation;
   if (o.chunks == 0) {
     out.ok = true;
@@ -133,9 +134,9 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
 
   // Per rank: the actions with their times, then the warm-up postponement.
   std::vector<std::vector<detail::timed>> nodes(static_cast<std::size_t>(P));
-  // where[kind][stage][mb] = (rank, index) for F and B
+  // where_f[stage * m + mb] = (rank, index) of that forward
   auto slot = [&](int st, int mb) { return static_cast<std::size_t>(st) * static_cast<std::size_t>(m) + static_cast<std::size_t>(mb); };
-  std::vector<std::pair<int, int>> where_f(static_cast<std::size_t>(S * m), {-1, -1}), where_b = where_f;
+  std::vector<std::pair<int, int>> where_f(static_cast<std::size_t>(S * m), {-1, -1});
   for (int rk = 0; rk < P; ++rk) {
     const auto& prog = s.programs[static_cast<std::size_t>(rk)];
     for (std::size_t i = 0; i < prog.size(); ++i) {
@@ -145,7 +146,6 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
       nodes[static_cast<std::size_t>(rk)].push_back({a, sim.times[static_cast<std::size_t>(rk)][i].start, sim.times[static_cast<std::size_t>(rk)][i].end});
       const int idx = static_cast<int>(nodes[static_cast<std::size_t>(rk)].size()) - 1;
       if (a.kind == op::F) where_f[slot(a.stage, a.mb)] = {rk, idx};
-      if (a.kind == op::B || a.kind == op::BW) where_b[slot(a.stage, a.mb)] = {rk, idx};
     }
   }
   auto node_at = [&](std::pair<int, int> w) -> detail::timed& { return nodes[static_cast<std::size_t>(w.first)][static_cast<std::size_t>(w.second)]; };
@@ -175,19 +175,14 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
     }
   }
 
-  // Transfer times.
-  double X = 0;
-  for (int st = 0; st < S; ++st) {
-    const double x = (q * k.f + q * k.b) + q * k.w;
-    X = x > X ? x : X;
-  }
+  // Transfer times (every stage takes the same f + b + w under uniform costs).
+  const double X = (view.plain(op::F, 0) + view.plain(op::B, 0)) + view.plain(op::W, 0);
   const double T = detail::round2(X * o.time), solo = T * 0.7;
   out.copy_time = T;
   if (!(T > 0)) return fail("offload: one copy would take " + detail::real_text(T) + " (the offload time times f + b + w of a stage, rounded to 0.01): nothing can be planned");
 
   struct pass {
     int index = 0;
-    int rank = 0;
     bool reload = false;
     std::size_t node = 0;  // the F (copy to host) or the B (copy back)
     int stage = 0, mb = 0;
@@ -217,7 +212,7 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
         idx += 2;
       }
       send_start[slot(n.a.stage, n.a.mb)] = cur;
-      sends.push_back({idx, rk, false, i, n.a.stage, n.a.mb, cur, cur + d2h});
+      sends.push_back({idx, false, i, n.a.stage, n.a.mb, cur, cur + d2h});
       cur += h2d + d2h;
       idx += 2;
     }
@@ -236,7 +231,7 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
       if (!(cur - h2d > send_start[slot(n.a.stage, n.a.mb)] + d2h))
         return "offload: rank " + detail::to_text(rk) + " cannot copy the activation of " + to_string(forward(n.a.mb, n.a.stage)) +
                " back before its backward after copying it out (offload fewer chunks or use a faster host link)";
-      recvs.push_back({idx - 1, rk, true, i, n.a.stage, n.a.mb, cur - h2d, cur});
+      recvs.push_back({idx - 1, true, i, n.a.stage, n.a.mb, cur - h2d, cur});
       cur -= h2d + d2h;
       idx -= 2;
     }
@@ -300,10 +295,10 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
     for (const pass& ps : qq) {
       if (!ps.reload) {
         l.push_back({ps.start, 0, 0.0});
-        rt.push_back({ps.end, 1, -q});
+        rt.push_back({ps.end, 1, -view.alloc(ps.stage)});
         out.copies.push_back({rk, ps.mb, ps.stage, false, ps.start, ps.end});
       } else {
-        l.push_back({ps.start, 2, q});
+        l.push_back({ps.start, 2, view.alloc(ps.stage)});
         rt.push_back({ps.start, 3, 0.0});
         out.copies.push_back({rk, ps.mb, ps.stage, true, ps.start, ps.end});
       }
@@ -328,13 +323,7 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
         }
       for (const mk& e : pending) apply(e.effect);
       pending.clear();
-      switch (n.a.kind) {
-        case op::F: apply(q); break;
-        case op::B: apply(-(1 - r) * q); break;
-        case op::W: apply(-r * q); break;
-        case op::BW: apply(-q); break;
-        default: break;
-      }
+      apply(n.a.kind == op::F ? view.alloc(n.a.stage) : -view.release(n.a.kind, n.a.stage));
     }
     if (ri < rt.size() || li < l.size())
       return fail("offload: a copy on rank " + detail::to_text(rk) + " ends after the rank's last action");
