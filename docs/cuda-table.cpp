@@ -5,13 +5,16 @@
 //  1. every registered family trains the CUDA MLP on cuda_local and nccl, eagerly and from CUDA
 //     graphs, deterministic mode: bitwise equal to the CPU reference (4 ranks, 8 microbatches);
 //  2. device memory of every rank: the pipeline's buffers as the buffer plan predicts them, and
-//     what the simulator's accounting measured when the pipeline was built;
+//     what the simulator's accounting measured when the pipeline was built (every family, and
+//     group-interleaved 1F1B with its first chunk offloaded);
 //  3. the first race report of a deliberately broken variant (a send that does not wait for its
 //     producer's event), in the simulator's canonical order.
 //   build/docs/doc_cuda-table
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include <loom/schedule/offload.hpp>
 
 #include "../tests/cuda_layer/device_support.hpp"
 
@@ -39,11 +42,7 @@ int main() {
   }
 
   std::printf("\n| schedule | rank 0 | rank 1 | rank 2 | rank 3 |\n|---|---|---|---|---|\n");
-  for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: checked by tests/cuda_layer/device_asynchronous_test.cpp
-    loom::shape sh = e.resolve({.ranks = P, .microbatches = m});
-    if (!e.check(sh).empty()) continue;
-    auto s = e.make(sh);
+  auto memory_row = [&](const std::string& name, const loom::schedule& s) {
     auto spec = spec_for(s.stages);
     simulate_with(1);
     std::vector<std::size_t> planned(4), measured(4);
@@ -62,10 +61,21 @@ int main() {
       planned[r] = p.buffer_bytes();
       measured[r] = loom::cudasim::device_memory(c.rank()).current - before - stage_bytes;
     });
-    std::printf("| %s |", std::string(e.name).c_str());
+    std::printf("| %s |", name.c_str());
     for (int r = 0; r < P; ++r)
       std::printf(" %zu B%s |", planned[static_cast<std::size_t>(r)], planned[static_cast<std::size_t>(r)] == measured[static_cast<std::size_t>(r)] ? "" : " (MEASURED DIFFERS)");
     std::printf("\n");
+  };
+  for (auto const& e : loom::default_registry().entries()) {
+    if (e.multi_step) continue;  // asynchronous families: checked by tests/cuda_layer/device_asynchronous_test.cpp
+    loom::shape sh = e.resolve({.ranks = P, .microbatches = m});
+    if (!e.check(sh).empty()) continue;
+    memory_row(std::string(e.name), e.make(sh));
+  }
+  {  // PipeOffload: the default group's first chunk offloaded (docs/offload.md), unit cost per stage
+    auto s = loom::default_registry().at("group-interleaved-1f1b").make(loom::default_registry().at("group-interleaved-1f1b").resolve({.ranks = P, .microbatches = m}));
+    const auto plan = loom::plan_offload(s, {.f = 2, .b = 2, .w = 2}, {.chunks = 1, .time = 0.2});
+    if (plan.ok) memory_row("group-interleaved-1f1b, first chunk offloaded", loom::with_offload(s, plan));
   }
 
   {

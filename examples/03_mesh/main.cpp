@@ -26,6 +26,7 @@
 
 #include <loom/comm/threads.hpp>
 #include <loom/schedule.hpp>
+#include <loom/schedule/offload.hpp>
 #if defined(LOOM_HAS_MPI)
 #include <loom/comm/mpi.hpp>
 #endif
@@ -56,6 +57,9 @@ struct options {
   std::string schedule = "1f1b";
   int microbatches = 4;
   int chunks = 0;
+  int group = 0;           // grouped families (group-interleaved-1f1b): microbatch group size, 0 = the family's
+  int offload_chunks = 0;  // PipeOffload: offload the activations of the first K chunks of every pipeline rank
+  double offload_time = 0.2;
   int steps = 3;
   std::string backend = "threads";
   std::string launch = "threads";  // nccl: ranks as threads of this process, or MPI processes (one GPU each)
@@ -127,6 +131,11 @@ int main(int argc, char** argv) {
   app.add_option("--schedule", o.schedule, "pipeline schedule family (loom list)");
   app.add_option("--microbatches", o.microbatches, "microbatches per replica and step");
   app.add_option("--chunks", o.chunks, "model chunks per pipeline rank (0: the family's default)");
+  app.add_option("--group", o.group, "microbatch group size of a grouped family (group-interleaved-1f1b; 0: the family's default)");
+  app.add_option("--offload-chunks", o.offload_chunks,
+                 "offload the activations of the first K chunks of every pipeline rank to host memory and back (PipeOffload's plan; "
+                 "docs/offload.md)");
+  app.add_option("--offload-time", o.offload_time, "with --offload-chunks: one copy's time as a fraction of a stage's f + b + w (default 0.2)");
   app.add_option("--steps", o.steps, "training steps");
   app.add_option("--backend", o.backend,
                  "threads, mpi, or the transformer in fp32 on device kernels: cuda_local (ranks as streams of one device) or nccl "
@@ -178,7 +187,12 @@ int main(int argc, char** argv) {
     if (family.multi_step)
       if (std::string why = mesh_example::async_rule_of(run(o), o.backend == "cuda_local" || o.backend == "nccl"); !why.empty())
         throw loom::config_error("--schedule " + family.name + ": " + why);
-    loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks, family.multi_step ? o.steps : 1});
+    loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks, family.multi_step ? o.steps : 1, o.group});
+    if (o.offload_chunks != 0) {  // PipeOffload's plan under unit costs, its copies as actions of the program
+      const auto plan = loom::plan_offload(sched, loom::costs{}, {.chunks = o.offload_chunks, .time = o.offload_time});
+      if (!plan.ok) throw loom::config_error("--offload-chunks " + std::to_string(o.offload_chunks) + ": " + std::string(plan.error));
+      sched = loom::with_offload(sched, plan);
+    }
     model_spec m = o.model;
     m.blocks = std::max(m.blocks, sched.stages);
     auto banner = [&](const char* backend) {
@@ -186,8 +200,9 @@ int main(int argc, char** argv) {
       const std::string local = o.local_steps == 0 ? ""
                                 : o.one_shot ? ", local SGD, one-shot averaging"
                                              : ", local SGD, averaged every " + std::to_string(o.local_steps) + " steps";
-      std::printf("loom mesh: %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s%s%s%s\n",
-                  s.describe().c_str(), s.world(), backend, sched.name.c_str(), o.microbatches, sched.stages,
+      const std::string offload = o.offload_chunks == 0 ? "" : ", the first " + std::to_string(o.offload_chunks) + " chunk(s) offloaded";
+      std::printf("loom mesh: %s (%d ranks, %s), schedule %s%s, %d microbatches per replica, %d virtual stages%s%s%s%s\n",
+                  s.describe().c_str(), s.world(), backend, sched.name.c_str(), offload.c_str(), o.microbatches, sched.stages,
                   o.deterministic ? ", deterministic" : "", zs > 0 ? (", ZeRO-" + std::to_string(zs)).c_str() : "",
                   o.optimizer == "adam" ? ", adam" : "", local.c_str());
       std::printf("model: vocab %d, sequence %d, hidden %d, heads %d, ffn %d, blocks %d; buckets of %zu bytes%s\n", m.vocab,

@@ -275,11 +275,19 @@ TEST_CASE("loom simulate --offload-chunks prints PipeOffload's plan, as the libr
   CHECK(js.at("offload").at("peak_activation").get<std::vector<double>>() == plan.peak_activation);
   CHECK(js.at("offload").at("copies").size() == plan.copies.size());
   CHECK(js.at("offload").at("copy_time").get<double>() == 0.6);
+  // The run: the schedule with the plan's copies as actions, each taking the copy time (q h = 0.6).
+  loom::costs timed{.f = 2, .b = 2, .w = 2, .h = 0.6 / s.stage_fraction()};
+  const auto run_lib = loom::simulate(loom::with_offload(s, plan), timed);
+  CHECK(js.at("offload").at("run").at("valid").get<bool>());
+  CHECK(js.at("offload").at("run").at("makespan").get<double>() == run_lib.makespan);
+  CHECK(js.at("offload").at("run").at("peak_activation").get<std::vector<double>>() == run_lib.peak_activation);
+  CHECK(js.at("offload").at("copies").at(0).at("position").get<std::size_t>() == plan.copies.at(0).position);
   // The authors' peaks at unit cost per stage: 4 3 3 3 chunk-activations, i.e. 2 1.5 1.5 1.5 units.
   auto t = with({"--offload-chunks", "1"});
   REQUIRE(t.code == 0);
   CHECK(t.out.find("peak offloaded   2 1.5 1.5 1.5   (per rank") != std::string::npos);
   CHECK(t.out.find("offload          first 1 chunk of each rank, one copy 0.6 (--offload-time 0.2): ") != std::string::npos);
+  CHECK(t.out.find("offload run      makespan 104 (+0.00%), peak 2 1.5 1.5 1.5   (the copies as actions") != std::string::npos);
   auto none = with({});
   CHECK(none.out.find("offload") == std::string::npos);
   // Refusals: one line, exit 2, nothing on stdout.

@@ -7,6 +7,7 @@
 
 #include <loom/schedule.hpp>
 #include <loom/schedule/bound.hpp>
+#include <loom/schedule/offload.hpp>
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -132,5 +133,59 @@ TEST_CASE("loom best rejects a missing shape, a --schedule and a bad limit with 
     CHECK(r.status == 2);
     CHECK(r.out.find("loom: ") == 0);
     CHECK(r.out.find('\n') == r.out.size() - 1);
+  }
+}
+
+TEST_CASE("loom best --offload-time ranks each schedule PipeOffload's plan accepts with its first k chunks offloaded") {
+  // p = 4, m = 16, unit cost per stage with 2 chunks, a limit of 2 units (half of 1F1B's peak).
+  const loom::costs k{.f = 2, .b = 2, .w = 2};
+  result r = run("best -p 4 -m 16 --f 2 --b 2 --w 2 --offload-time 0.2 --mem-limit 2 --json");
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  int offloaded = 0;
+  for (auto const& x : j.at("ranking")) {
+    const std::string name = x.at("schedule").get<std::string>();
+    const auto at = name.find(" +offload ");
+    if (at == std::string::npos) continue;
+    ++offloaded;
+    INFO(name);
+    // Agrees with the library: the plan, its program, the run at the plan's copy time.
+    std::string family = name.substr(0, at);
+    loom::shape s{4, 16, 0};
+    if (auto g = family.find(" (g="); g != std::string::npos) {
+      s.group = std::stoi(family.substr(g + 4));
+      family = family.substr(0, g);
+    } else if (auto sp = family.find(" ("); sp != std::string::npos) {
+      family = family.substr(0, sp);
+    }
+    const int chunks = std::stoi(name.substr(at + 10));
+    const auto& e = loom::default_registry().at(family);
+    const loom::schedule sched = e.make(e.resolve(s), {.cost = k, .mem_limit = 2});
+    const auto plan = loom::plan_offload(sched, k, {.chunks = chunks, .time = 0.2});
+    REQUIRE(plan.ok);
+    loom::costs timed = k;
+    timed.h = plan.copy_time / sched.stage_fraction();
+    const auto sim = loom::simulate(loom::with_offload(sched, plan), timed);
+    CHECK(x.at("peak_activation").get<double>() == doctest::Approx(sim.max_peak_activation()).epsilon(1e-12));
+    CHECK(x.at("bubble_rate").get<double>() == doctest::Approx(sim.bubble_rate).epsilon(1e-12));
+    CHECK(x.at("within_mem_limit").get<bool>() == (sim.max_peak_activation() <= 2 + 1e-9));
+  }
+  CHECK(offloaded >= 3);
+  // At this limit an offloaded schedule is chosen, with a smaller bubble than the best that fits
+  // without offload (schedules built for low memory: v-min, zb-auto under the limit).
+  const std::string chosen = j.at("chosen").at("schedule").get<std::string>();
+  CHECK(chosen.find(" +offload ") != std::string::npos);
+  CHECK(j.at("ranking").at(0).at("within_mem_limit").get<bool>());
+  result plain = run("best -p 4 -m 16 --f 2 --b 2 --w 2 --mem-limit 2 --json");
+  REQUIRE(plain.status == 0);
+  const auto top = nlohmann::json::parse(plain.out).at("ranking").at(0);
+  CHECK(top.at("within_mem_limit").get<bool>());
+  CHECK(j.at("ranking").at(0).at("bubble_rate").get<double>() < top.at("bubble_rate").get<double>() - 0.01);
+  // Refusals: one line, exit 2.
+  for (const char* args : {"best -p 4 -m 16 --offload-time 0", "best -p 4 -m 16 --offload-time x", "best -p 4 -m 16 --offload-time 0.2 --steps 2"}) {
+    INFO(args);
+    result bad = run(args);
+    CHECK(bad.status == 2);
+    CHECK(bad.out.find("loom: ") == 0);
   }
 }

@@ -9,6 +9,10 @@
 // steps without a flush; a synchronous family's T flushed steps have its one-step bubble rate and
 // T times its makespan (with --costs, plus the slowest rank's update of its stages after each
 // step) and its transfers. "params" is the most weight versions any rank holds (per rank in --json).
+// With --offload-time T, every schedule PipeOffload's plan accepts (loop placement, split
+// backward, even ranks) is also ranked with its first k chunks offloaded, k = 1..chunks
+// (loom::plan_offload, the copies as actions: loom::with_offload, each copy taking the plan's time
+// on its rank's host link); its bound is the schedule's own (the copies change no order).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "loom/schedule/offload.hpp"
 
 namespace {
 
@@ -51,6 +56,7 @@ struct best_text {
   std::shared_ptr<loom::cli::request_text> req;
   bool json = false;
   std::string activation_bytes;
+  std::string offload_time;  // empty: no offloaded rows
 };
 
 // The groups a grouped family is ranked with: --group g alone when given, else every g the family
@@ -75,6 +81,13 @@ void run_best(const best_text& t) {
   if (r.shape.microbatches == 0) throw loom::cli::usage_error("--microbatches is required");
   double bytes = -1;
   if (!t.activation_bytes.empty()) bytes = loom::cli::parse_real("--activation-bytes", t.activation_bytes, 0);
+  double offload_time = 0;  // 0: no offloaded rows
+  if (!t.offload_time.empty()) {
+    offload_time = loom::cli::parse_real("--offload-time", t.offload_time, 0);
+    if (!(offload_time > 0)) throw loom::cli::usage_error("--offload-time '" + t.offload_time + "' must be > 0");
+    if (r.model) throw loom::cli::usage_error("--offload-time plans under uniform costs (--f --b --w --c), not --costs");
+    if (r.shape.steps > 1) throw loom::cli::usage_error("--offload-time ranks one step (give no --steps)");
+  }
   const double limit = r.options.mem_limit;  // 0: none given
 
   std::vector<row> rows;
@@ -163,6 +176,29 @@ void run_best(const best_text& t) {
       x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0, r.model);
       x.order = rows.size();
       rows.push_back(x);
+      // PipeOffload: the same schedule with its first k chunks offloaded, where the plan accepts it.
+      if (offload_time > 0)
+        for (int k = 1; k <= ev.sched.chunks; ++k) {
+          const auto plan = loom::plan_offload(ev.sched, r.cost, {.chunks = k, .time = offload_time});
+          if (!plan.ok) continue;
+          loom::costs timed = r.cost;
+          timed.h = plan.copy_time / ev.sched.stage_fraction();
+          const auto run = loom::simulate(loom::with_offload(ev.sched, plan), timed);
+          if (!run.ok) throw loom::cli::run_failure("family " + label + " with offload produced an invalid program: " + loom::cli::one_line(run.error));
+          row y = x;
+          y.name = label + " +offload " + std::to_string(k);
+          y.bubble_rate = run.bubble_rate;
+          y.bubble_ratio = run.bubble_ratio;
+          y.makespan = run.makespan;
+          y.peak = run.max_peak_activation();
+          y.fits = limit <= 0 || y.peak <= limit + 1e-9;
+          // The copies change no order: the schedule's bound at its own peak holds for it too.
+          y.bound = loom::cli::bound_of(ev, r.cost, 0, r.model);
+          y.bound.gap_makespan = y.makespan > 0 ? (y.makespan - y.bound.lb.makespan) / y.makespan : 0;
+          y.bound.gap_rate = y.bubble_rate - y.bound.lb.bubble_rate;
+          y.order = rows.size();
+          rows.push_back(y);
+        }
     }
   }
   // Under a cost model, families differ in stage count (the model is fitted to each), so the
@@ -218,7 +254,7 @@ void run_best(const best_text& t) {
     return;
   }
   const std::string lim = limit > 0 ? fmt::format("{}", limit) : std::string("none");
-  std::size_t nw = 24;  // the schedule column: as wide as its longest label ("group-interleaved-1f1b (g=2)")
+  std::size_t nw = 24;  // the schedule column: as wide as its longest label ("group-interleaved-1f1b (g=2) +offload 1")
   for (auto const& x : rows) nw = std::max(nw, x.name.size());
   if (r.model) {
     // Per-stage costs: ranked by step time; no bound (it assumes uniform stages).
@@ -275,6 +311,10 @@ loom::cli::register_command best_cmd{{.name = "best", .order = 40, .install = []
   t->req = loom::cli::add_request_options(*sub);
   sub->add_flag("--json", t->json, "print one JSON object");
   sub->add_option("--activation-bytes", t->activation_bytes, "bytes per p2p transfer, to report communication bytes");
+  sub->add_option("--offload-time", t->offload_time,
+                  "also rank every schedule PipeOffload's plan accepts with its first k chunks offloaded, one copy taking T times a "
+                  "stage's f + b + w (docs/offload.md)")
+      ->type_name("T");
   sub->callback([t] { run_best(*t); });
 }}};
 

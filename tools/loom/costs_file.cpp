@@ -75,7 +75,7 @@ struct cost_file_reader {
       const std::string name = "stages[" + std::to_string(i) + "]";
       const json& e = (*st)[i];
       object(e, name);
-      only(e, name, {"f", "b", "w", "fb", "activation", "message_bytes", "param_bytes", "update"});
+      only(e, name, {"f", "b", "w", "fb", "activation", "message_bytes", "param_bytes", "update", "activation_bytes"});
       loom::stage_cost c;
       c.f = number(e, name, "f", 0, true);
       c.b = number(e, name, "b", 0, true);
@@ -85,13 +85,15 @@ struct cost_file_reader {
       c.message_bytes = number(e, name, "message_bytes", 0, false);
       c.param_bytes = number(e, name, "param_bytes", 0, false);
       c.update = number(e, name, "update", 0, false);
+      c.activation_bytes = number(e, name, "activation_bytes", 0, false);
       m.stages.push_back(c);
     }
     if (auto l = doc.find("links"); l != doc.end()) {
       object(*l, "links");
-      only(*l, "links", {"intra", "inter"});
+      only(*l, "links", {"intra", "inter", "host"});
       if (l->contains("intra")) m.intra = link((*l)["intra"], "links.intra");
       m.inter = l->contains("inter") ? link((*l)["inter"], "links.inter") : m.intra;
+      if (l->contains("host")) m.host = link((*l)["host"], "links.host");
     }
     if (auto r = doc.find("ranks_per_node"); r != doc.end()) {
       if (!r->is_number_integer() || r->get<long long>() < 0 || r->get<long long>() > loom::max_ranks)

@@ -124,6 +124,7 @@ struct offload_request {
 };
 
 struct offload_result {
+  loom::simulation run;  // the schedule with the plan's copies as actions, each copy taking the plan's copy time
   int chunks = 0;
   double time = 0;
   loom::offload_plan plan;
@@ -138,7 +139,10 @@ std::optional<offload_result> plan_of(const loom::cli::evaluated& e, const loom:
   if (!e.valid.ok || !e.sim.ok) return std::nullopt;  // the schedule's own failure is reported as usual
   auto plan = loom::plan_offload(e.sched, req.cost, {.chunks = k, .time = t});
   if (!plan.ok) throw loom::cli::usage_error(std::string(plan.error));
-  return offload_result{k, t, std::move(plan)};
+  loom::costs with_copies = req.cost;
+  with_copies.h = plan.copy_time / e.sched.stage_fraction();  // a stage's copy takes q h = the plan's copy time
+  loom::simulation run = loom::simulate(loom::with_offload(e.sched, plan), with_copies);
+  return offload_result{std::move(run), k, t, std::move(plan)};
 }
 
 void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req, const std::optional<offload_result>& off) {
@@ -180,6 +184,11 @@ void print_summary(const loom::cli::evaluated& e, const loom::cli::request& req,
                off->chunks, off->chunks == 1 ? "" : "s", off->plan.copy_time, off->time, out);
     fmt::print("peak offloaded   {}   (per rank, with the copies of PipeOffload's plan; max {:g})\n", list(off->plan.peak_activation),
                *std::max_element(off->plan.peak_activation.begin(), off->plan.peak_activation.end()));
+    if (off->run.ok)
+      fmt::print("offload run      makespan {:g} (+{:.2f}%), peak {}   (the copies as actions, each on its rank's host link)\n",
+                 off->run.makespan, 100 * (off->run.makespan / sim.makespan - 1), list(off->run.peak_activation));
+    else
+      fmt::print("offload run      NO: {}\n", loom::cli::one_line(off->run.error));
   }
   fmt::print("param copies     {}\n", s.param_copies);
   if (s.versioned())
@@ -218,9 +227,11 @@ loom::cli::register_command simulate_command{{.name = "simulate", .order = 20, .
       if (plan) {
         json copies = json::array();
         for (const auto& c : plan->plan.copies)
-          copies.push_back({{"rank", c.rank}, {"mb", c.mb}, {"stage", c.stage}, {"reload", c.reload}, {"start", c.start}, {"end", c.end}});
+          copies.push_back({{"rank", c.rank}, {"mb", c.mb}, {"stage", c.stage}, {"reload", c.reload}, {"start", c.start}, {"end", c.end},
+                            {"position", c.position}});
         j["offload"] = {{"chunks", plan->chunks}, {"offload_time", plan->time}, {"copy_time", plan->plan.copy_time},
-                        {"peak_activation", plan->plan.peak_activation}, {"copies", copies}};
+                        {"peak_activation", plan->plan.peak_activation}, {"copies", copies},
+                        {"run", {{"valid", plan->run.ok}, {"makespan", plan->run.makespan}, {"peak_activation", plan->run.peak_activation}}}};
       }
       fmt::print("{}\n", j.dump());
     } else {

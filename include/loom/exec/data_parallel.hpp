@@ -479,7 +479,7 @@ class data_parallel final : public step_observer {
     };
     for (std::size_t i = 0; i < prog.size(); ++i) {
       const action& a = prog[i];
-      if (a.kind == op::send || a.kind == op::recv) continue;
+      if (!is_compute(a.kind)) continue;
       const auto at = static_cast<long>(i);
       touch(a.stage, a.mb, at, a.kind == op::W || a.kind == op::BW);
       if (a.kind == op::FB) touch(a.bstage, a.bmb, at, a.bkind == op::BW);

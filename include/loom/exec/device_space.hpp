@@ -22,6 +22,16 @@
 //! The compute stream waits for a receive's event before its consumer (`wait_recv`). Buffers are
 //! device memory from the same buffer plan as on the host.
 //!
+//! Host copies (`offload`, `reload`; PipeOffload). Offloaded activations live in pinned host
+//! slots. Each direction has its own copy stream, created with the first host slot. A copy action
+//! forks its stream from the compute stream at the action's place (an event at the current
+//! position), waits for the earlier copies it depends on, enqueues its copies and records a
+//! *ticket* (an event on the copy stream). Whoever uses a buffer a copy touched waits for its
+//! ticket, and nothing else waits: the next writer of a device slot an offload read (a forward on
+//! the compute stream, a receive, a reload), the reload that reads the host slot an offload wrote,
+//! the next offload into a host slot a reload read, and the backward that reads what a reload
+//! wrote. The step's end joins both copy streams into the compute stream.
+//!
 //! Losses. Each microbatch's loss terms stay in their own device buffer (`loss_buffers`) and the
 //! end of the step copies them to pinned host memory at once: one copy per step rather than one
 //! per microbatch (each is an API call eagerly and a graph node in a captured step). When the
@@ -42,8 +52,10 @@
 #include <array>
 #include <cstddef>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -119,6 +131,52 @@ class device_space {
     cuda::region r(compute_.get(), "loom add", a);
     cuda::detail::add_async(acc.data(), g.data(), acc.size(), compute_.get());
   }
+  //! `n` elements of pinned host memory for offloaded activations (not initialised: an offload
+  //! writes each slot before its reload reads it), named `name` in the simulator's reports.
+  std::span<T> allocate_host(std::size_t n, const std::string& name) {
+    pinned_.emplace_back(n);
+    auto& b = pinned_.back();
+    if (n == 0) return {};
+    cuda::name_memory(b.data(), "r" + std::to_string(comm_->rank()) + " " + name);
+    copy_streams();
+    return {b.data(), n};
+  }
+  //! Events for the tickets of `copies` host-copy actions a step runs.
+  void reserve_copies(std::size_t copies) {
+    tickets_.clear();
+    for (std::size_t i = 0; i < copies; ++i) tickets_.emplace_back();
+  }
+  //! Enqueues the copies of one `offload` (`to_host`) or `reload` action on that direction's copy
+  //! stream, after the compute stream's work so far (`clock`) and the tickets `after`; returns
+  //! their ticket (see the file comment).
+  int host_copy(bool to_host, std::span<const copy_pair<T>> copies, int clock, std::span<const int> after, const char* label) {
+    if (next_ticket_ >= tickets_.size()) throw config_error("device space: more host copies in the step than reserved (a loom bug)");
+    copy_streams();
+    cuda::stream& s = to_host ? *to_host_ : *from_host_;
+    // Fork from the compute stream at this place; a new event, since the latest may predate the
+    // awaits just enqueued on the compute stream.
+    const auto t = static_cast<int>(next_ticket_++);
+    cuda::event& fork = tickets_[static_cast<std::size_t>(t)];
+    fork.record(compute_.ref());
+    s.ref().wait(fork);  // (`clock` is covered: the fork follows every action enqueued so far)
+    (void)clock;
+    for (int w : after)
+      if (w >= 0) s.ref().wait(tickets_[static_cast<std::size_t>(w)]);
+    for (auto const& c : copies) {
+      if (c.dst.empty()) continue;
+      const cuda::byte_access a[] = {cuda::reads(c.src), cuda::writes(c.dst)};
+      cuda::region r(s.get(), label, a);
+      LOOM_CUDA_TRY(cudaMemcpyAsync(c.dst.data(), c.src.data(), c.src.size_bytes(),
+                                    to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s.get()));
+    }
+    fork.record(s.ref());  // the ticket: these copies done
+    (to_host ? used_to_host_ : used_from_host_) = true;
+    return t;
+  }
+  //! The compute stream waits for the copies of `ticket`.
+  void await(int ticket) {
+    if (ticket >= 0) compute_.ref().wait(tickets_[static_cast<std::size_t>(ticket)]);
+  }
   //! `dst = src`, enqueued on the compute stream.
   void copy(std::span<T> dst, std::span<const T> src) {
     if (dst.empty()) return;
@@ -163,9 +221,10 @@ class device_space {
   }
 
   //! Posts a receive into `buf`, not before the buffer's last use ended (`freed_at`, an action
-  //! count; 0: free since the step began).
-  request irecv(int peer, std::span<T> buf, int freed_at, int clock) {
+  //! count; 0: free since the step began) and the host copy `ticket` that last read it.
+  request irecv(int peer, std::span<T> buf, int freed_at, int clock, int ticket = -1) {
     cudaEvent_t free = opt_.faults.skip_free_wait ? nullptr : event_covering(freed_at, clock);
+    if (ticket >= 0) free = tickets_[static_cast<std::size_t>(ticket)].get();  // recorded after the compute work it forked from
     return comm_->irecv(peer, std::as_writable_bytes(buf), free);
   }
   //! The compute stream waits for the receive.
@@ -198,6 +257,7 @@ class device_space {
   //! step's losses and is never captured.
   void begin(bool program = true) {
     last_event_ = -1;
+    next_ticket_ = 0;
     program_ = program;
     if (program) {
       next_mark_ = 0;
@@ -214,6 +274,13 @@ class device_space {
   //! finishes a capture and replays it, then synchronises.
   void end() {
     if (program_) losses_to_host();
+    // Join the copy streams this step used (each ticket's wait already ordered what reads it).
+    for (auto [used, s] : {std::pair{&used_to_host_, &to_host_}, std::pair{&used_from_host_, &from_host_}}) {
+      if (!*used) continue;
+      join_->record((*s)->ref());
+      compute_.ref().wait(*join_);
+      *used = false;
+    }
     comm_->end_step(compute_.get());
     if (capturing_) {
       capturing_ = false;
@@ -264,6 +331,16 @@ class device_space {
     return cuda::stream();
   }
 
+  //! The two copy streams, created once.
+  void copy_streams() {
+    if (to_host_) return;
+    to_host_.emplace();
+    from_host_.emplace();
+    join_.emplace();
+    cuda::name_stream(to_host_->get(), "r" + std::to_string(comm_->rank()) + " offload");
+    cuda::name_stream(from_host_->get(), "r" + std::to_string(comm_->rank()) + " reload");
+  }
+
   //! Enqueues one copy of the loss terms of every microbatch recorded this step (the range from
   //! the first to the last; the ones between belong to other ranks and are not summed).
   void losses_to_host() {
@@ -299,6 +376,12 @@ class device_space {
   std::vector<cuda::device_buffer<T>> storage_;
   std::vector<cuda::event> events_;
   std::vector<cuda::event> marks_;  // measure mode: the step's timeline (mark 0: its start)
+  std::vector<cuda::pinned_buffer<T>> pinned_;          // host slots of offloaded activations
+  std::optional<cuda::stream> to_host_, from_host_;      // copy streams, with the first host slot
+  std::vector<cuda::event> tickets_;                     // per host-copy action of the step: its ticket
+  std::size_t next_ticket_ = 0;
+  std::optional<cuda::event> join_;                      // the step's end: the copy streams joined
+  bool used_to_host_ = false, used_from_host_ = false;  // this step enqueued on the copy stream
   std::size_t next_mark_ = 0;
   int last_event_ = -1;
   cuda::pinned_buffer<T> losses_;

@@ -82,6 +82,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -251,10 +252,12 @@ struct slot_pool {
   std::vector<int> free;      // free slot indices; the top is free[top - 1]
   std::vector<int> slot;      // slot of each microbatch, -1 if none
   std::vector<int> freed_at;  // per slot
+  std::vector<int> ticket;    // per slot: the host copy that last read it (device spaces wait for it), -1 none
   const int* clock = nullptr;  // the pipeline's count of compute actions run in the step
   int count = 0;
   int top = 0;
   int last_freed_at = 0;      // freed_at of the slot handed out by the last take()
+  int last_ticket = -1;       // ticket of the slot handed out by the last take()
 
   void init(std::span<T> storage, int slots, std::size_t w, int microbatches, const int* step_clock) {
     data = storage;
@@ -264,6 +267,7 @@ struct slot_pool {
     free.assign(static_cast<std::size_t>(slots), 0);
     slot.assign(static_cast<std::size_t>(microbatches), -1);
     freed_at.assign(static_cast<std::size_t>(slots), 0);
+    ticket.assign(static_cast<std::size_t>(slots), -1);
     reset();
   }
   void reset() {
@@ -271,6 +275,7 @@ struct slot_pool {
     top = count;
     std::fill(slot.begin(), slot.end(), -1);
     std::fill(freed_at.begin(), freed_at.end(), 0);
+    std::fill(ticket.begin(), ticket.end(), -1);
   }
   std::span<T> at(int s) { return data.subspan(static_cast<std::size_t>(s) * width, width); }
   std::span<T> take(int mb) {
@@ -278,6 +283,7 @@ struct slot_pool {
     int s = free[static_cast<std::size_t>(--top)];
     slot[static_cast<std::size_t>(mb)] = s;
     last_freed_at = freed_at[static_cast<std::size_t>(s)];
+    last_ticket = std::exchange(ticket[static_cast<std::size_t>(s)], -1);
     return at(s);
   }
   std::span<T> get(int mb) {
@@ -285,8 +291,11 @@ struct slot_pool {
     if (s < 0) throw std::logic_error("loom: microbatch has no slot (a loom bug)");
     return at(s);
   }
-  void give(int mb) {
+  //! Frees `mb`'s slot once the running action has completed and, on a device, the host copy
+  //! `copy` that reads it (-1: none).
+  void give(int mb, int copy = -1) {
     int& s = slot[static_cast<std::size_t>(mb)];
+    ticket[static_cast<std::size_t>(s)] = copy;
     free[static_cast<std::size_t>(top++)] = s;
     freed_at[static_cast<std::size_t>(s)] = *clock + 1;  // free once the running action completed
     s = -1;
@@ -436,6 +445,10 @@ class pipeline {
   //! discarded input gradient and, on two-direction schedules, the buffers received from the
   //! other copy).
   std::size_t buffer_bytes() const { return buffer_elements_ * sizeof(value_type); }
+  //! Bytes of host memory the pipeline allocated for offloaded activations (programs with
+  //! `offload`/`reload` actions: the buffer plan's host slots times the stages' input and stash
+  //! sizes; on a device, pinned); 0 without host copies.
+  std::size_t host_buffer_bytes() const { return host_elements_ * sizeof(value_type); }
   //! Versioned (asynchronous) schedules: bytes of the weight-version buffers (K per stage, the
   //! schedule's `version_slots`) and of the copy of every stage's weights at the run's start
   //! (restored if the run fails); 0 for synchronous schedules.
@@ -448,6 +461,8 @@ class pipeline {
  private:
   struct local_stage {
     detail::slot_pool<value_type> in, stash, grad, send_act, send_grad, wgrad;
+    detail::slot_pool<value_type> host_in, host_stash;  // offloaded activations (host memory)
+    std::vector<int> offloaded, reloaded;               // per microbatch: the ticket of its copies, -1 none
     std::vector<char> contributed;   // deterministic mode, on the fold leader: microbatches handed in
     std::span<value_type> twin;      // two copies on two ranks: buffers received from the other copy
     std::size_t leader = 0;          // local stage whose accumulator this stage's folds go to
@@ -485,7 +500,7 @@ class pipeline {
     }
     bool lowered = false;
     for (auto const& p : generated.programs)
-      for (auto const& a : p) lowered = lowered || !is_compute(a.kind);
+      for (auto const& a : p) lowered = lowered || is_transfer(a.kind);
     sched_ = lowered || generated.ranks == 1 ? generated : lower(generated);
     if (std::string why = detail::split_rule<Stage>(sched_); !why.empty()) throw config_error(why);
     plan_ = plan_buffers(sched_, rank_, opt_.recv_ahead);
@@ -509,10 +524,12 @@ class pipeline {
       l.stash_size = static_cast<std::size_t>(st.stash_size());
       l.wg_size = std::span<value_type>(st.weight_grad()).size();
       const std::string where = "stage " + std::to_string(sl.id.stage) + (sched_.directions == 2 ? " dir " + std::to_string(sl.id.direction) : "");
-      auto pool = [&](detail::slot_pool<value_type>& p, int slots, std::size_t width, const char* what) {
+      // Device slots (host slots for offloaded activations: `on_host`).
+      auto pool = [&](detail::slot_pool<value_type>& p, int slots, std::size_t width, const char* what, bool on_host = false) {
         const std::size_t n = static_cast<std::size_t>(slots) * width;
-        buffer_elements_ += n;
-        p.init(space_.allocate(n, where + " " + what + " slots"), slots, width, M_, &clock_);
+        (on_host ? host_elements_ : buffer_elements_) += n;
+        const std::string name = where + " " + what + " slots";
+        p.init(on_host ? space_.allocate_host(n, name) : space_.allocate(n, name), slots, width, M_, &clock_);
       };
       pool(l.in, sl.input, l.in_size, "input");
       pool(l.stash, sl.stash, l.stash_size, "stash");
@@ -520,6 +537,8 @@ class pipeline {
       pool(l.send_act, sl.send_act, l.out_size, "activation-send");
       pool(l.send_grad, sl.send_grad, l.in_size, "gradient-send");
       pool(l.wgrad, opt_.deterministic ? sl.wgrad : 0, l.wg_size, "weight-gradient");
+      pool(l.host_in, sl.host_input, l.in_size, "offloaded-input", true);
+      pool(l.host_stash, sl.host_stash, l.stash_size, "offloaded-stash", true);
       if constexpr (versioned_stage<Stage>)
         if (versioned_) {
           l.w_size = std::span<value_type>(st.weights()).size();
@@ -529,6 +548,8 @@ class pipeline {
           version_elements_ += static_cast<std::size_t>(l.K + 1) * l.w_size;
         }
       l.contributed.assign(static_cast<std::size_t>(M_), 0);
+      l.offloaded.assign(static_cast<std::size_t>(M_), -1);
+      l.reloaded.assign(static_cast<std::size_t>(M_), -1);
       l.leader = li;
       l.twin_rank = detail::twin_rank(sched_, sl.id.direction, sl.id.stage);
       if (l.twin_rank == rank_) {
@@ -566,10 +587,13 @@ class pipeline {
       updates += a.update ? 1 : 0;
     }
     space_.reserve(halves, static_cast<std::size_t>(M_), max_out_last, std::span<const value_type>(loss_out_));
+    std::size_t host_copies = 0;
+    for (auto const& a : program_) host_copies += is_host_copy(a.kind) ? 1 : 0;
+    space_.reserve_copies(host_copies);
     if (opt_.measure) {  // once: a measured step appends without allocating
       if constexpr (!on_device) timings_.reserve(halves + updates);
       std::size_t transfers = 0;
-      for (auto const& a : program_) transfers += a.kind == op::send || a.kind == op::recv ? 1 : 0;
+      for (auto const& a : program_) transfers += is_compute(a.kind) ? 0 : 1;  // send, recv, offload, reload
       timeline_.reserve(halves + transfers + updates);
       if constexpr (on_device) {
         device_marks_.reserve(halves + transfers + updates);
@@ -673,7 +697,7 @@ class pipeline {
   void make_labels() {
     if constexpr (on_device) {
       labels_.clear();
-      for (const char* k : {"F", "B", "W", "BW", "U"})
+      for (const char* k : {"F", "B", "W", "BW", "U", "OFF", "REL"})
         for (int mb = 0; mb < M_; ++mb)
           for (int st = 0; st < S_; ++st) labels_.push_back(std::string(k) + " mb" + std::to_string(mb) + " s" + std::to_string(st));
     }
@@ -682,7 +706,7 @@ class pipeline {
     if constexpr (!on_device) {
       return "";
     } else {
-      const int k = kind == op::F ? 0 : kind == op::B ? 1 : kind == op::W ? 2 : 3;
+      const int k = kind == op::F ? 0 : kind == op::B ? 1 : kind == op::W ? 2 : kind == op::offload ? 5 : kind == op::reload ? 6 : 3;
       return labels_[static_cast<std::size_t>((k * M_ + mb) * S_ + st)].c_str();
     }
   }
@@ -720,8 +744,10 @@ class pipeline {
     std::fill(losses_.begin(), losses_.end(), 0.0);
     for (std::size_t li = 0; li < locals_.size(); ++li) {
       auto& l = locals_[li];
-      for (auto* p : {&l.in, &l.stash, &l.grad, &l.send_act, &l.send_grad, &l.wgrad}) p->reset();
+      for (auto* p : {&l.in, &l.stash, &l.grad, &l.send_act, &l.send_grad, &l.wgrad, &l.host_in, &l.host_stash}) p->reset();
       std::fill(l.contributed.begin(), l.contributed.end(), 0);
+      std::fill(l.offloaded.begin(), l.offloaded.end(), -1);
+      std::fill(l.reloaded.begin(), l.reloaded.end(), -1);
       l.next_fold = sched_.directions == 2 ? 0 : first_of_direction(ids_[li].direction, 0);
       space_.zero(std::span<value_type>(stages_[li].weight_grad()));
       if (versioned_) start_versions(li);
@@ -803,6 +829,8 @@ class pipeline {
     else if constexpr (A.kind == op::F) forward_half(A.mb, A.stage);
     else if constexpr (A.kind == op::B || A.kind == op::BW) backward_half<A.kind>(A.mb, A.stage);
     else if constexpr (A.kind == op::W) weight(A.mb, A.stage);
+    else if constexpr (A.kind == op::offload) offload_half(A);
+    else if constexpr (A.kind == op::reload) reload_half(A);
     else {
       in_fb_ = true;
       forward_half(A.mb, A.stage);
@@ -833,6 +861,8 @@ class pipeline {
         else backward_half<op::BW>(a.bmb, a.bstage);
         in_fb_ = false;
         break;
+      case op::offload: offload_half(a); break;
+      case op::reload: reload_half(a); break;
     }
   }
 
@@ -848,7 +878,7 @@ class pipeline {
     const action& r = program_[plan_.recv_positions[pos]];
     auto& pool = r.what == payload::activation ? local(r.mb, r.stage + 1).in : local(r.mb, r.stage - 1).grad;
     std::span<value_type> buf = pool.take(r.mb);
-    recv_reqs_[pos] = space_.irecv(r.peer, buf, pool.last_freed_at, clock_);
+    recv_reqs_[pos] = space_.irecv(r.peer, buf, pool.last_freed_at, clock_, opt_.faults.skip_offload_wait ? -1 : pool.last_ticket);
   }
   void on_recv() {
     const std::size_t k = recv_k_++;
@@ -860,6 +890,58 @@ class pipeline {
     auto& l = local(a.mb, a.stage);
     std::span<value_type> buf = a.what == payload::activation ? l.send_act.get(a.mb) : l.send_grad.get(a.mb);
     timed(a, [&] { send_reqs_[nsend_++] = space_.isend(a.peer, buf, clock_); });
+  }
+  //! `OFFLOAD(mb, s)`: the input (stage > 0) and stash of `(mb, s)` go to host slots; their device
+  //! slots are free once the copies have run (on a device, whoever takes them next waits for the
+  //! copies' ticket).
+  void offload_half(const action& a) {
+    auto& l = local(a.mb, a.stage);
+    timed(a, [&] {
+      std::array<detail::copy_pair<value_type>, 2> cp{};
+      std::array<int, 2> after{};
+      std::size_t n = 0;
+      if (a.stage > 0) {
+        cp[n] = {l.host_in.take(a.mb), l.in.get(a.mb)};
+        after[n++] = l.host_in.last_ticket;  // the reload that last read this host slot
+      }
+      cp[n] = {l.host_stash.take(a.mb), l.stash.get(a.mb)};
+      after[n++] = l.host_stash.last_ticket;
+      const int t = space_.host_copy(true, std::span(cp.data(), n), clock_, std::span(after.data(), n), label(a.kind, a.mb, a.stage));
+      if (a.stage > 0) l.in.give(a.mb, t);
+      l.stash.give(a.mb, t);
+      l.offloaded[static_cast<std::size_t>(a.mb)] = t;
+    });
+  }
+  //! `RELOAD(mb, s)`: the offloaded input and stash of `(mb, s)` come back to device slots, after
+  //! their copies to host; the backward waits for it (`await_reload`).
+  void reload_half(const action& a) {
+    auto& l = local(a.mb, a.stage);
+    timed(a, [&] {
+      std::array<detail::copy_pair<value_type>, 2> cp{};
+      std::array<int, 3> after{};
+      std::size_t n = 0, w = 0;
+      if (a.stage > 0) {
+        cp[n++] = {l.in.take(a.mb), l.host_in.get(a.mb)};
+        after[w++] = l.in.last_ticket;  // an offload that last read this device slot
+      }
+      cp[n++] = {l.stash.take(a.mb), l.host_stash.get(a.mb)};
+      after[w++] = l.stash.last_ticket;
+      after[w++] = std::exchange(l.offloaded[static_cast<std::size_t>(a.mb)], -1);  // the copies to host it reads
+      const int t = space_.host_copy(false, std::span(cp.data(), n), clock_, std::span(after.data(), w), label(a.kind, a.mb, a.stage));
+      if (a.stage > 0) l.host_in.give(a.mb, t);
+      l.host_stash.give(a.mb, t);
+      l.reloaded[static_cast<std::size_t>(a.mb)] = t;
+    });
+  }
+  //! A backward of `(mb, s)` waits for the reload of its activation (if it was offloaded).
+  void await_reload(local_stage& l, int mb) {
+    const int t = std::exchange(l.reloaded[static_cast<std::size_t>(mb)], -1);
+    if (t >= 0 && !opt_.faults.skip_reload_wait) space_.await(t);
+  }
+  //! A slot just taken from `pool` for a stage call to write: on a device, wait for the host copy
+  //! that last read it (an offload).
+  void await_slot(const detail::slot_pool<value_type>& pool) {
+    if (pool.last_ticket >= 0 && !opt_.faults.skip_offload_wait) space_.await(pool.last_ticket);
   }
   //! Runs the transfer `fn` of action `a`; in measure mode on the host, places it on the timeline.
   template <class Fn>
@@ -971,10 +1053,17 @@ class pipeline {
     std::span<const value_type> in = s == 0 ? batch_input(li, mb) : std::span<const value_type>(l.in.get(mb));
     if (opt_.observer != nullptr) observe_use(li);
     std::span<value_type> stash = l.stash.take(mb);
+    await_slot(l.stash);
     std::span<value_type> out;
-    if (s == S_ - 1) out = loss_out_.subspan(static_cast<std::size_t>(mb) * loss_stride_, l.out_size);
-    else if (sched_.rank_of(mb, s + 1) == rank_) out = local(mb, s + 1).in.take(mb);
-    else out = l.send_act.take(mb);
+    if (s == S_ - 1) {
+      out = loss_out_.subspan(static_cast<std::size_t>(mb) * loss_stride_, l.out_size);
+    } else if (sched_.rank_of(mb, s + 1) == rank_) {
+      auto& next = local(mb, s + 1).in;
+      out = next.take(mb);
+      await_slot(next);
+    } else {
+      out = l.send_act.take(mb);
+    }
     guarded("forward", op::F, mb, s, [&] { return detail::accesses(detail::reads(in), detail::writes(out), detail::writes(stash)); },
             [&](const stage_context& c) { stages_[li].forward(c, forward_buffers<value_type>{in, out, stash}); });
     if (s == S_ - 1 && failed_rank_ < 0) space_.record_loss(out, mb, losses_);
@@ -985,6 +1074,7 @@ class pipeline {
   void backward_half(int mb, int s) {
     const std::size_t li = local_index(mb, s);
     auto& l = locals_[li];
+    await_reload(l, mb);
     std::span<const value_type> in = s == 0 ? batch_input(li, mb) : std::span<const value_type>(l.in.get(mb));
     std::span<value_type> stash = l.stash.get(mb);
     std::span<const value_type> og =
@@ -1341,6 +1431,7 @@ class pipeline {
   std::span<value_type> loss_out_, seed_, discard_;
   std::size_t loss_stride_ = 0;  // elements between two microbatches' loss terms (0: one buffer for all)
   std::size_t buffer_elements_ = 0;
+  std::size_t host_elements_ = 0;  // host slots of offloaded activations
   int clock_ = 0;  // compute halves enqueued (run) in this step: the slot pools' and the device space's clock
   std::vector<std::string> labels_;  // device: "F mb3 s2", ...
   double scale_ = 1;

@@ -40,6 +40,8 @@ enum class loss_scaling : unsigned char { mean, sum };
 struct device_faults {
   bool skip_send_wait = false;   //!< a send does not wait for the event of the action producing its buffer
   bool skip_free_wait = false;   //!< a receive reuses its buffer without waiting for the event that frees it
+  bool skip_offload_wait = false;  //!< a forward reuses a slot an offload frees without waiting for the copy to host (overwritten early)
+  bool skip_reload_wait = false;   //!< a backward reads a reloaded activation without waiting for the copy back (reloaded late)
   int swap_receives = -1;        //!< if >= 0: the receives at program positions k and k+1 are posted in swapped order
 };
 
@@ -83,6 +85,13 @@ constexpr std::array<buffer_access, sizeof...(A)> accesses(A... a) noexcept {
   return {a...};
 }
 
+//! One copy of a host-copy action (`offload`, `reload`): `dst = src`.
+template <class T>
+struct copy_pair {
+  std::span<T> dst;        //!< written
+  std::span<const T> src;  //!< read
+};
+
 //! The host execution space (see the file comment): stage functions run to completion on the
 //! calling thread; buffers are host vectors owned by the space.
 template <class T, class Comm>
@@ -116,6 +125,22 @@ class host_space {
   }
   //! `dst = src`.
   void copy(std::span<T> dst, std::span<const T> src) { std::copy(src.begin(), src.end(), dst.begin()); }
+  //! `n` zeroed elements of host memory for offloaded activations: on the host, memory like any
+  //! other (device spaces pin it).
+  std::span<T> allocate_host(std::size_t n, const std::string& name) { return allocate(n, name); }
+  //! The copies of one `offload` (`to_host`) or `reload` action, `dst = src` each, after the
+  //! actions run so far (`clock`) and the earlier copies `after` (tickets); returns the ticket of
+  //! these copies (-1: they are done). The host copies now; device spaces enqueue them on a copy
+  //! stream of their direction and return a ticket that `await` and `irecv` wait for.
+  int host_copy(bool /*to_host*/, std::span<const copy_pair<T>> copies, int /*clock*/, std::span<const int> /*after*/,
+                const char* /*label*/) {
+    for (auto const& c : copies) copy(c.dst, c.src);
+    return -1;
+  }
+  //! The work enqueued next waits for the copies of `ticket` (host: they are done).
+  void await(int /*ticket*/) {}
+  //! Sizes the space for `copies` host-copy actions per step (device spaces keep an event each).
+  void reserve_copies(std::size_t /*copies*/) {}
 
   //! Runs `fn()` (the stage call labelled `label`); returns its duration in seconds when
   //! measuring, else 0. `accesses()` (what the call reads and writes) matters on devices only and
@@ -141,8 +166,8 @@ class host_space {
   void collect_losses(std::span<double> /*losses*/) {}
 
   //! Posts a receive into `buf` from `peer`; `freed_at` (device spaces) is the action count after
-  //! which the buffer is free.
-  request irecv(int peer, std::span<T> buf, int /*freed_at*/, int /*clock*/) {
+  //! which the buffer is free, `ticket` a host copy that last read it (-1: none).
+  request irecv(int peer, std::span<T> buf, int /*freed_at*/, int /*clock*/, int /*ticket*/ = -1) {
     return comm_->irecv(peer, std::as_writable_bytes(buf));
   }
   //! Waits for a receive before its consumer runs.

@@ -711,7 +711,12 @@ constexpr loom::text write_torch_csv(const schedule& s, const torch_csv_write_op
                          " steps with weight versions (an asynchronous family): its versions and updates cannot be written");
   bool has_comm = false;
   for (auto const& prog : s.programs)
-    for (const action& a : prog) has_comm = has_comm || !is_compute(a.kind);
+    for (const action& a : prog) {
+      if (is_host_copy(a.kind))
+        throw schedule_error("PyTorch's pipeline CSV has no action that copies an activation to host memory and back, but schedule '" +
+                             s.name + "' offloads (" + to_string(a) + "): write it without its offload plan");
+      has_comm = has_comm || is_transfer(a.kind);
+    }
   const torch_csv_form form = opt.form ? *opt.form : has_comm ? torch_csv_form::compute_comms : torch_csv_form::compute_only;
   if (form == torch_csv_form::compute_only && has_comm)
     throw schedule_error("schedule '" + s.name + "' is lowered (it has send/recv actions), which PyTorch's compute_only form cannot hold; "

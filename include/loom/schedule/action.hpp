@@ -3,8 +3,9 @@
 #pragma once
 
 //! \file
-//! The vocabulary of a per-rank program: compute actions (F, B, W, BW, overlapped FB) and,
-//! after lowering, point-to-point sends and receives.
+//! The vocabulary of a per-rank program: compute actions (F, B, W, BW, overlapped FB), the host
+//! copies of an offloaded activation (offload, reload) and, after lowering, point-to-point sends
+//! and receives.
 
 #include <cstdint>
 #include <string>
@@ -16,10 +17,13 @@ namespace loom {
 
 //! Kind of an action. `F` forward; `B` input-gradient backward; `W` weight-gradient backward;
 //! `BW` fused full backward (B then W as one action); `FB` a forward overlapped with a
-//! backward (DualPipe); `send`/`recv` point-to-point transfers inserted by `lower`.
+//! backward (DualPipe); `send`/`recv` point-to-point transfers inserted by `lower`;
+//! `offload`/`reload` the copy of the activation `F(mb, stage)` keeps for its backward to host
+//! memory and back (PipeOffload, `with_offload`): the rank issues the copy and goes on, the copy
+//! runs on the rank's host link, and the backward waits for the copy back.
 //! Weight updates are not actions: in a versioned schedule (`schedule::versioned`) a `W` or
 //! `BW` may carry `action::update`, the stage's optimizer step right after it.
-enum class op : std::uint8_t { F, B, W, BW, FB, send, recv };
+enum class op : std::uint8_t { F, B, W, BW, FB, send, recv, offload, reload };
 
 //! What a send/recv carries: the activation produced by `F(stage, mb)` or the input gradient
 //! produced by the backward of `(stage, mb)`.
@@ -71,12 +75,24 @@ constexpr action recv_from(int peer, payload what, int mb, int stage) {
   return {.kind = op::recv, .what = what, .mb = mb, .stage = stage, .peer = peer};
 }
 
-//! True for the actions that run a stage function (everything but send/recv).
-constexpr bool is_compute(op k) { return k != op::send && k != op::recv; }
+//! `OFFLOAD(mb, stage)`: copy the activation kept by `F(mb, stage)` to host memory; its device
+//! memory is free once the copy ends.
+constexpr action offload_to_host(int mb, int stage) { return {.kind = op::offload, .mb = mb, .stage = stage}; }
+//! `RELOAD(mb, stage)`: copy the offloaded activation of `F(mb, stage)` back to the device before
+//! its backward.
+constexpr action reload_from_host(int mb, int stage) { return {.kind = op::reload, .mb = mb, .stage = stage}; }
+
+//! True for the point-to-point transfers that `lower` inserts (`send`, `recv`).
+constexpr bool is_transfer(op k) { return k == op::send || k == op::recv; }
+//! True for the host copies of an offloaded activation (`offload`, `reload`).
+constexpr bool is_host_copy(op k) { return k == op::offload || k == op::reload; }
+//! True for the actions that run a stage function (everything but transfers and host copies).
+constexpr bool is_compute(op k) { return !is_transfer(k) && !is_host_copy(k); }
 //! True for the actions that carry an input-gradient backward (`B`, `BW`).
 constexpr bool is_input_backward(op k) { return k == op::B || k == op::BW; }
 
-//! The op's name as used in JSON and CSV: `F`, `B`, `W`, `BW`, `FB`, `SEND`, `RECV`.
+//! The op's name as used in JSON and CSV: `F`, `B`, `W`, `BW`, `FB`, `SEND`, `RECV`, `OFFLOAD`,
+//! `RELOAD`.
 constexpr std::string_view to_string(op k) {
   switch (k) {
     case op::F: return "F";
@@ -86,11 +102,14 @@ constexpr std::string_view to_string(op k) {
     case op::FB: return "FB";
     case op::send: return "SEND";
     case op::recv: return "RECV";
+    case op::offload: return "OFFLOAD";
+    case op::reload: return "RELOAD";
   }
   return "?";
 }
 
-//! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`; a version
+//! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`, `OFF3@s1`
+//! (offload), `REL3@s1` (reload); a version
 //! other than 0 is appended as `/v2`, an update as `+u` (`BW3@s1/v2+u`).
 constexpr text to_string(const action& a) {
   using detail::to_text;
@@ -106,6 +125,8 @@ constexpr text to_string(const action& a) {
     case op::recv:
       return text(to_string(a.kind)) + "(" + (a.what == payload::activation ? "act " : "grad ") +
              to_text(a.mb) + "@s" + to_text(a.stage) + (a.kind == op::send ? " ->r" : " <-r") + to_text(a.peer) + ")";
+    case op::offload: return "OFF" + to_text(a.mb) + "@s" + to_text(a.stage);
+    case op::reload: return "REL" + to_text(a.mb) + "@s" + to_text(a.stage);
     default: return one(a.kind, a.mb, a.stage);
   }
 }

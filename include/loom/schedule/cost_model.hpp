@@ -46,6 +46,7 @@ struct stage_cost {
   //! carries `action::update` takes `update` longer (a synchronous schedule's optimizer runs
   //! after its step, outside the program, and is not timed here)
   double update = 0;
+  double activation_bytes = 0;  //!< bytes of the activation a forward keeps for its backward (an offload copies them over `cost_model::host`)
   friend constexpr bool operator==(const stage_cost&, const stage_cost&) = default;
 };
 
@@ -55,17 +56,21 @@ struct cost_model {
   std::vector<stage_cost> stages;  //!< one entry per piece of the model, in order
   link_cost intra{};               //!< between ranks of one node
   link_cost inter{};               //!< between ranks of different nodes
+  link_cost host{};                //!< each rank's link to host memory, one copy per direction at a time (offload/reload)
   int ranks_per_node = 0;          //!< pipeline ranks per node (rank r is on node r / ranks_per_node); 0: one node
   double mem_w_ratio = 1;          //!< the Zero Bubble paper's M_W / M_B (as `costs::mem_w_ratio`)
 
   //! `k` written out per stage for a schedule of `S` stages on `P` ranks: each stage takes
-  //! `q = P / S` of a rank's share (`f = q * k.f`, ...; `activation = q`), every link costs `c`.
+  //! `q = P / S` of a rank's share (`f = q * k.f`, ...; `activation = activation_bytes = q`),
+  //! every link costs `c`, and the host link `h` per unit (so a stage's copy takes `q * h`).
   static constexpr cost_model uniform(const costs& k, int S, int P) {
     cost_model m;
     const double q = static_cast<double>(P) / S;
     m.stages.assign(static_cast<std::size_t>(S > 0 ? S : 0),
-                    stage_cost{.f = q * k.f, .b = q * k.b, .w = q * k.w, .fb = k.fb >= 0 ? q * k.fb : -1, .activation = q});
+                    stage_cost{.f = q * k.f, .b = q * k.b, .w = q * k.w, .fb = k.fb >= 0 ? q * k.fb : -1, .activation = q,
+                               .activation_bytes = q});
     m.intra = m.inter = {.alpha = k.c, .beta = 0};
+    m.host = {.alpha = 0, .beta = k.h};
     m.mem_w_ratio = k.mem_w_ratio;
     return m;
   }
@@ -102,11 +107,12 @@ constexpr text check_model(const cost_model& m) {
     const stage_cost& s = m.stages[i];
     const text at = "stages[" + to_text(static_cast<long long>(i)) + "].";
     for (auto [name, v] : {std::pair<const char*, double>{"f", s.f}, {"b", s.b}, {"w", s.w}, {"activation", s.activation},
-                           {"message_bytes", s.message_bytes}, {"param_bytes", s.param_bytes}, {"update", s.update}})
+                           {"message_bytes", s.message_bytes}, {"param_bytes", s.param_bytes}, {"update", s.update},
+                           {"activation_bytes", s.activation_bytes}})
       if (text r = rule(at + name, v); !r.empty()) return r;
     if (!finite(s.fb)) return "cost model: " + at + "fb must be finite (negative: the sum of its parts) (got " + real_text(s.fb) + ")";
   }
-  for (auto [name, l] : {std::pair<const char*, link_cost>{"links.intra", m.intra}, {"links.inter", m.inter}}) {
+  for (auto [name, l] : {std::pair<const char*, link_cost>{"links.intra", m.intra}, {"links.inter", m.inter}, {"links.host", m.host}}) {
     if (text r = rule(text(name) + ".alpha", l.alpha); !r.empty()) return r;
     if (text r = rule(text(name) + ".beta", l.beta); !r.empty()) return r;
   }
@@ -132,7 +138,7 @@ constexpr cost_model cost_model::fit(int S) const {
       for (int i = 0; i < k; ++i)
         out.stages.push_back({.f = p.f / k, .b = p.b / k, .w = p.w / k, .fb = p.fb >= 0 ? p.fb / k : -1,
                               .activation = p.activation / k, .message_bytes = p.message_bytes, .param_bytes = p.param_bytes / k,
-                              .update = p.update / k});
+                              .update = p.update / k, .activation_bytes = p.activation_bytes / k});
     return out;
   }
   if (n % S == 0) {
@@ -148,6 +154,7 @@ constexpr cost_model cost_model::fit(int S) const {
         sum.activation += p.activation;
         sum.param_bytes += p.param_bytes;
         sum.update += p.update;
+        sum.activation_bytes += p.activation_bytes;
         sum.message_bytes = p.message_bytes;
       }
       out.stages.push_back(sum);
@@ -161,20 +168,23 @@ constexpr cost_model cost_model::fit(int S) const {
 //! The uniform costs a generator that knows only `loom::costs` sees for model `m` on `P` ranks:
 //! per rank share the model's mean (`f = sum of stage f / P`, likewise `b`, `w`, and `fb` when
 //! every stage gives one), `c` the mean over neighbouring ranks `r, r + 1` of the link time of the
-//! model's mean message, and its `mem_w_ratio`. zb-auto builds its candidates from these and
+//! model's mean message, `h` the host link's time for a rank share's `activation_bytes`, and its
+//! `mem_w_ratio`. zb-auto builds its candidates from these and
 //! scores them under `m` itself; the CLI hands them to cost-aware families that take no model.
 constexpr costs share_costs(const cost_model& m, int P) {
   if (text r = detail::check_model(m); !r.empty()) throw config_error(r);
   if (P < 1) throw config_error("cost model: share_costs needs at least one rank (got " + detail::to_text(P) + ")");
   costs k{.f = 0, .b = 0, .w = 0, .c = 0, .fb = 0, .mem_w_ratio = m.mem_w_ratio};
-  double bytes = 0;
+  double bytes = 0, kept = 0;
   for (const stage_cost& s : m.stages) {
     k.f += s.f;
     k.b += s.b;
     k.w += s.w;
     k.fb = k.fb >= 0 && s.fb >= 0 ? k.fb + s.fb : -1;
     bytes += s.message_bytes;
+    kept += s.activation_bytes;
   }
+  k.h = m.host.time(kept / P);
   k.f /= P;
   k.b /= P;
   k.w /= P;

@@ -23,8 +23,8 @@
 
 namespace loom {
 
-//! The schedule `s` with send/recv actions inserted (see the file comment). Compute actions
-//! keep their order; `s` must be valid (`validate`) for the result to be.
+//! The schedule `s` with send/recv actions inserted (see the file comment). Compute actions and
+//! host copies keep their order (send/recv already in `s` are dropped and placed anew); `s` must be valid (`validate`) for the result to be.
 constexpr schedule lower(const schedule& s) {
   const int P = s.ranks, S = s.stages;
   const auto uP = static_cast<std::size_t>(P);
@@ -110,6 +110,7 @@ constexpr schedule lower(const schedule& s) {
       return [&, mb, st](int to, payload w) { prog.push_back(send_to(to, w, mb, st)); };
     };
     for (const action& a : in) {
+      if (is_host_copy(a.kind)) prog.push_back(a);  // a rank-local copy: kept where it stands
       if (!is_compute(a.kind)) continue;
       const op first = a.kind == op::FB ? op::F : a.kind;
       recvs_for(first, a.mb, a.stage);

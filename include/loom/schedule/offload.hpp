@@ -41,9 +41,10 @@
 //! 0.2 and 0.5, at unit costs and at costs 1000: tests/schedule/data/offload_reference.csv).
 //! Runtime only (not constexpr): the authors' `round(x, 2)` is decimal rounding.
 //!
-//! What this is not yet: offload and reload are not actions of a program, so the executor does
-//! not copy anything and `simulate` does not count them; the plan is the memory model and the
-//! timing the executor will follow (docs/offload.md).
+//! `with_offload` turns the plan into actions of the program (`op::offload`, `op::reload`), each
+//! issued where the plan starts it; `validate` checks them (rule 6) and `simulate` times them on
+//! each rank's host link and counts their memory. The executors do not run them yet: they refuse
+//! a program with host copies (docs/offload.md).
 //!
 //! The authors' pass then adds barriers that synchronise a pair before each copy; they change no
 //! count and are not part of the plan (they refuse some shapes with b != f, which loom does not).
@@ -68,7 +69,8 @@ struct offload_options {
 };
 
 //! One copy on a host link: the activation of (`mb`, `stage`) on `rank`, to host (`reload`
-//! false) or back, over [`start`, `end`).
+//! false) or back, over [`start`, `end`). `position`: the index in the rank's program of the
+//! first action that ends after `start`, before which `with_offload` issues the copy.
 struct offload_copy {
   int rank = 0;
   int mb = 0;
@@ -76,6 +78,7 @@ struct offload_copy {
   bool reload = false;
   double start = 0;
   double end = 0;
+  std::size_t position = 0;
 };
 
 //! The plan: the copies, and per rank the peak activation with them (loom's unit: one microbatch
@@ -141,7 +144,9 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
     const auto& prog = s.programs[static_cast<std::size_t>(rk)];
     for (std::size_t i = 0; i < prog.size(); ++i) {
       const action& a = prog[i];
-      if (a.kind != op::F && a.kind != op::B && a.kind != op::W && a.kind != op::BW)
+      if (a.kind == op::BW)
+        return fail("offload plans a split backward (B, then W): schedule " + s.name + " fuses them (" + to_string(a) + ")");
+      if (a.kind != op::F && a.kind != op::B && a.kind != op::W)
         return fail("offload plans forwards and backwards only (got " + to_string(a) + ")");
       nodes[static_cast<std::size_t>(rk)].push_back({a, sim.times[static_cast<std::size_t>(rk)][i].start, sim.times[static_cast<std::size_t>(rk)][i].end});
       const int idx = static_cast<int>(nodes[static_cast<std::size_t>(rk)].size()) - 1;
@@ -292,6 +297,7 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
       double effect;
     };
     std::vector<mk> l, rt;
+    const std::size_t base = out.copies.size();  // l[k] is the start of copy base + k
     for (const pass& ps : qq) {
       if (!ps.reload) {
         l.push_back({ps.start, 0, 0.0});
@@ -310,9 +316,13 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
       live += x;
       peak = live > peak ? live : peak;
     };
-    for (const auto& n : ns) {
+    for (std::size_t at = 0; at < ns.size(); ++at) {
+      const auto& n = ns[at];
       while (ri < rt.size() && !(rt[ri].time > n.start)) pending.push_back(rt[ri++]);
-      while (li < l.size() && !(l[li].time >= n.end)) pending.push_back(l[li++]);
+      while (li < l.size() && !(l[li].time >= n.end)) {
+        out.copies[base + li].position = at;
+        pending.push_back(l[li++]);
+      }
       // A stable sort by (time, priority), as the authors': an insertion sort (a handful of markers).
       for (std::size_t i = 1; i < pending.size(); ++i)
         for (std::size_t j = i; j > 0; --j) {
@@ -330,6 +340,44 @@ inline offload_plan plan_offload(const schedule& s, const costs& k, offload_opti
     out.peak_activation[static_cast<std::size_t>(rk)] = peak;
   }
   out.ok = true;
+  return out;
+}
+
+//! `s` with the plan's copies as actions (`offload`, `reload`): each copy issued before the
+//! action at its `position` in its rank's program (copies at one position in the plan's order).
+//! The result validates when `s` does; `simulate` then runs the copies on each rank's host link
+//! at the costs' `h` and counts their memory (simulate.hpp). Throws `config_error` for a refused
+//! plan or a plan of another shape.
+inline schedule with_offload(const schedule& s, const offload_plan& plan) {
+  if (!plan.ok) throw config_error("with_offload: the plan was refused: " + plan.error);
+  if (plan.peak_activation.size() != static_cast<std::size_t>(s.ranks) || s.programs.size() != static_cast<std::size_t>(s.ranks))
+    throw config_error("with_offload: the plan has " + detail::to_text(static_cast<long long>(plan.peak_activation.size())) +
+                       " ranks, the schedule " + detail::to_text(s.ranks));
+  std::vector<std::vector<const offload_copy*>> at(static_cast<std::size_t>(s.ranks));
+  for (const offload_copy& c : plan.copies) {
+    if (c.rank < 0 || c.rank >= s.ranks || c.position > s.programs[static_cast<std::size_t>(c.rank)].size())
+      throw config_error("with_offload: a copy of the plan names rank " + detail::to_text(c.rank) + " position " +
+                         detail::to_text(static_cast<long long>(c.position)) + ", outside the schedule");
+    at[static_cast<std::size_t>(c.rank)].push_back(&c);
+  }
+  schedule out = s;
+  for (std::size_t r = 0; r < at.size(); ++r) {
+    auto& cs = at[r];
+    // By position, then the plan's order (the pointers point into one vector).
+    std::sort(cs.begin(), cs.end(), [](const offload_copy* x, const offload_copy* y) {
+      return x->position < y->position || (x->position == y->position && x < y);
+    });
+    auto const& in = s.programs[r];
+    auto& prog = out.programs[r];
+    prog.clear();
+    prog.reserve(in.size() + cs.size());
+    std::size_t k = 0;
+    for (std::size_t i = 0; i <= in.size(); ++i) {
+      for (; k < cs.size() && cs[k]->position == i; ++k)
+        prog.push_back(cs[k]->reload ? reload_from_host(cs[k]->mb, cs[k]->stage) : offload_to_host(cs[k]->mb, cs[k]->stage));
+      if (i < in.size()) prog.push_back(in[i]);
+    }
+  }
   return out;
 }
 

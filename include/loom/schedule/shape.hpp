@@ -47,7 +47,8 @@ inline constexpr long long max_actions = 7 * max_shape_cells;
 //! microbatch through one rank's share (1/P) of the model; `c` the p2p latency added between
 //! dependent actions on different ranks; `fb` the time of an overlapped forward+backward pair
 //! for that share (negative: the sum of its parts); `mem_w_ratio` the Zero Bubble paper's
-//! M_W/M_B, the fraction of an activation that lives until W.
+//! M_W/M_B, the fraction of an activation that lives until W; `h` the time of one copy of that
+//! share's activation between device and host memory, one way (`offload`/`reload` actions).
 struct costs {
   double f = 1;
   double b = 1;
@@ -55,11 +56,12 @@ struct costs {
   double c = 0;
   double fb = -1;
   double mem_w_ratio = 1;
+  double h = 0;
   friend constexpr bool operator==(const costs&, const costs&) = default;
 };
 
 namespace detail {
-//! The rule `k` breaks, or "": `f`, `b`, `w` and `c` finite and >= 0, `fb` finite (negative: the
+//! The rule `k` breaks, or "": `f`, `b`, `w`, `c` and `h` finite and >= 0, `fb` finite (negative: the
 //! sum of its parts), `mem_w_ratio` (`mem-w-ratio` in messages, as on the CLI) in [0, 1]. `simulate` and the cost-aware generators throw
 //! `config_error` with it.
 constexpr text check_costs(const costs& k) {
@@ -71,6 +73,7 @@ constexpr text check_costs(const costs& k) {
   if (text r = rule("b", k.b); !r.empty()) return r;
   if (text r = rule("w", k.w); !r.empty()) return r;
   if (text r = rule("c", k.c); !r.empty()) return r;
+  if (text r = rule("h", k.h); !r.empty()) return r;
   if (!finite(k.fb)) return "cost fb must be finite (negative: the sum of its parts) (got fb=" + real_text(k.fb) + ")";
   if (!(k.mem_w_ratio >= 0 && k.mem_w_ratio <= 1))
     return "mem-w-ratio must be in [0, 1] (got mem-w-ratio=" + real_text(k.mem_w_ratio) + ")";

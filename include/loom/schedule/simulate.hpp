@@ -16,13 +16,23 @@
 //! carries `action::update` (a versioned schedule's optimizer step) lasts its stage's `update`
 //! longer, and that time counts as busy.
 //!
+//! Host copies (`offload`, `reload`) take no time of the rank: it issues the copy and goes on.
+//! Each rank has a host link that carries one copy per direction at a time, in program order: an
+//! offload of `(s,j)` starts at `max(rank free, link free to host)` (after `F(s,j)`, which precedes
+//! it), a reload at `max(rank free, end of the offload, link free to device)`, and each lasts `q h`
+//! (`cost_model`: `host.time(activation_bytes)` of the stage). The input backward of an offloaded
+//! `(s,j)` also waits for the end of its reload. The action's `action_time` is the copy's.
+//!
 //! Memory (unit: activations of one microbatch through one rank's share): `F` allocates `q`,
 //! `B` releases `(1-r)q`, `W` releases `rq`, `BW` releases `q`, with `q = P/S` and
-//! `r = mem_w_ratio`; the peak is the maximum live sum in program order.
+//! `r = mem_w_ratio`; the peak is the maximum live sum in program order. An offload releases the
+//! forward's `q` when its copy ends (before the first compute action of the rank that starts at or
+//! after that time); a reload allocates it again where it stands in the program.
 
 #include <cstddef>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "loom/schedule/action.hpp"
@@ -73,7 +83,8 @@ struct simulation {
   }
 };
 
-//! Duration of action `a` on a stage holding fraction `q` of a rank's share.
+//! Duration of action `a` on a stage holding fraction `q` of a rank's share (of its copy, for an
+//! `offload`/`reload`; send/recv take none).
 constexpr double duration(const action& a, const costs& k, double q) {
   auto bwd = [&](op kind) { return kind == op::BW ? k.b + k.w : k.b; };
   switch (a.kind) {
@@ -82,6 +93,8 @@ constexpr double duration(const action& a, const costs& k, double q) {
     case op::W: return q * k.w;
     case op::BW: return q * (k.b + k.w);
     case op::FB: return k.fb >= 0 ? q * k.fb : q * (k.f + bwd(a.bkind));
+    case op::offload:
+    case op::reload: return q * k.h;
     default: return 0;
   }
 }
@@ -186,6 +199,8 @@ struct uniform_cost_view {
   constexpr double hop(int /*from*/, int /*to*/, int /*st*/) const { return k.c; }
   //! Time of an optimizer update of stage `st` inside the program (`action::update`): none here.
   constexpr double update(int /*st*/) const { return 0; }
+  //! Time of one host copy (offload or reload) of stage `st`'s activation.
+  constexpr double copy(int /*st*/) const { return q * k.h; }
   //! Memory a forward of stage `st` allocates.
   constexpr double alloc(int /*st*/) const { return q; }
   //! Memory an action of `kind` of stage `st` releases.
@@ -193,7 +208,7 @@ struct uniform_cost_view {
   //! The costs, for the error that the makespan is not finite.
   constexpr text describe() const {
     return "f=" + real_text(k.f) + ", b=" + real_text(k.b) + ", w=" + real_text(k.w) + ", c=" + real_text(k.c) +
-           ", fb=" + real_text(k.fb);
+           ", fb=" + real_text(k.fb) + ", h=" + real_text(k.h);
   }
 };
 
@@ -217,6 +232,7 @@ struct staged_cost_view {
     return m.link(from, to).time(m.stages[static_cast<std::size_t>(st)].message_bytes);
   }
   constexpr double update(int st) const { return m.stages[static_cast<std::size_t>(st)].update; }
+  constexpr double copy(int st) const { return m.host.time(m.stages[static_cast<std::size_t>(st)].activation_bytes); }
   constexpr double alloc(int st) const { return m.stages[static_cast<std::size_t>(st)].activation; }
   constexpr double release(op kind, int st) const {
     const double a = m.stages[static_cast<std::size_t>(st)].activation;
@@ -257,6 +273,31 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
 
   std::vector<std::size_t> pos(uP, 0);
   std::vector<double> free_at(uP, 0.0), first(uP, -1.0), live(uP, 0.0);
+  // Host copies, allocated at the first one: per cell the end of its offload and of its reload
+  // (-1: none yet); per rank its link's free time each way and the releases of offloads whose
+  // copy is still running (ends ascend: one link, in program order), consumed from `drained`.
+  struct copy_state {
+    std::vector<double> off, rel;
+    std::vector<double> to_host, to_device;
+    std::vector<std::vector<std::pair<double, double>>> releases;
+    std::vector<std::size_t> drained;
+  } cp;
+  bool copies = false;
+  auto start_copies = [&] {
+    copies = true;
+    cp.off.assign(cells, -1.0);
+    cp.rel.assign(cells, -1.0);
+    cp.to_host.assign(uP, 0.0);
+    cp.to_device.assign(uP, 0.0);
+    cp.releases.resize(uP);
+    cp.drained.assign(uP, 0);
+  };
+  // Releases the activations of rank `ur`'s offloads whose copy has ended by time `t`.
+  auto drain = [&](std::size_t ur, double t) {
+    auto const& rl = cp.releases[ur];
+    std::size_t& k = cp.drained[ur];
+    for (; k < rl.size() && rl[k].first <= t; ++k) live[ur] -= rl[k].second;
+  };
   std::vector<char> queued(uP, 1);
   std::vector<int> work;
   work.reserve(uP * 2);
@@ -283,12 +324,20 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
     }
     if (kind == op::W) return here.bwd;  // B ran on this rank (same stage)
     if (here.f < 0) return -1.0;       // own forward first
-    if (st == S - 1) return here.f;
+    double own = here.f;
+    if (copies) {  // an offloaded activation: its reload first
+      const std::size_t c = idx(mb, st);
+      if (cp.off[c] >= 0) {
+        if (cp.rel[c] < 0) return -1.0;
+        own = cp.rel[c] > own ? cp.rel[c] : own;
+      }
+    }
+    if (st == S - 1) return own;
     const double e = done[idx(mb, st + 1)].bwd;
     if (e < 0) return -1.0;
     const int from = rank_of(mb, st + 1);
     const double t = from != rank ? e + view.hop(from, rank, st) : e;
-    return t > here.f ? t : here.f;
+    return t > own ? t : own;
   };
   auto finish = [&](op kind, int mb, int st, double end) {
     cell_state& here = done[idx(mb, st)];
@@ -311,8 +360,39 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
     double t_free = free_at[ur];
     while (i < prog.size()) {
       const action& a = prog[i];
-      if (!is_compute(a.kind)) {
+      if (is_transfer(a.kind)) {
         times[i] = {t_free, t_free};
+        ++i;
+        continue;
+      }
+      if (is_host_copy(a.kind)) {
+        if (!in_range(a.mb, a.stage)) {
+          out.error = "rank " + to_text(rank) + ", position " + to_text(static_cast<long long>(i)) +
+                      ": action " + to_string(a) + " names a microbatch or stage out of range";
+          return out;
+        }
+        if (!copies) start_copies();
+        const std::size_t c = idx(a.mb, a.stage);
+        const bool out_copy = a.kind == op::offload;
+        // An offload follows its forward (on this rank, earlier in the program), a reload its
+        // offload; otherwise the rank waits for them forever (a deadlock the report names).
+        const double after = out_copy ? done[c].f : cp.off[c];
+        if (after < 0) break;
+        double& link = out_copy ? cp.to_host[ur] : cp.to_device[ur];
+        double start = t_free > link ? t_free : link;
+        start = after > start ? after : start;
+        const double end = start + view.copy(a.stage);
+        times[i] = {start, end};
+        link = end;
+        if (out_copy) {
+          cp.off[c] = end;
+          cp.releases[ur].push_back({end, view.alloc(a.stage)});
+        } else {
+          cp.rel[c] = end;
+          drain(ur, start);
+          live[ur] += view.alloc(a.stage);
+          if (live[ur] > out.peak_activation[ur]) out.peak_activation[ur] = live[ur];
+        }
         ++i;
         continue;
       }
@@ -330,6 +410,7 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
         t = tb > t ? tb : t;
       }
       const double start = t > t_free ? t : t_free;
+      if (copies) drain(ur, start);
       // An update carried by the action (a versioned schedule's optimizer step) runs right after
       // it on the same rank: its time extends the action (what depends on the action's output
       // waits for the update too, as the executor runs them: the send follows both).
@@ -370,9 +451,18 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
       const action& a = s.programs[i][pos[i]];
       bool fb = a.kind == op::FB;
       bool second = fb && ready(op::F, a.mb, a.stage, static_cast<int>(i)) >= 0;
+      text why;
+      if (is_host_copy(a.kind)) {
+        why = a.kind == op::offload ? to_string(forward(a.mb, a.stage)) : to_string(offload_to_host(a.mb, a.stage));
+        why += " (this rank)";
+      } else if (const int mb = second ? a.bmb : a.mb, st = second ? a.bstage : a.stage;
+                 copies && is_input_backward(second ? a.bkind : a.kind) && cp.off[idx(mb, st)] >= 0 && cp.rel[idx(mb, st)] < 0) {
+        why = to_string(reload_from_host(mb, st)) + " (this rank)";
+      } else {
+        why = waited_for(s, a, second);
+      }
       out.error += " rank " + to_text(static_cast<long long>(i)) + " is stuck at position " +
-                   to_text(static_cast<long long>(pos[i])) + " on " + to_string(a) + ", waiting for " +
-                   waited_for(s, a, second) + ";";
+                   to_text(static_cast<long long>(pos[i])) + " on " + to_string(a) + ", waiting for " + why + ";";
     }
     double last = s.programs[i].empty() ? 0.0 : free_at[i];
     double f0 = first[i] < 0 ? last : first[i];

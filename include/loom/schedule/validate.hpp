@@ -24,6 +24,9 @@
 //!     version v + K drops version v, K the stage's buffers); with `stash`, a microbatch's
 //!     backward actions read the version its forward read; the last `W`/`BW` of every stage
 //!     updates (no gradient is left unapplied).
+//!  6. host copies: an `offload` of (mb, stage) runs on the stage's rank after its `F` and before
+//!     its input backward, at most once; a `reload` follows the offload, before the input
+//!     backward, at most once; the input backward of an offloaded activation follows its reload.
 //! Errors name the rank, the position and the action, and render the offending grid.
 
 #include <cstddef>
@@ -155,6 +158,10 @@ constexpr validation replay_lowered(const schedule& s) {
     while (pos[ur] < prog.size()) {
       const std::size_t at = pos[ur];
       const action& a = prog[at];
+      if (is_host_copy(a.kind)) {  // rule 6's business
+        ++pos[ur];
+        continue;
+      }
       if (a.kind == op::send || a.kind == op::recv) {
         if (static_cast<unsigned>(a.peer) >= uPu || a.peer == rank)
           return fail_at(s, rank, at, "names peer " + to_text(a.peer) + ", which is not another rank");
@@ -301,6 +308,77 @@ constexpr validation check_structure(const schedule& s) {
 }  // namespace detail
 
 namespace detail {
+//! Rule 6: host copies (see the file comment). Assumes rules 1-2 hold.
+constexpr validation check_copies(const schedule& s) {
+  using detail::to_text;
+  bool any = false;
+  for (auto const& prog : s.programs)
+    for (const action& a : prog) any = any || is_host_copy(a.kind);
+  if (!any) return {};
+  const int M = s.microbatches, S = s.stages;
+  // Per cell: where its F, offload, reload and input backward stand (rank, position), -1 if none yet.
+  enum event : int { f_seen, off_seen, rel_seen, bwd_seen, events };
+  struct seen {
+    long long at[events] = {-1, -1, -1, -1};
+  };
+  std::vector<seen> cells(static_cast<std::size_t>(M) * static_cast<std::size_t>(S));
+  for (int r = 0; r < s.ranks; ++r) {
+    auto const& prog = s.programs[static_cast<std::size_t>(r)];
+    auto named = [&](op kind, int mb, int st, long long pos) {
+      text t = kind == op::offload ? to_string(offload_to_host(mb, st))
+               : kind == op::reload ? to_string(reload_from_host(mb, st))
+               : kind == op::F ? to_string(forward(mb, st)) : "the input backward of mb " + to_text(mb) + " stage " + to_text(st);
+      return t + " (position " + to_text(pos) + ")";
+    };
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
+      const auto here = static_cast<long long>(i);
+      if (is_host_copy(a.kind)) {
+        if (static_cast<unsigned>(a.mb) >= static_cast<unsigned>(M) || static_cast<unsigned>(a.stage) >= static_cast<unsigned>(S))
+          return fail_at(s, r, i, "microbatch " + to_text(a.mb) + " / stage " + to_text(a.stage) + " is out of range (microbatches=" +
+                                      to_text(M) + ", stages=" + to_text(S) + ")");
+        if (s.rank_of(a.mb, a.stage) != r)
+          return fail_at(s, r, i, "copies an activation of stage " + to_text(a.stage) + ", which is placed on rank " +
+                                      to_text(s.rank_of(a.mb, a.stage)) + ", not here");
+        seen& c = cells[cell(a.mb, a.stage, M)];
+        if (a.kind == op::offload) {
+          if (c.at[off_seen] >= 0) return fail_at(s, r, i, "offloads an activation a second time: " + named(op::offload, a.mb, a.stage, c.at[off_seen]) + " already did");
+          if (c.at[f_seen] < 0) return fail_at(s, r, i, "offloads an activation before " + to_string(forward(a.mb, a.stage)) + " produces it");
+          if (c.at[bwd_seen] >= 0)
+            return fail_at(s, r, i, "offloads an activation after " + named(op::B, a.mb, a.stage, c.at[bwd_seen]) + " has used it");
+          c.at[off_seen] = here;
+        } else {
+          if (c.at[rel_seen] >= 0) return fail_at(s, r, i, "reloads an activation a second time: " + named(op::reload, a.mb, a.stage, c.at[rel_seen]) + " already did");
+          if (c.at[off_seen] < 0) return fail_at(s, r, i, "reloads an activation that no earlier offload copied to host");
+          c.at[rel_seen] = here;
+        }
+        continue;
+      }
+      if (!is_compute(a.kind)) continue;
+      auto note = [&](op kind, int mb, int st) -> validation {
+        seen& c = cells[cell(mb, st, M)];
+        if (kind == op::F) {
+          c.at[f_seen] = here;
+        } else if (is_input_backward(kind)) {
+          c.at[bwd_seen] = here;
+          if (c.at[off_seen] >= 0 && c.at[rel_seen] < 0) {
+            text why = "needs the activation that " + named(op::offload, mb, st, c.at[off_seen]) + " copied to host, but ";
+            for (std::size_t j = i + 1; j < prog.size(); ++j)
+              if (prog[j] == reload_from_host(mb, st))
+                return fail_at(s, r, i, why + "its reload " + named(op::reload, mb, st, static_cast<long long>(j)) + " comes after it (too late)");
+            return fail_at(s, r, i, why + "no reload brings it back");
+          }
+        }
+        return {};
+      };
+      if (validation v = note(a.kind == op::FB ? op::F : a.kind, a.mb, a.stage); !v.ok) return v;
+      if (a.kind == op::FB)
+        if (validation v = note(a.bkind, a.bmb, a.bstage); !v.ok) return v;
+    }
+  }
+  return {};
+}
+
 //! Rule 5: weight versions (see the file comment). Assumes rules 1-2 hold (stages in range and
 //! on their ranks).
 constexpr validation check_versions(const schedule& s) {
@@ -393,7 +471,7 @@ constexpr validation validate(const schedule& s) {
   bool lowered = false;
   for (auto const& prog : s.programs) {
     for (const action& a : prog)
-      if (!is_compute(a.kind)) {
+      if (is_transfer(a.kind)) {
         lowered = true;
         break;
       }
@@ -401,6 +479,7 @@ constexpr validation validate(const schedule& s) {
   }
   if (!lowered) {
     if (validation v = detail::check_structure(s); !v.ok) return v;
+    if (validation v = detail::check_copies(s); !v.ok) return v;
     simulation sim = simulate(s);  // rule 3
     if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
     return detail::check_versions(s);
@@ -408,8 +487,12 @@ constexpr validation validate(const schedule& s) {
   // Lowered: the replay checks rules 1-4 in one pass; on failure, explain it by the first broken
   // rule in order (structure, then dependencies, then the replay's own finding).
   validation v = detail::replay_lowered(s);
-  if (v.ok) return detail::check_versions(s);
+  if (v.ok) {
+    if (validation c = detail::check_copies(s); !c.ok) return c;
+    return detail::check_versions(s);
+  }
   if (validation sv = detail::check_structure(s); !sv.ok) return sv;
+  if (validation c = detail::check_copies(s); !c.ok) return c;
   simulation sim = simulate(s);
   if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
   if (v.message.empty()) v.message = "the lowered programs break the placement or the action counts";

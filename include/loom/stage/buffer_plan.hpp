@@ -25,6 +25,10 @@
 //!   microbatch of the stage has been folded into the accumulator (a reorder buffer).
 //! - *copy_recv* (deterministic mode, two-direction schedules): weight-gradient buffers received
 //!   after the step from the rank holding the other copy of the stage (see "Two copies" below).
+//! - *host input*, *host stash* (programs with host copies, `op::offload`/`op::reload`): host
+//!   memory for an offloaded activation. `OFFLOAD(mb, s)` takes a host slot of each kind (no input
+//!   on the first stage) and releases the device input and stash slots of `(mb, s)`;
+//!   `RELOAD(mb, s)` takes device slots again and releases the host ones.
 //!
 //! Two copies. On a two-direction schedule (DualPipe, Chimera, BitPipe) virtual stage `s` of path
 //! 0 and virtual stage `s` of path 1 are copies of the same model chunk, and each microbatch's
@@ -75,6 +79,8 @@ struct stage_slots {
   int send_grad = 0; //!< gradient sends per step
   int wgrad = 0;     //!< deterministic-mode weight-gradient scratch slots
   int copy_recv = 0; //!< deterministic-mode buffers received from the other copy's rank (two directions)
+  int host_input = 0;  //!< host slots for offloaded input activations
+  int host_stash = 0;  //!< host slots for offloaded stashes
   friend constexpr bool operator==(const stage_slots&, const stage_slots&) = default;
 };
 
@@ -142,7 +148,7 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
     if (prog[i].kind == op::recv) p.recv_positions.push_back(i);
 
   const auto L = p.local.size();
-  enum pool { in_pool, stash_pool, grad_pool, wgrad_pool, pools };
+  enum pool { in_pool, stash_pool, grad_pool, wgrad_pool, host_in_pool, host_stash_pool, pools };
   std::vector<int> live(L * pools, 0);
   auto local_of = [&](int mb, int s) -> std::size_t {
     int li = s >= 0 && s < S ? p.index_of(lowered.direction_of(mb), s) : -1;
@@ -153,7 +159,14 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
   };
   auto field = [&](std::size_t li, int pl) -> int& {
     auto& l = p.local[li];
-    return pl == in_pool ? l.input : pl == stash_pool ? l.stash : pl == grad_pool ? l.grad : l.wgrad;
+    switch (pl) {
+      case in_pool: return l.input;
+      case stash_pool: return l.stash;
+      case grad_pool: return l.grad;
+      case wgrad_pool: return l.wgrad;
+      case host_in_pool: return l.host_input;
+      default: return l.host_stash;
+    }
   };
   auto take = [&](std::size_t li, int pl) {
     int& n = live[li * pools + static_cast<std::size_t>(pl)];
@@ -242,6 +255,18 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
         forward_half(a.mb, a.stage);
         backward_half(a.bkind, a.bmb, a.bstage);
         break;
+      case op::offload:
+      case op::reload: {
+        auto li = local_of(a.mb, a.stage);
+        const bool out = a.kind == op::offload;
+        if (a.stage > 0) {
+          take(li, out ? host_in_pool : in_pool);
+          give(li, out ? in_pool : host_in_pool);
+        }
+        take(li, out ? host_stash_pool : stash_pool);
+        give(li, out ? stash_pool : host_stash_pool);
+        break;
+      }
     }
   }
   // Two copies on different ranks: the buffers received from the other copy after the step.
@@ -266,7 +291,7 @@ constexpr buffer_plan plan_buffers(const schedule& s, int rank, int recv_ahead =
   bool lowered = false;
   for (auto const& prog : s.programs)
     for (auto const& a : prog)
-      if (!is_compute(a.kind)) lowered = true;
+      if (is_transfer(a.kind)) lowered = true;
   if (lowered || s.ranks == 1) return detail::plan_buffers(s, rank, recv_ahead);
   return detail::plan_buffers(lower(s), rank, recv_ahead);
 }
