@@ -498,6 +498,10 @@ class pipeline {
         throw config_error("schedule " + generated.name + " is asynchronous: graph mode is not supported for it; run it eagerly");
       versioned_ = true;
     }
+    if (generated.vocab != 0)
+      throw config_error("schedule " + generated.name +
+                         " is vocabulary-parallel: the executor does not run its vocabulary passes (S, T, IF, IB) yet; simulate and "
+                         "validate do (docs/vocab.md)");
     bool lowered = false;
     for (auto const& p : generated.programs)
       for (auto const& a : p) lowered = lowered || is_transfer(a.kind);
@@ -831,6 +835,7 @@ class pipeline {
     else if constexpr (A.kind == op::W) weight(A.mb, A.stage);
     else if constexpr (A.kind == op::offload) offload_half(A);
     else if constexpr (A.kind == op::reload) reload_half(A);
+    else if constexpr (is_vocab(A.kind)) static_assert(!is_vocab(A.kind), "the executor does not run vocabulary passes yet");
     else {
       in_fb_ = true;
       forward_half(A.mb, A.stage);
@@ -863,6 +868,10 @@ class pipeline {
         break;
       case op::offload: offload_half(a); break;
       case op::reload: reload_half(a); break;
+      case op::S:
+      case op::T:
+      case op::IF:
+      case op::IB: throw config_error("the executor does not run vocabulary passes yet (" + to_string(a) + ")");
     }
   }
 

@@ -159,15 +159,18 @@ inline std::string render_ascii(const schedule& s, const simulation& sim, const 
     if (g.columns == 0) break;
   }
   if (o.legend) {
-    bool present[5] = {false, false, false, false, false};
+    constexpr int kinds = static_cast<int>(op::IB) + 1;
+    bool present[kinds] = {};
     for (auto const& p : s.programs)
       for (auto const& a : p)
         if (is_compute(a.kind)) present[static_cast<int>(a.kind)] = true;
-    static const char* names[5] = {"F forward", "B input-gradient backward", "W weight-gradient backward",
-                                   "BW fused backward", "F3+B1 forward 3 overlapped with backward 1"};
+    static const char* names[kinds] = {"F forward", "B input-gradient backward", "W weight-gradient backward",
+                                       "BW fused backward", "F3+B1 forward 3 overlapped with backward 1", nullptr, nullptr, nullptr, nullptr,
+                                       "S output layer's forward part (vocabulary shard)", "T output layer's backward part",
+                                       "IF input layer's forward part", "IB input layer's backward part"};
     std::string legend;
-    for (int k = 0; k < 5; ++k) {
-      if (!present[k]) continue;
+    for (int k = 0; k < kinds; ++k) {
+      if (!present[k] || names[k] == nullptr) continue;
       if (!legend.empty()) legend += ", ";
       legend += names[k];
     }

@@ -49,6 +49,10 @@ inline const char* svg_fill(op k) {
     case op::W: return "#eeca3b";
     case op::BW: return "#2f8f83";
     case op::FB: return "#b279a2";
+    case op::S: return "#e45756";
+    case op::T: return "#f58518";
+    case op::IF: return "#72b7b2";
+    case op::IB: return "#9d755d";
     default: return "#999999";
   }
 }
@@ -90,7 +94,8 @@ inline std::string render_svg(const schedule& s, const simulation& sim, const sv
   int max_chunk = 0;
   for (int c : chunks) max_chunk = std::max(max_chunk, c);
   double t0 = -1, t1 = 0;
-  bool kinds[5] = {false, false, false, false, false};
+  constexpr int kind_count = static_cast<int>(op::IB) + 1;
+  bool kinds[kind_count] = {};
   for (std::size_t r = 0; r < s.programs.size(); ++r)
     for (std::size_t i = 0; i < s.programs[r].size(); ++i) {
       auto const& a = s.programs[r][i];
@@ -188,11 +193,13 @@ inline std::string render_svg(const schedule& s, const simulation& sim, const sv
          "\" font-size=\"11\" text-anchor=\"end\" fill=\"#444444\">time (cost units)</text>\n";
   // Legend: the kinds that occur, and the chunk shading.
   if (o.legend) {
-    static const char* names[5] = {"F forward", "B input-gradient backward", "W weight-gradient backward",
-                                   "BW fused backward", "FB overlapped forward+backward"};
+    static const char* names[kind_count] = {"F forward", "B input-gradient backward", "W weight-gradient backward",
+                                            "BW fused backward", "FB overlapped forward+backward", nullptr, nullptr, nullptr, nullptr,
+                                            "S output layer, forward", "T output layer, backward", "IF input layer, forward",
+                                            "IB input layer, backward"};
     double x = x0;
-    for (int k = 0; k < 5; ++k) {
-      if (!kinds[k]) continue;
+    for (int k = 0; k < kind_count; ++k) {
+      if (!kinds[k] || names[k] == nullptr) continue;
       out += "<rect x=\"" + px(x) + "\" y=\"" + px(legend_y - 11) + "\" width=\"14\" height=\"14\" fill=\"" +
              detail::svg_fill(static_cast<op>(k)) + "\"/>\n";
       out += "<text x=\"" + px(x + 19) + "\" y=\"" + px(legend_y) + "\" font-size=\"12\">" + names[k] + "</text>\n";

@@ -715,6 +715,9 @@ constexpr loom::text write_torch_csv(const schedule& s, const torch_csv_write_op
       if (is_host_copy(a.kind))
         throw schedule_error("PyTorch's pipeline CSV has no action that copies an activation to host memory and back, but schedule '" +
                              s.name + "' offloads (" + to_string(a) + "): write it without its offload plan");
+      if (is_vocab(a.kind))
+        throw schedule_error("PyTorch's pipeline CSV has no vocabulary-parallel passes, but schedule '" + s.name + "' runs them (" +
+                             to_string(a) + ")");
       has_comm = has_comm || is_transfer(a.kind);
     }
   const torch_csv_form form = opt.form ? *opt.form : has_comm ? torch_csv_form::compute_comms : torch_csv_form::compute_only;

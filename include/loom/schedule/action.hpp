@@ -3,9 +3,9 @@
 #pragma once
 
 //! \file
-//! The vocabulary of a per-rank program: compute actions (F, B, W, BW, overlapped FB), the host
-//! copies of an offloaded activation (offload, reload) and, after lowering, point-to-point sends
-//! and receives.
+//! The vocabulary of a per-rank program: compute actions (F, B, W, BW, overlapped FB, and the
+//! vocabulary-parallel passes S, T, IF, IB), the host copies of an offloaded activation (offload,
+//! reload) and, after lowering, point-to-point sends and receives.
 
 #include <cstdint>
 #include <string>
@@ -21,9 +21,16 @@ namespace loom {
 //! `offload`/`reload` the copy of the activation `F(mb, stage)` keeps for its backward to host
 //! memory and back (PipeOffload, `with_offload`): the rank issues the copy and goes on, the copy
 //! runs on the rank's host link, and the backward waits for the copy back.
+//! `S`, `T`, `IF`, `IB` are the passes of vocabulary parallelism (Yeung et al., MLSys 2025; a
+//! schedule with `schedule::vocab` != 0): every rank holds one shard of the output layer and of the
+//! input embedding (`stage` = the shard, which is the rank's index) and runs, per microbatch, `S`
+//! (the output layer's forward part: its logits and their local softmax statistics), `T` (its
+//! backward part: the weight gradient from the rescaled softmax), `IF` (the input layer's forward
+//! part: the shard's rows of the embedding) and `IB` (its backward part). The all-reduce
+//! barriers that join the ranks are dependencies of the simulator (simulate.hpp).
 //! Weight updates are not actions: in a versioned schedule (`schedule::versioned`) a `W` or
 //! `BW` may carry `action::update`, the stage's optimizer step right after it.
-enum class op : std::uint8_t { F, B, W, BW, FB, send, recv, offload, reload };
+enum class op : std::uint8_t { F, B, W, BW, FB, send, recv, offload, reload, S, T, IF, IB };
 
 //! What a send/recv carries: the activation produced by `F(stage, mb)` or the input gradient
 //! produced by the backward of `(stage, mb)`.
@@ -82,6 +89,12 @@ constexpr action offload_to_host(int mb, int stage) { return {.kind = op::offloa
 //! its backward.
 constexpr action reload_from_host(int mb, int stage) { return {.kind = op::reload, .mb = mb, .stage = stage}; }
 
+//! A vocabulary-parallel pass (`S`, `T`, `IF` or `IB`) of microbatch `mb` on vocabulary shard
+//! `shard` (the rank's index).
+constexpr action vocab_pass(op kind, int mb, int shard) { return {.kind = kind, .mb = mb, .stage = shard}; }
+
+//! True for the vocabulary-parallel passes (`S`, `T`, `IF`, `IB`).
+constexpr bool is_vocab(op k) { return k == op::S || k == op::T || k == op::IF || k == op::IB; }
 //! True for the point-to-point transfers that `lower` inserts (`send`, `recv`).
 constexpr bool is_transfer(op k) { return k == op::send || k == op::recv; }
 //! True for the host copies of an offloaded activation (`offload`, `reload`).
@@ -92,7 +105,7 @@ constexpr bool is_compute(op k) { return !is_transfer(k) && !is_host_copy(k); }
 constexpr bool is_input_backward(op k) { return k == op::B || k == op::BW; }
 
 //! The op's name as used in JSON and CSV: `F`, `B`, `W`, `BW`, `FB`, `SEND`, `RECV`, `OFFLOAD`,
-//! `RELOAD`.
+//! `RELOAD`, `S`, `T`, `IF`, `IB`.
 constexpr std::string_view to_string(op k) {
   switch (k) {
     case op::F: return "F";
@@ -104,12 +117,16 @@ constexpr std::string_view to_string(op k) {
     case op::recv: return "RECV";
     case op::offload: return "OFFLOAD";
     case op::reload: return "RELOAD";
+    case op::S: return "S";
+    case op::T: return "T";
+    case op::IF: return "IF";
+    case op::IB: return "IB";
   }
   return "?";
 }
 
 //! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`, `OFF3@s1`
-//! (offload), `REL3@s1` (reload); a version
+//! (offload), `REL3@s1` (reload), `S3@v1` (a vocabulary pass on shard 1); a version
 //! other than 0 is appended as `/v2`, an update as `+u` (`BW3@s1/v2+u`).
 constexpr text to_string(const action& a) {
   using detail::to_text;
@@ -127,6 +144,10 @@ constexpr text to_string(const action& a) {
              to_text(a.mb) + "@s" + to_text(a.stage) + (a.kind == op::send ? " ->r" : " <-r") + to_text(a.peer) + ")";
     case op::offload: return "OFF" + to_text(a.mb) + "@s" + to_text(a.stage);
     case op::reload: return "REL" + to_text(a.mb) + "@s" + to_text(a.stage);
+    case op::S:
+    case op::T:
+    case op::IF:
+    case op::IB: return text(to_string(a.kind)) + to_text(a.mb) + "@v" + to_text(a.stage);
     default: return one(a.kind, a.mb, a.stage);
   }
 }

@@ -17,6 +17,7 @@
 //! `message_bytes` in bytes (so that `beta` is time per byte).
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "loom/schedule/error.hpp"
@@ -57,6 +58,9 @@ struct cost_model {
   link_cost intra{};               //!< between ranks of one node
   link_cost inter{};               //!< between ranks of different nodes
   link_cost host{};                //!< each rank's link to host memory, one copy per direction at a time (offload/reload)
+  //! Vocabulary parallelism: one microbatch's `S`, `T` and each input-layer pass (`IF`, `IB`) on
+  //! one rank's shard (as `costs::s`, `t`, `e`).
+  double vocab_s = 0, vocab_t = 0, vocab_e = 0;
   int ranks_per_node = 0;          //!< pipeline ranks per node (rank r is on node r / ranks_per_node); 0: one node
   double mem_w_ratio = 1;          //!< the Zero Bubble paper's M_W / M_B (as `costs::mem_w_ratio`)
 
@@ -71,6 +75,9 @@ struct cost_model {
                                .activation_bytes = q});
     m.intra = m.inter = {.alpha = k.c, .beta = 0};
     m.host = {.alpha = 0, .beta = k.h};
+    m.vocab_s = k.s;
+    m.vocab_t = k.t;
+    m.vocab_e = k.e;
     m.mem_w_ratio = k.mem_w_ratio;
     return m;
   }
@@ -116,6 +123,8 @@ constexpr text check_model(const cost_model& m) {
     if (text r = rule(text(name) + ".alpha", l.alpha); !r.empty()) return r;
     if (text r = rule(text(name) + ".beta", l.beta); !r.empty()) return r;
   }
+  for (auto [name, v] : {std::pair<const char*, double>{"vocab.s", m.vocab_s}, {"vocab.t", m.vocab_t}, {"vocab.e", m.vocab_e}})
+    if (text r = rule(name, v); !r.empty()) return r;
   if (m.ranks_per_node < 0) return "cost model: ranks_per_node must be >= 0 (got " + to_text(m.ranks_per_node) + ")";
   if (!(m.mem_w_ratio >= 0 && m.mem_w_ratio <= 1))
     return "cost model: mem_w_ratio must be in [0, 1] (got " + real_text(m.mem_w_ratio) + ")";
@@ -185,6 +194,9 @@ constexpr costs share_costs(const cost_model& m, int P) {
     kept += s.activation_bytes;
   }
   k.h = m.host.time(kept / P);
+  k.s = m.vocab_s;
+  k.t = m.vocab_t;
+  k.e = m.vocab_e;
   k.f /= P;
   k.b /= P;
   k.w /= P;

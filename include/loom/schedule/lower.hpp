@@ -45,6 +45,7 @@ constexpr schedule lower(const schedule& s) {
   out.steps = s.steps;
   out.version_slots = s.version_slots;
   out.stash = s.stash;
+  out.vocab = s.vocab;
   out.programs.resize(uP);
 
   // Pass 1: the send order on every channel (items as codes cell * 2 + payload), each item's

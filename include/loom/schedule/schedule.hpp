@@ -64,6 +64,12 @@ struct schedule {
   //! the same weight version (weight stashing); false where the rule reads the latest weights at
   //! every action (pipelined backpropagation, Kosson et al. 2021).
   bool stash = true;
+  //! Vocabulary parallelism (Yeung et al., MLSys 2025): 0 none; 1 or 2, every rank holds one shard
+  //! of the output layer and of the input embedding and runs the passes `S`, `T`, `IF`, `IB` of
+  //! every microbatch (action.hpp); the last stage's backward of a microbatch waits for the
+  //! all-reduce after its `T` passes (1: Algorithm 1, two barriers) or after its `S` passes (2:
+  //! Algorithm 2, backward fusion, one barrier).
+  int vocab = 0;
 
   //! Direction (path) of microbatch `mb`.
   constexpr int direction_of(int mb) const {

@@ -48,7 +48,9 @@ inline constexpr long long max_actions = 7 * max_shape_cells;
 //! dependent actions on different ranks; `fb` the time of an overlapped forward+backward pair
 //! for that share (negative: the sum of its parts); `mem_w_ratio` the Zero Bubble paper's
 //! M_W/M_B, the fraction of an activation that lives until W; `h` the time of one copy of that
-//! share's activation between device and host memory, one way (`offload`/`reload` actions).
+//! share's activation between device and host memory, one way (`offload`/`reload` actions);
+//! `s`, `t`, `e` the vocabulary-parallel passes of one microbatch on one rank's shard (`S`, `T`,
+//! and each of `IF` and `IB`).
 struct costs {
   double f = 1;
   double b = 1;
@@ -57,11 +59,14 @@ struct costs {
   double fb = -1;
   double mem_w_ratio = 1;
   double h = 0;
+  double s = 0;
+  double t = 0;
+  double e = 0;
   friend constexpr bool operator==(const costs&, const costs&) = default;
 };
 
 namespace detail {
-//! The rule `k` breaks, or "": `f`, `b`, `w`, `c` and `h` finite and >= 0, `fb` finite (negative: the
+//! The rule `k` breaks, or "": `f`, `b`, `w`, `c`, `h`, `s`, `t` and `e` finite and >= 0, `fb` finite (negative: the
 //! sum of its parts), `mem_w_ratio` (`mem-w-ratio` in messages, as on the CLI) in [0, 1]. `simulate` and the cost-aware generators throw
 //! `config_error` with it.
 constexpr text check_costs(const costs& k) {
@@ -74,6 +79,9 @@ constexpr text check_costs(const costs& k) {
   if (text r = rule("w", k.w); !r.empty()) return r;
   if (text r = rule("c", k.c); !r.empty()) return r;
   if (text r = rule("h", k.h); !r.empty()) return r;
+  if (text r = rule("s", k.s); !r.empty()) return r;
+  if (text r = rule("t", k.t); !r.empty()) return r;
+  if (text r = rule("e", k.e); !r.empty()) return r;
   if (!finite(k.fb)) return "cost fb must be finite (negative: the sum of its parts) (got fb=" + real_text(k.fb) + ")";
   if (!(k.mem_w_ratio >= 0 && k.mem_w_ratio <= 1))
     return "mem-w-ratio must be in [0, 1] (got mem-w-ratio=" + real_text(k.mem_w_ratio) + ")";

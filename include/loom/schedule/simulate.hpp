@@ -23,6 +23,14 @@
 //! (`cost_model`: `host.time(activation_bytes)` of the stage). The input backward of an offloaded
 //! `(s,j)` also waits for the end of its reload. The action's `action_time` is the copy's.
 //!
+//! Vocabulary parallelism (`schedule::vocab` 1 or 2; Yeung et al., MLSys 2025): `IF(j)` waits for
+//! nothing; `F(0,j)` waits for the all-reduce of every rank's `IF(j)`; `S(j)` waits for
+//! `F(S-1,j)` (its output is broadcast to every rank); `T(j)` waits for the barrier after every
+//! rank's `S(j)`; the backward of `(S-1,j)` waits for that barrier (Vocab-2) or for the barrier
+//! after every rank's `T(j)` (Vocab-1); `IB(j)` waits for the input backward of `(0,j)`. A barrier
+//! or broadcast between ranks adds `c` (`cost_model`: `intra.alpha`). The passes last `s`, `t`,
+//! `e` (`cost_model::vocab_s`, ...), count as busy, and hold no activation of the memory model.
+//!
 //! Memory (unit: activations of one microbatch through one rank's share): `F` allocates `q`,
 //! `B` releases `(1-r)q`, `W` releases `rq`, `BW` releases `q`, with `q = P/S` and
 //! `r = mem_w_ratio`; the peak is the maximum live sum in program order. An offload releases the
@@ -95,6 +103,10 @@ constexpr double duration(const action& a, const costs& k, double q) {
     case op::FB: return k.fb >= 0 ? q * k.fb : q * (k.f + bwd(a.bkind));
     case op::offload:
     case op::reload: return q * k.h;
+    case op::S: return k.s;
+    case op::T: return k.t;
+    case op::IF:
+    case op::IB: return k.e;
     default: return 0;
   }
 }
@@ -115,9 +127,17 @@ constexpr text waited_for(const schedule& s, const action& a, bool backward_half
   auto at = [&](text what, int stage) {
     return what + " (rank " + to_text(s.rank_of(mb, stage)) + ")";
   };
+  const int last = s.stages - 1;
+  if (k == op::S) return at(to_string(forward(mb, last)), last);
+  if (k == op::T) return "the S passes of mb " + to_text(mb) + " on every rank (their barrier)";
+  if (k == op::IB) return at("the input backward of mb " + to_text(mb) + " stage 0", 0);
+  if (k == op::F && st == 0 && s.vocab != 0) return "the IF passes of mb " + to_text(mb) + " on every rank (their all-reduce)";
   if (k == op::F) return at(to_string(forward(mb, st - 1)), st - 1);
   if (k == op::W) return at(to_string(backward_input(mb, st)), st);
-  if (st == s.stages - 1) return at(to_string(forward(mb, st)), st);
+  if (st == last && s.vocab != 0)
+    return "the " + text(s.vocab == 1 ? "T" : "S") + " passes of mb " + to_text(mb) + " on every rank (their barrier), after " +
+           at(to_string(forward(mb, st)), st);
+  if (st == last) return at(to_string(forward(mb, st)), st);
   return at("the backward of mb " + to_text(mb) + " stage " + to_text(st + 1), st + 1);
 }
 
@@ -201,6 +221,10 @@ struct uniform_cost_view {
   constexpr double update(int /*st*/) const { return 0; }
   //! Time of one host copy (offload or reload) of stage `st`'s activation.
   constexpr double copy(int /*st*/) const { return q * k.h; }
+  //! Time of a vocabulary-parallel pass (`S`, `T`, `IF`, `IB`) on one rank's shard.
+  constexpr double vocab(op kind) const { return kind == op::S ? k.s : kind == op::T ? k.t : k.e; }
+  //! Latency of a barrier or broadcast that joins the ranks (vocabulary parallelism).
+  constexpr double collective() const { return k.c; }
   //! Memory a forward of stage `st` allocates.
   constexpr double alloc(int /*st*/) const { return q; }
   //! Memory an action of `kind` of stage `st` releases.
@@ -233,6 +257,8 @@ struct staged_cost_view {
   }
   constexpr double update(int st) const { return m.stages[static_cast<std::size_t>(st)].update; }
   constexpr double copy(int st) const { return m.host.time(m.stages[static_cast<std::size_t>(st)].activation_bytes); }
+  constexpr double vocab(op kind) const { return kind == op::S ? m.vocab_s : kind == op::T ? m.vocab_t : m.vocab_e; }
+  constexpr double collective() const { return m.intra.alpha; }
   constexpr double alloc(int st) const { return m.stages[static_cast<std::size_t>(st)].activation; }
   constexpr double release(op kind, int st) const {
     const double a = m.stages[static_cast<std::size_t>(st)].activation;
@@ -292,6 +318,21 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
     cp.releases.resize(uP);
     cp.drained.assign(uP, 0);
   };
+  // Vocabulary parallelism: per microbatch, how many ranks ran each pass and when the last ended.
+  struct vocab_state {
+    int count[4] = {0, 0, 0, 0};  // S, T, IF, IB
+    double end[4] = {-1, -1, -1, -1};
+  };
+  std::vector<vocab_state> vs(s.vocab != 0 ? static_cast<std::size_t>(M) : 0);
+  const double coll = s.vocab != 0 ? view.collective() : 0;
+  auto vocab_index = [](op k) { return k == op::S ? 0 : k == op::T ? 1 : k == op::IF ? 2 : 3; };
+  // The barrier after every rank's pass `k` of `mb`: its end, or -1 while a rank has not run it.
+  auto barrier = [&](op k, int mb) -> double {
+    const vocab_state& v = vs[static_cast<std::size_t>(mb)];
+    const int i = vocab_index(k);
+    if (v.count[i] < P) return -1.0;
+    return P > 1 ? v.end[i] + coll : v.end[i];
+  };
   // Releases the activations of rank `ur`'s offloads whose copy has ended by time `t`.
   auto drain = [&](std::size_t ur, double t) {
     auto const& rl = cp.releases[ur];
@@ -314,9 +355,17 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
   };
   // Earliest start of one half (kind, mb, st) on `rank`, or -1 if a dependency is pending.
   auto ready = [&](op kind, int mb, int st, int rank) -> double {
+    if (is_vocab(kind)) {
+      if (kind == op::IF) return 0;
+      if (kind == op::T) return barrier(op::S, mb);
+      const int from = kind == op::S ? rank_of(mb, S - 1) : rank_of(mb, 0);
+      const double e = kind == op::S ? done[idx(mb, S - 1)].f : done[idx(mb, 0)].bwd;
+      if (e < 0) return -1.0;
+      return from != rank ? e + coll : e;
+    }
     const cell_state& here = done[idx(mb, st)];
     if (kind == op::F) {
-      if (st == 0) return 0;
+      if (st == 0) return s.vocab != 0 ? barrier(op::IF, mb) : 0;
       const double e = done[idx(mb, st - 1)].f;
       if (e < 0) return -1.0;
       const int from = rank_of(mb, st - 1);
@@ -332,21 +381,38 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
         own = cp.rel[c] > own ? cp.rel[c] : own;
       }
     }
-    if (st == S - 1) return own;
+    if (st == S - 1) {
+      if (s.vocab == 0) return own;
+      const double v = barrier(s.vocab == 1 ? op::T : op::S, mb);  // the output layer's input gradient
+      if (v < 0) return -1.0;
+      return v > own ? v : own;
+    }
     const double e = done[idx(mb, st + 1)].bwd;
     if (e < 0) return -1.0;
     const int from = rank_of(mb, st + 1);
     const double t = from != rank ? e + view.hop(from, rank, st) : e;
     return t > own ? t : own;
   };
+  auto wake_all = [&] {
+    for (int w = 0; w < P; ++w) wake(w);
+  };
   auto finish = [&](op kind, int mb, int st, double end) {
+    if (is_vocab(kind)) {
+      vocab_state& v = vs[static_cast<std::size_t>(mb)];
+      const int i = vocab_index(kind);
+      v.end[i] = end > v.end[i] ? end : v.end[i];
+      if (++v.count[i] == P) wake_all();  // a barrier completed
+      return;
+    }
     cell_state& here = done[idx(mb, st)];
     if (kind == op::F) {
       here.f = end;
       if (st + 1 < S) wake(rank_of(mb, st + 1));
+      else if (s.vocab != 0) wake_all();  // every rank's S waits for the last stage's output
     } else if (kind == op::B || kind == op::BW) {
       here.bwd = end;
       if (st > 0) wake(rank_of(mb, st - 1));
+      else if (s.vocab != 0) wake_all();  // every rank's IB waits for the first stage's input gradient
     }
   };
   while (!work.empty()) {
@@ -397,9 +463,12 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
         continue;
       }
       const bool fb = a.kind == op::FB;
-      if (!in_range(a.mb, a.stage) || (fb && !in_range(a.bmb, a.bstage))) {
-        out.error = "rank " + to_text(rank) + ", position " + to_text(static_cast<long long>(i)) +
-                    ": action " + to_string(a) + " names a microbatch or stage out of range";
+      const bool vp = is_vocab(a.kind);
+      if (vp ? (s.vocab == 0 || static_cast<unsigned>(a.mb) >= static_cast<unsigned>(M) || static_cast<unsigned>(a.stage) >= static_cast<unsigned>(P))
+             : (!in_range(a.mb, a.stage) || (fb && !in_range(a.bmb, a.bstage)))) {
+        out.error = "rank " + to_text(rank) + ", position " + to_text(static_cast<long long>(i)) + ": action " + to_string(a) +
+                    (vp && s.vocab == 0 ? " is a vocabulary pass, but the schedule is not vocabulary-parallel (vocab = 0)"
+                                        : " names a microbatch or stage out of range");
         return out;
       }
       double t = ready(fb ? op::F : a.kind, a.mb, a.stage, rank);
@@ -414,19 +483,21 @@ constexpr simulation simulate_with(const schedule& s, const View& view) {
       // An update carried by the action (a versioned schedule's optimizer step) runs right after
       // it on the same rank: its time extends the action (what depends on the action's output
       // waits for the update too, as the executor runs them: the send follows both).
-      const double d = (fb ? view.fused(a) : view.plain(a.kind, a.stage)) + (a.update ? view.update(a.stage) : 0.0);
+      const double d = vp ? view.vocab(a.kind) : (fb ? view.fused(a) : view.plain(a.kind, a.stage)) + (a.update ? view.update(a.stage) : 0.0);
       const double end = start + d;
       times[i] = {start, end};
       if (first[ur] < 0) first[ur] = start;
       t_free = end;
       out.busy[ur] += d;
-      // Memory in program order.
-      if (a.kind == op::F || fb) {
-        live[ur] += view.alloc(a.stage);
-        if (live[ur] > out.peak_activation[ur]) out.peak_activation[ur] = live[ur];
-        if (fb) live[ur] -= view.release(a.bkind, a.bstage);
-      } else {
-        live[ur] -= view.release(a.kind, a.stage);
+      // Memory in program order (the vocabulary passes hold none of the model's activations).
+      if (!vp) {
+        if (a.kind == op::F || fb) {
+          live[ur] += view.alloc(a.stage);
+          if (live[ur] > out.peak_activation[ur]) out.peak_activation[ur] = live[ur];
+          if (fb) live[ur] -= view.release(a.bkind, a.bstage);
+        } else {
+          live[ur] -= view.release(a.kind, a.stage);
+        }
       }
       if (fb) {
         finish(op::F, a.mb, a.stage, end);

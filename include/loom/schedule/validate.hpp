@@ -27,6 +27,9 @@
 //!  6. host copies: an `offload` of (mb, stage) runs on the stage's rank after its `F` and before
 //!     its input backward, at most once; a `reload` follows the offload, before the input
 //!     backward, at most once; the input backward of an offloaded activation follows its reload.
+//!  7. vocabulary passes (`schedule::vocab` 1 or 2, one direction): rank r runs `S`, `T`, `IF`,
+//!     `IB` of every microbatch on shard r, once each; a schedule with `vocab` 0 has none. Their
+//!     barriers are dependencies of rule 3 (simulate.hpp), checked for lowered programs too.
 //! Errors name the rank, the position and the action, and render the offending grid.
 
 #include <cstddef>
@@ -158,7 +161,7 @@ constexpr validation replay_lowered(const schedule& s) {
     while (pos[ur] < prog.size()) {
       const std::size_t at = pos[ur];
       const action& a = prog[at];
-      if (is_host_copy(a.kind)) {  // rule 6's business
+      if (is_host_copy(a.kind) || is_vocab(a.kind)) {  // rules 6 and 7 (and 3 for the vocabulary barriers)
         ++pos[ur];
         continue;
       }
@@ -273,7 +276,7 @@ constexpr validation check_structure(const schedule& s) {
     auto const& prog = s.programs[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i < prog.size(); ++i) {
       const action& a = prog[i];
-      if (!is_compute(a.kind)) continue;
+      if (!is_compute(a.kind) || is_vocab(a.kind)) continue;  // vocabulary passes: rule 7
       if (a.kind == op::FB) {
         if (!is_input_backward(a.bkind)) return fail_at(s, r, i, "the backward half of an FB must be B or BW");
         if (!note(r, op::F, a.mb, a.stage)) return refusal(r, i, op::F, a.mb, a.stage);
@@ -308,6 +311,46 @@ constexpr validation check_structure(const schedule& s) {
 }  // namespace detail
 
 namespace detail {
+//! Rule 7: vocabulary passes (see the file comment).
+constexpr validation check_vocab(const schedule& s) {
+  using detail::to_text;
+  const int P = s.ranks, M = s.microbatches;
+  if (s.vocab == 0) {
+    for (int r = 0; r < P; ++r)
+      for (std::size_t i = 0; i < s.programs[static_cast<std::size_t>(r)].size(); ++i)
+        if (is_vocab(s.programs[static_cast<std::size_t>(r)][i].kind))
+          return fail_at(s, r, i, "is a vocabulary pass, but the schedule is not vocabulary-parallel (vocab = 0)");
+    return {};
+  }
+  if (s.vocab != 1 && s.vocab != 2) return {false, "vocab must be 0, 1 or 2 (got " + to_text(s.vocab) + ")"};
+  if (s.directions != 1) return {false, "a vocabulary-parallel schedule has one direction (got " + to_text(s.directions) + ")"};
+  constexpr const char* names[4] = {"S", "T", "IF", "IB"};
+  auto bit_of = [](op k) { return k == op::S ? 1 : k == op::T ? 2 : k == op::IF ? 4 : 8; };
+  std::vector<unsigned char> seen(static_cast<std::size_t>(M) * static_cast<std::size_t>(P), 0);
+  for (int r = 0; r < P; ++r) {
+    auto const& prog = s.programs[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const action& a = prog[i];
+      if (!is_vocab(a.kind)) continue;
+      if (static_cast<unsigned>(a.mb) >= static_cast<unsigned>(M))
+        return fail_at(s, r, i, "microbatch " + to_text(a.mb) + " is out of range (microbatches=" + to_text(M) + ")");
+      if (a.stage != r)
+        return fail_at(s, r, i, "runs a pass of vocabulary shard " + to_text(a.stage) + ", but rank " + to_text(r) + " holds shard " + to_text(r));
+      unsigned char& c = seen[cell(a.mb, r, M)];
+      const int bit = bit_of(a.kind);
+      if (c & bit) return fail_at(s, r, i, "runs " + to_string(a) + " a second time");
+      c = static_cast<unsigned char>(c | bit);
+    }
+  }
+  for (int r = 0; r < P; ++r)
+    for (int mb = 0; mb < M; ++mb)
+      for (int k = 0; k < 4; ++k)
+        if (!(seen[cell(mb, r, M)] & (1 << k)))
+          return {false, "rank " + to_text(r) + " runs no " + text(names[k]) + " of microbatch " + to_text(mb) +
+                             " (a vocabulary-parallel schedule runs S, T, IF and IB of every microbatch on every rank)\n" + format_programs(s)};
+  return {};
+}
+
 //! Rule 6: host copies (see the file comment). Assumes rules 1-2 hold.
 constexpr validation check_copies(const schedule& s) {
   using detail::to_text;
@@ -479,6 +522,7 @@ constexpr validation validate(const schedule& s) {
   }
   if (!lowered) {
     if (validation v = detail::check_structure(s); !v.ok) return v;
+    if (validation v = detail::check_vocab(s); !v.ok) return v;
     if (validation v = detail::check_copies(s); !v.ok) return v;
     simulation sim = simulate(s);  // rule 3
     if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
@@ -488,10 +532,16 @@ constexpr validation validate(const schedule& s) {
   // rule in order (structure, then dependencies, then the replay's own finding).
   validation v = detail::replay_lowered(s);
   if (v.ok) {
+    if (validation c = detail::check_vocab(s); !c.ok) return c;
     if (validation c = detail::check_copies(s); !c.ok) return c;
+    if (s.vocab != 0) {  // the vocabulary barriers are not in the lowered replay: rule 3
+      simulation sim = simulate(s);
+      if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};
+    }
     return detail::check_versions(s);
   }
   if (validation sv = detail::check_structure(s); !sv.ok) return sv;
+  if (validation c = detail::check_vocab(s); !c.ok) return c;
   if (validation c = detail::check_copies(s); !c.ok) return c;
   simulation sim = simulate(s);
   if (!sim.ok) return {false, sim.error + "\n" + format_programs(s, sim.stuck_rank, sim.stuck_pos)};

@@ -267,6 +267,10 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
         give(li, out ? stash_pool : host_stash_pool);
         break;
       }
+      case op::S:
+      case op::T:
+      case op::IF:
+      case op::IB: throw config_error("the buffer plan does not hold vocabulary passes (" + to_string(a) + ") yet");
     }
   }
   // Two copies on different ranks: the buffers received from the other copy after the step.

@@ -1,0 +1,256 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! 1F1B with vocabulary parallelism (Yeung, Qi, Lin, Wan, "Balancing Pipeline Parallelism with
+//! Vocabulary Parallelism", MLSys 2025, arXiv 2411.05288): the input embedding and the output
+//! layer are split by vocabulary rows over all p ranks instead of sitting on the first and the
+//! last. Every rank runs, per microbatch, the output layer's `S` and `T` passes and the input
+//! layer's `IF` and `IB` passes on its shard (action.hpp), joined by all-reduce barriers
+//! (simulate.hpp). Two variants: `1f1b-vocab-1` (Algorithm 1, two barriers: the last stage's
+//! backward waits for the `T` passes) and `1f1b-vocab-2` (Algorithm 2, backward fusion, one
+//! barrier: it waits for the `S` passes). Their activation memory is p + 2 and p + 1 microbatches
+//! (1F1B: p) on the first rank, p - r + 2 and p - r + 1 on rank r; their bubble is 1F1B's.
+//!
+//! The rule is the authors' generator, `forward_backward_pipelining_with_vocab_parallel`
+//! (sail-sg/VocabularyParallelism, `megatron/core/pipeline_parallel/vocab_parallel_schedule.py`,
+//! commit 6191c3bf), which loom rewrites from the rule, keeping the order of the compute passes
+//! (the collectives and point-to-point transfers are loom's lowering's and simulator's business):
+//! - **Placement of the output layer.** From the forward time f and the full backward time b
+//!   (loom: `b + w`; the authors' default f = 1, b = 2 is loom's unit costs), a walk from the last
+//!   rank up gives each rank a kind, BSF (its lm-head step between a backward and the next
+//!   forward) or BFS (after the forward), and an offset of its `S` from the last rank's: going up
+//!   one rank subtracts f while the offset stays >= -b, else the rank is BFS and the next one BSF
+//!   at offset + b - f. `nws[r]`, the lm-head steps between rank r's warm-up forwards and its first
+//!   backward, grows by one per rank going up except from a BFS rank to the BSF rank above it.
+//! - **lm-head step k** (k = 0..m, on every rank): `T(k-1)` (k > 0), then `S(k)` (k < m).
+//! - **Rank r** runs, with o = 1 for Vocab-1 and 0 for Vocab-2, W = p - r warm-up forwards,
+//!   R = m - W - 1 - o steady iterations and m - R cool-down iterations:
+//!   1. r + 1 `IF`s; then W times `IF`, `F`;
+//!   2. step 0, (Vocab-1: `IF`), `F(W)`, (Vocab-1: step 1, `F(W+1)`);
+//!   3. `nws[r]` steps, each followed by an `IF` from step `nws[0] + o` on;
+//!   4. steady: the backward of the oldest microbatch, then the next forward; a BSF rank runs a
+//!      step after the backward, a BFS rank after the forward, each followed by an `IF` (from step
+//!      `nws[0] + o` on) and by the `IB` begun in that iteration (from step `nws[0] + 2 + o` on);
+//!   5. cool-down: the remaining backwards, each with a step while steps remain (Vocab-1 runs step
+//!      m here) and its `IB`;
+//!   6. the remaining `IB`s, then (Vocab-2) step m: `T(m-1)`.
+//! ctest checks the per-rank orders against the authors' generator's on p in {2, 4, 8}, m in
+//! {p + 1 + o, 2p, 4p} and (f, b) in {(1, 1), (1, 2), (1, 3)} (tests/schedule/data/vocab_reference.txt).
+//!
+//! Shapes: p >= 2 ranks, one chunk, m >= p + 1 + o microbatches (below that the authors'
+//! generator issues the input layer's forward of a microbatch that does not exist). Not in the
+//! default registry yet: the executor does not run the vocabulary passes (docs/vocab.md).
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/schedule/family.hpp"
+#include "loom/schedule/schedule.hpp"
+
+namespace loom {
+
+namespace detail {
+
+//! The output layer's placement on each rank (see the file comment): BSF (true) or BFS, the
+//! offset of its `S` from the last rank's, and the lm-head steps before its first backward.
+struct vocab_placement {
+  std::vector<char> bsf;
+  std::vector<double> offset;
+  std::vector<int> warmup_steps;
+};
+
+constexpr vocab_placement place_vocab(int p, double f, double b) {
+  vocab_placement v;
+  double offset = 0;
+  v.bsf.push_back(1);  // the last rank
+  v.offset.push_back(0);
+  while (static_cast<int>(v.bsf.size()) < p) {
+    if (offset - f >= -b) {
+      offset -= f;
+      v.bsf.push_back(1);
+      v.offset.push_back(offset);
+    } else {
+      v.bsf.push_back(0);
+      v.offset.push_back(offset);
+      offset += b - f;
+      v.bsf.push_back(1);
+      v.offset.push_back(offset);
+    }
+  }
+  v.bsf.resize(static_cast<std::size_t>(p));
+  v.offset.resize(static_cast<std::size_t>(p));
+  std::reverse(v.bsf.begin(), v.bsf.end());
+  std::reverse(v.offset.begin(), v.offset.end());
+  v.warmup_steps.assign(static_cast<std::size_t>(p), 0);
+  for (int r = p - 2; r >= 0; --r) {
+    const auto u = static_cast<std::size_t>(r);
+    v.warmup_steps[u] = !v.bsf[u + 1] && v.bsf[u] ? v.warmup_steps[u + 1] : v.warmup_steps[u + 1] + 1;
+  }
+  return v;
+}
+
+//! The shape rule of `1f1b-vocab-<variant>`.
+constexpr text check_vocab_1f1b(std::string_view name, int variant, shape s) {
+  if (text r = check_basic(name, s, 1); !r.empty()) return r;
+  if (s.ranks < 2) return text(name) + " needs ranks >= 2 (vocabulary parallelism splits the vocabulary over them; got ranks=" + to_text(s.ranks) + ")";
+  const int least = s.ranks + 1 + (variant == 1 ? 1 : 0);
+  if (s.microbatches < least)
+    return text(name) + " needs microbatches >= ranks + " + to_text(least - s.ranks) + " = " + to_text(least) +
+           " (its warm-up runs that many input-layer passes; got microbatches=" + to_text(s.microbatches) + ")";
+  return {};  // loom's size limits: `check` adds them
+}
+
+//! 1F1B with vocabulary parallelism, Algorithm `variant` (1 or 2), under costs `k` (see the file
+//! comment).
+constexpr schedule vocab_1f1b(std::string_view name, int variant, shape s, const costs& k) {
+  const int p = s.ranks, m = s.microbatches, o = variant == 1 ? 1 : 0;
+  schedule out = make_schedule(name, s, p, placement_kind::loop);
+  out.vocab = variant;
+  const double f = k.f, b = k.b + k.w;
+  const vocab_placement v = place_vocab(p, f, b);
+  const int nws0 = v.warmup_steps[0];
+  for (int r = 0; r < p; ++r) {
+    const auto u = static_cast<std::size_t>(r);
+    auto& prog = out.programs[u];
+    prog.reserve(static_cast<std::size_t>(6 * m + 2));
+    const bool bsf = v.bsf[u] != 0;
+    const bool early = bsf || v.offset[u] - f > -b;  // an iteration's input backward begins before its backward
+    const int W = p - r, R = m - W - 1 - o, C = m - R;
+    int next_if = 0, next_ib = 0, step = 0;
+    auto input_forward = [&] {
+      if (next_if < m) prog.push_back(vocab_pass(op::IF, next_if++, r));
+    };
+    auto lm_head = [&] {  // step `step`: T of the previous microbatch, S of this one
+      if (step > 0) prog.push_back(vocab_pass(op::T, step - 1, r));
+      if (step < m) prog.push_back(vocab_pass(op::S, step, r));
+      ++step;
+    };
+    auto step_with_input = [&] {  // a step, then an input forward once they have begun
+      const bool with_if = step >= nws0 + o;
+      lm_head();
+      if (with_if) input_forward();
+    };
+    auto begin_ib = [&] { return step >= nws0 + 2 + o && next_ib < m ? next_ib++ : -1; };
+    auto run_ib = [&](int& ib) {
+      if (ib >= 0) prog.push_back(vocab_pass(op::IB, ib, r));
+      ib = -1;
+    };
+    // 1. The input layer's prologue and the warm-up forwards.
+    for (int i = 0; i <= r; ++i) input_forward();
+    for (int i = 0; i < W; ++i) {
+      input_forward();
+      prog.push_back(forward(i, r));
+    }
+    // 2. The first lm-head step(s).
+    lm_head();
+    if (o) input_forward();
+    prog.push_back(forward(W, r));
+    if (o) {
+      lm_head();
+      prog.push_back(forward(W + 1, r));
+    }
+    // 3. The warm-up lm-head steps.
+    for (int i = 0; i < v.warmup_steps[u]; ++i) step_with_input();
+    // 4. Steady state: one backward, one forward.
+    for (int i = 0; i < R; ++i) {
+      int ib = early ? begin_ib() : -1;
+      prog.push_back(backward(i, r));
+      if (bsf) {
+        step_with_input();
+        run_ib(ib);
+      } else if (!early) {
+        ib = begin_ib();
+      }
+      prog.push_back(forward(i + W + 1 + o, r));
+      if (!bsf) {
+        step_with_input();
+        run_ib(ib);
+      }
+    }
+    // 5. Cool-down: the remaining backwards with the remaining steps.
+    for (int i = 0; i < C; ++i) {
+      const bool steps_left = step <= m - 1 + o;
+      int ib = early ? begin_ib() : -1;
+      prog.push_back(backward(R + i, r));
+      if (!early) ib = begin_ib();
+      if (steps_left) lm_head();
+      run_ib(ib);
+    }
+    // 6. The remaining input backwards, then (Vocab-2) the T of the last microbatch.
+    while (next_ib < m) prog.push_back(vocab_pass(op::IB, next_ib++, r));
+    if (!o) lm_head();
+  }
+  return out;
+}
+
+}  // namespace detail
+
+//! How a vocabulary of `vocab` rows splits over `p` pipeline ranks of `tp` tensor-parallel ranks
+//! each, by the authors' rule (sail-sg/VocabularyParallelism at 6191c3bf:
+//! `megatron/training/tokenizer/tokenizer.py` `_vocab_size_with_padding`, the assertion in
+//! `megatron/training/arguments.py`, `VocabUtility` in `megatron/core/tensor_parallel/utils.py`):
+//! the vocabulary is padded to the smallest multiple of `divisor` x `tp` (Megatron's
+//! `make_vocab_size_divisible_by`, 128 by default), `divisor` must be a multiple of `tp` x `p` so
+//! that the padded size splits exactly, and shard `i` = `pp_rank * tp + tp_rank` holds the
+//! contiguous rows [i `rows`, (i + 1) `rows`). The padding rows take part in the softmax like any
+//! other (the authors mask none). `ok` false: `error` is the rule broken, in one line.
+struct vocab_split {
+  bool ok = false;
+  text error;
+  long long padded = 0;  //!< the padded vocabulary
+  long long rows = 0;    //!< rows per shard
+};
+
+//! The split of `vocab` rows over `p` x `tp` shards (see `vocab_split`).
+constexpr vocab_split split_vocabulary(long long vocab, int p, int tp = 1, int divisor = 128) {
+  vocab_split out;
+  using detail::to_text;
+  if (vocab < 1) {
+    out.error = "vocabulary parallelism needs a vocabulary of at least 1 row (got " + to_text(vocab) + ")";
+    return out;
+  }
+  if (p < 1 || tp < 1 || divisor < 1) {
+    out.error = "vocabulary parallelism needs p, tp and the padding divisor >= 1 (got p=" + to_text(p) + ", tp=" + to_text(tp) +
+                ", divisor=" + to_text(divisor) + ")";
+    return out;
+  }
+  const long long shards = static_cast<long long>(p) * tp;
+  if (divisor % shards != 0) {
+    out.error = "vocabulary parallelism over " + to_text(p) + " x " + to_text(tp) + " ranks pads the vocabulary to a multiple of " +
+                to_text(divisor) + " x tp, which must split into " + to_text(shards) + " equal shards: the padding divisor " +
+                to_text(divisor) + " is not a multiple of " + to_text(shards) + " (use " + to_text(divisor * (shards / std::gcd(static_cast<long long>(divisor), shards))) + ")";
+    return out;
+  }
+  const long long step = static_cast<long long>(divisor) * tp;
+  out.padded = (vocab + step - 1) / step * step;
+  out.rows = out.padded / shards;
+  out.ok = true;
+  return out;
+}
+
+//! 1F1B with vocabulary parallelism, Algorithm `Variant`: 1 (`1f1b-vocab-1`, two barriers;
+//! activation memory p + 2 microbatches) or 2 (`1f1b-vocab-2`, backward fusion, one barrier; p + 1).
+//! Cost-aware: the output layer's placement follows f and b + w.
+template <int Variant>
+  requires(Variant == 1 || Variant == 2)
+struct one_f_one_b_vocab {
+  static constexpr std::string_view name = Variant == 1 ? "1f1b-vocab-1" : "1f1b-vocab-2";
+  static constexpr std::string_view summary =
+      Variant == 1 ? "1F1B with vocabulary parallelism, Algorithm 1: input and output layers split over every rank, two barriers (Yeung et al. 2025)"
+                   : "1F1B with vocabulary parallelism, Algorithm 2: input and output layers split over every rank, one barrier (Yeung et al. 2025)";
+  constexpr text check(shape s) const { return detail::check_vocab_1f1b(name, Variant, s); }
+  constexpr schedule generate(shape s) const { return detail::vocab_1f1b(name, Variant, s, {}); }
+  constexpr schedule generate(shape s, const generate_options& o) const { return detail::vocab_1f1b(name, Variant, s, o.cost); }
+};
+//! `1f1b-vocab-1`: Algorithm 1.
+using one_f_one_b_vocab_1 = one_f_one_b_vocab<1>;
+//! `1f1b-vocab-2`: Algorithm 2.
+using one_f_one_b_vocab_2 = one_f_one_b_vocab<2>;
+static_assert(cost_aware_family<one_f_one_b_vocab_1> && cost_aware_family<one_f_one_b_vocab_2>);
+
+}  // namespace loom
