@@ -46,6 +46,8 @@ loom::action_time time_of(const loom::schedule& s, const loom::simulation& sim, 
 // The whole pipeline at compile time: Vocab-2 on 4 ranks holds p + 1 = 5 microbatches on rank 0.
 static_assert(loom::summarize(loom::one_f_one_b_vocab_2{}, {.ranks = 4, .microbatches = 8}).peak_activation_rank0 == 5);
 static_assert(loom::summarize(loom::one_f_one_b_vocab_1{}, {.ranks = 4, .microbatches = 8}).peak_activation_rank0 == 6);
+// V-Half with vocabulary parallelism, built and simulated by the compiler: (p + 4) / 2 = 4 microbatches.
+static_assert(loom::summarize(loom::v_half_vocab_2{}, {.ranks = 4, .microbatches = 8, .chunks = 2}).peak_activation_rank0 == 4);
 
 TEST_CASE("vocab: the per-rank orders equal the authors' generator's on 246 rank orders") {
   int rows = 0;
@@ -208,4 +210,138 @@ TEST_CASE("vocab: the vocabulary splits over the ranks by the authors' padding r
         "the padding divisor 128 is not a multiple of 3 (use 384)");
   CHECK(loom::split_vocabulary(50257, 3, 1, 384).padded == 50304);
   CHECK(std::string(loom::split_vocabulary(0, 4).error) == "vocabulary parallelism needs a vocabulary of at least 1 row (got 0)");
+}
+
+namespace {
+
+// The authors' V-Half names: f/b/w for chunk 0 (stage r), F/B/W for chunk 1, S, T, IF, IB.
+std::string v_name(const loom::action& a, int r) {
+  const bool chunk0 = a.stage == r;
+  std::string out;  // appends only: GCC 12's -Wrestrict misfires on assigning literals at -O3
+  switch (a.kind) {
+    case loom::op::F: out.push_back(chunk0 ? 'f' : 'F'); break;
+    case loom::op::B: out.push_back(chunk0 ? 'b' : 'B'); break;
+    case loom::op::W: out.push_back(chunk0 ? 'w' : 'W'); break;
+    default: out.append(loom::to_string(a.kind)); break;
+  }
+  out += std::to_string(a.mb);
+  return out;
+}
+
+loom::schedule v_vocab(int variant, int p, int m) {
+  const loom::shape s{.ranks = p, .microbatches = m, .chunks = 2};
+  return variant == 1 ? loom::generate(loom::v_half_vocab_1{}, s) : loom::generate(loom::v_half_vocab_2{}, s);
+}
+
+}  // namespace
+
+TEST_CASE("vocab: V-Half's per-rank orders equal the authors' v-half-vocab generator's on 84 rank orders") {
+  int rows = 0;
+  for (const std::string& line : loom_ref::data_lines(LOOM_SOURCE_DIR "/tests/schedule/data/vocab_v_half_reference.txt")) {
+    std::istringstream in(line.substr(0, line.find(':')));
+    int variant = 0, p = 0, m = 0, r = 0;
+    char c = 0;
+    in >> variant >> c >> p >> c >> m >> c >> r;
+    CAPTURE(line.substr(0, line.find(':')));
+    if (variant == 1 && m < std::max(3, p / 2 + 1)) {  // the authors' p = 2, m = 2 order deadlocks: loom refuses the shape
+      CHECK_FALSE(loom::check(loom::v_half_vocab_1{}, {.ranks = p, .microbatches = m, .chunks = 2}).empty());
+      CHECK_FALSE(loom::validate(loom::detail::vocab_v_half("v-half-vocab-1", 1, {.ranks = p, .microbatches = m, .chunks = 2})).ok);
+      ++rows;
+      continue;
+    }
+    const loom::schedule s = v_vocab(variant, p, m);
+    std::string got;
+    for (const auto& a : s.programs[static_cast<std::size_t>(r)]) {
+      if (!got.empty()) got += ' ';
+      got += v_name(a, r);
+    }
+    CHECK(got == line.substr(line.find(':') + 2));
+    ++rows;
+  }
+  CHECK(rows == 84);
+}
+
+TEST_CASE("vocab: V-Half peaks at p + 6 (Vocab-1) and p + 4 (Vocab-2) chunks on every rank, V-Half's p + 2 plus 2 and 1 microbatches") {
+  int shapes = 0;
+  for (int p : {2, 4, 6, 8, 12, 16})
+    for (int m : {2 * p, 3 * p, 4 * p}) {
+      const loom::shape sh{.ranks = p, .microbatches = m, .chunks = 2};
+      const auto plain = loom::simulate(loom::generate(loom::v_half{}, sh));
+      double extra[2] = {0, 0};
+      for (int variant : {1, 2}) {
+        CAPTURE(p);
+        CAPTURE(m);
+        CAPTURE(variant);
+        const loom::schedule s = v_vocab(variant, p, m);
+        const auto v = loom::validate(s);
+        REQUIRE_MESSAGE(v.ok, std::string(v.message));
+        CHECK(loom::validate(loom::lower(s)).ok);
+        const auto sim = loom::simulate(s);
+        for (int r = 0; r < p; ++r) {
+          // Chunk activations are half a microbatch: (p + 6) / 2 and (p + 4) / 2 microbatches. One
+          // exception, the authors' generator's too: Vocab-1 with p = 2, m = 4 peaks at 7, 8 chunks.
+          const bool short_run = variant == 1 && p == 2 && m == 4 && r == 0;
+          CHECK(sim.peak_activation[static_cast<std::size_t>(r)] == (short_run ? 3.5 : (p + (variant == 1 ? 6 : 4)) / 2.0));
+          CHECK(plain.peak_activation[static_cast<std::size_t>(r)] == (p + 2) / 2.0);
+        }
+        extra[variant - 1] = sim.makespan - plain.makespan;
+        CHECK(extra[variant - 1] > 0);
+        ++shapes;
+      }
+      CHECK(extra[0] > extra[1]);  // Algorithm 1's second barrier costs more delay
+      // The delay is a constant of p: the same for every m.
+      const loom::shape twice{.ranks = p, .microbatches = m + 2 * p, .chunks = 2};
+      const double plain_twice = loom::simulate(loom::generate(loom::v_half{}, twice)).makespan;
+      CHECK(loom::simulate(v_vocab(1, p, m + 2 * p)).makespan - plain_twice == doctest::Approx(extra[0]));
+      CHECK(loom::simulate(v_vocab(2, p, m + 2 * p)).makespan - plain_twice == doctest::Approx(extra[1]));
+    }
+  CHECK(shapes == 36);
+}
+
+TEST_CASE("vocab: V-Half's shape rule is exactly where the authors' rule stops deadlocking, for every even p up to 32") {
+  for (int variant : {1, 2})
+    for (int p = 2; p <= 32; p += 2) {
+      CAPTURE(variant);
+      CAPTURE(p);
+      const int least = variant == 1 ? std::max(3, p / 2 + 1) : 2;
+      const loom::shape below{.ranks = p, .microbatches = least - 1, .chunks = 2}, at{.ranks = p, .microbatches = least, .chunks = 2};
+      const std::string_view name = variant == 1 ? "v-half-vocab-1" : "v-half-vocab-2";
+      CHECK_FALSE(loom::validate(loom::detail::vocab_v_half(name, variant, below)).ok);
+      CHECK(loom::validate(loom::detail::vocab_v_half(name, variant, at)).ok);
+      auto refused = [&](loom::shape sh) {
+        return variant == 1 ? !loom::check(loom::v_half_vocab_1{}, sh).empty() : !loom::check(loom::v_half_vocab_2{}, sh).empty();
+      };
+      CHECK(refused(below));
+      CHECK_FALSE(refused(at));
+    }
+  auto rule = [](auto family, loom::shape s) { return std::string(loom::check(family, s)); };
+  CHECK(rule(loom::v_half_vocab_2{}, {.ranks = 3, .microbatches = 8, .chunks = 2}) ==
+        "v-half-vocab-2 needs an even number of ranks >= 2 (the authors' generator issues rank 0's chunk-0 forward of microbatch p/2 + 1 "
+        "before that microbatch's input-layer pass when p is odd; got ranks=3)");
+  CHECK(rule(loom::v_half_vocab_1{}, {.ranks = 8, .microbatches = 4, .chunks = 2}) ==
+        "v-half-vocab-1 needs microbatches >= 5 = max(3, ranks/2 + 1) (with fewer, the authors' rule times the last microbatch's T passes "
+        "after rank 0's last-stage backward, which waits for them; got microbatches=4)");
+  CHECK(rule(loom::v_half_vocab_2{}, {.ranks = 4, .microbatches = 8}) == "v-half-vocab-2 runs exactly 2 chunk(s) per rank (got chunks=1)");
+  // Odd p: the order the rule would give deadlocks on rank 0's first forwards.
+  CHECK_FALSE(loom::validate(loom::detail::vocab_v_half("v-half-vocab-2", 2, {.ranks = 5, .microbatches = 10, .chunks = 2})).ok);
+}
+
+TEST_CASE("vocab: in V-Half the loss is on rank 0, so every rank's S waits for rank 0's last-stage forward") {
+  const loom::schedule s = v_vocab(2, 4, 8);
+  const loom::costs k{.c = 0.25, .s = 0.5, .t = 0.5, .e = 0.25};
+  const auto sim = loom::simulate(s, k);
+  REQUIRE(sim.ok);
+  auto at = [&](int r, loom::op kind, int mb, int stage) {
+    auto const& prog = s.programs[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < prog.size(); ++i)
+      if (prog[i].kind == kind && prog[i].mb == mb && (stage < 0 || prog[i].stage == stage)) return sim.times[static_cast<std::size_t>(r)][i];
+    FAIL("rank " << r << " runs no " << loom::to_string(kind) << mb);
+    return loom::action_time{};
+  };
+  double s_done = 0;
+  for (int r = 0; r < 4; ++r) {
+    CHECK(at(r, loom::op::S, 5, -1).start >= at(0, loom::op::F, 5, 7).end + (r != 0 ? k.c : 0));
+    s_done = std::max(s_done, at(r, loom::op::S, 5, -1).end);
+  }
+  CHECK(at(0, loom::op::B, 5, 7).start >= s_done + k.c);  // the last stage's input backward: barrier 1 (Vocab-2)
 }

@@ -12,6 +12,8 @@
 //! backward waits for the `T` passes) and `1f1b-vocab-2` (Algorithm 2, backward fusion, one
 //! barrier: it waits for the `S` passes). Their activation memory is p + 2 and p + 1 microbatches
 //! (1F1B: p) on the first rank, p - r + 2 and p - r + 1 on rank r; their bubble is 1F1B's.
+//! The same passes in V-Half, `v-half-vocab-1` and `v-half-vocab-2` (`v_half_vocab`, the authors'
+//! `v-half-vocab` branch), are at the end of this file.
 //!
 //! The rule is the authors' generator, `forward_backward_pipelining_with_vocab_parallel`
 //! (sail-sg/VocabularyParallelism, `megatron/core/pipeline_parallel/vocab_parallel_schedule.py`,
@@ -51,6 +53,7 @@
 
 #include "loom/schedule/family.hpp"
 #include "loom/schedule/schedule.hpp"
+#include "loom/schedule/v_block.hpp"
 
 namespace loom {
 
@@ -188,6 +191,175 @@ constexpr schedule vocab_1f1b(std::string_view name, int variant, shape s, const
   return out;
 }
 
+
+//! The shape rule of `v-half-vocab-<variant>`.
+constexpr text check_vocab_v_half(std::string_view name, int variant, shape s) {
+  if (text r = check_v_shape(name, s); !r.empty()) return r;
+  if (s.ranks < 2 || s.ranks % 2 != 0)
+    return text(name) + " needs an even number of ranks >= 2 (the authors' generator issues rank 0's chunk-0 forward of microbatch p/2 + 1 "
+                        "before that microbatch's input-layer pass when p is odd; got ranks=" + to_text(s.ranks) + ")";
+  const int least = variant == 1 ? std::max(3, s.ranks / 2 + 1) : 2;
+  if (s.microbatches < least)
+    return text(name) + " needs microbatches >= " + to_text(least) +
+           (variant == 1 ? text(" = max(3, ranks/2 + 1)") : text("")) +
+           " (with fewer, the authors' rule times the last microbatch's " + text(variant == 1 ? "T" : "S") +
+           " passes after rank 0's last-stage backward, which waits for them; got microbatches=" + to_text(s.microbatches) + ")";
+  return {};
+}
+
+//! V-Half with vocabulary parallelism, Algorithm `variant` (see `v_half_vocab`): the rule of the
+//! authors' generator (sail-sg/zero-bubble-pipeline-parallelism, branch `v-half-vocab`, commit
+//! 92895b9a, `megatron/core/pipeline_parallel/zerobubble/scheduler/`), rewritten from the rule:
+//!  1. the V-Half building block (`zbv_greedy.py` `stable_pattern_v_half`) with its backward offset
+//!     I = 3 (even p) grown by 6 for vocabulary parallelism and by 6 more for Algorithm 1: rank r
+//!     runs f, F, B, b of microbatch j in slots 2r, 3p - r - 2, 3p + I + 2r - 1, 6p + I - r - 2,
+//!     plus 6j;
+//!  2. the weight passes in the rank's free slots, a pending chunk-1 W before a pending chunk-0 W,
+//!     each chunk's in microbatch order, the rest after the last slot (`put_w`, split);
+//!  3. each rank runs its passes in slot order; their start times are those of that order run as
+//!     early as dependencies allow with every pass 1000 units and a hop between ranks 1
+//!     (`passes.py` `add_time`);
+//!  4. the vocabulary passes take times from rank 0's chunk-1 forwards (`add_embedding_passes`):
+//!     with t_S(j) = the end of rank 0's F(j) + 1000 and w = p/2 + 1, S(j) at t_S(j), T(j) at
+//!     t_S(j + 1) (the last at t_S(m - 1) + 4000), IF(j) first for j < w and at t_S(j - w) after,
+//!     IB(j) at t_S(j + w + 2) for j < m - w - 2 and after every transformer pass for the rest;
+//!  5. each rank's order is all its passes sorted by start time, ties kept in the order
+//!     transformer passes, IF, T, S, IB (`communication.py` `reorder_communication`).
+constexpr schedule vocab_v_half(std::string_view name, int variant, shape s) {
+  const int p = s.ranks, m = s.microbatches;
+  using time = long long;
+  constexpr time pass = 1000, hop = 1;
+  const int I = (p % 2 == 0 ? 3 : 0) + 6 + (variant == 1 ? 6 : 0);
+  // 1. The building block, microbatch j shifted by 6j.
+  v_timetable tt(p, m);
+  for (int r = 0; r < p; ++r) {
+    const int o[4] = {2 * r, 3 * p - r - 2, 3 * p + I + 2 * r - 1, 6 * p + I - r - 2};
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < m; ++j) tt.at(r, k, j) = o[k] + 6 * j;
+  }
+  // 2. The weight passes: chunk 1's first in every free slot, the rest after the last slot.
+  const v_occupancy occ = v_occupy(tt, 0);
+  for (int r = 0; r < p; ++r) {
+    auto const& row = occ.occ[static_cast<std::size_t>(r)];
+    int pending[2] = {0, 0}, next[2] = {0, 0};  // [0]: chunk 1 (W), [1]: chunk 0 (w)
+    auto place = [&](int which, int slot) {
+      tt.at(r, which == 0 ? v_w1 : v_w0, next[which]++) = slot;
+      --pending[which];
+    };
+    int slot = 0;
+    for (; slot < occ.horizon; ++slot) {
+      const int code = row[static_cast<std::size_t>(slot)];
+      if (code >= 0) {
+        if (code / m == v_b1) ++pending[0];
+        if (code / m == v_b0) ++pending[1];
+      } else if (pending[0] > 0) {
+        place(0, slot);
+      } else if (pending[1] > 0) {
+        place(1, slot);
+      }
+    }
+    for (int which = 0; which < 2; ++which)
+      while (pending[which] > 0) place(which, slot++);
+  }
+  // 3. Per-rank slot order, then start times with every pass `pass` long and `hop` between ranks.
+  struct item {
+    time start;
+    int seq, kind, mb;  // kind: a v_pass, or 6 + vocabulary index (IF, T, S, IB)
+  };
+  std::vector<std::vector<item>> order(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    auto& o = order[static_cast<std::size_t>(r)];
+    for (int k = 0; k < 6; ++k)
+      for (int j = 0; j < m; ++j) o.push_back({tt.at(r, k, j), 0, k, j});
+    std::sort(o.begin(), o.end(), [](const item& a, const item& b) { return a.start < b.start; });
+    for (std::size_t i = 0; i < o.size(); ++i) o[i].seq = static_cast<int>(i);
+  }
+  std::vector<time> end(static_cast<std::size_t>(p) * 6 * static_cast<std::size_t>(m), -1);
+  auto end_of = [&](int r, int k, int j) -> time& {
+    return end[(static_cast<std::size_t>(r) * 6 + static_cast<std::size_t>(k)) * static_cast<std::size_t>(m) + static_cast<std::size_t>(j)];
+  };
+  // The pass each one waits for (rank, pass), as in v_timetable::dependency_slot.
+  auto dependency = [&](int r, int k, int& dr, int& dk) {
+    switch (k) {
+      case v_f0: dr = r - 1; dk = v_f0; break;
+      case v_f1: dr = r < p - 1 ? r + 1 : r; dk = r < p - 1 ? v_f1 : v_f0; break;
+      case v_b1: dr = r > 0 ? r - 1 : r; dk = r > 0 ? v_b1 : v_f1; break;
+      case v_b0: dr = r < p - 1 ? r + 1 : r; dk = r < p - 1 ? v_b0 : v_b1; break;
+      case v_w1: dr = r; dk = v_b1; break;
+      default: dr = r; dk = v_b0; break;
+    }
+  };
+  {
+    std::vector<std::size_t> at(static_cast<std::size_t>(p), 0);
+    std::vector<time> clock(static_cast<std::size_t>(p), 0);
+    for (std::size_t left = static_cast<std::size_t>(6 * p * m); left > 0;) {
+      bool moved = false;
+      for (int r = 0; r < p; ++r) {
+        const auto ur = static_cast<std::size_t>(r);
+        while (at[ur] < order[ur].size()) {
+          item& it = order[ur][at[ur]];
+          int dr = -1, dk = 0;
+          dependency(r, it.kind, dr, dk);
+          time t = clock[ur];
+          if (dr >= 0) {
+            const time e = end_of(dr, dk, it.mb);
+            if (e < 0) break;
+            t = std::max(t, dr != r ? e + hop : e);
+          }
+          it.start = t;
+          clock[ur] = end_of(r, it.kind, it.mb) = t + pass;
+          ++at[ur];
+          --left;
+          moved = true;
+        }
+      }
+      if (!moved) throw schedule_error(text(name) + ": internal error, the building block's order deadlocks");
+    }
+  }
+  // 4. The vocabulary passes' times, the same on every rank.
+  std::vector<time> ts(static_cast<std::size_t>(m));
+  for (int j = 0; j < m; ++j) ts[static_cast<std::size_t>(j)] = end_of(0, v_f1, j) + pass;
+  time last_end = 0;
+  for (int r = 0; r < p; ++r)
+    for (const item& it : order[static_cast<std::size_t>(r)]) last_end = std::max(last_end, it.start + pass);
+  const int w = p / 2 + 1;
+  auto vocab_time = [&](int v, int j) -> time {  // v: 0 IF, 1 T, 2 S, 3 IB
+    const auto u = static_cast<std::size_t>(j);
+    switch (v) {
+      case 0: return j < w ? j - m : ts[u - static_cast<std::size_t>(w)];
+      case 1: return j + 1 < m ? ts[u + 1] : ts[u] + 2 * pass + 2 * pass;
+      case 2: return ts[u];
+      default: return j < m - w - 2 ? ts[u + static_cast<std::size_t>(w) + 2] : last_end + j;
+    }
+  };
+  // 5. Every rank's passes by start time, ties in insertion order.
+  schedule out = make_schedule(name, s, 2 * p, placement_kind::v);
+  out.chunks = 2;
+  out.vocab = variant;
+  constexpr op vocab_kinds[4] = {op::IF, op::T, op::S, op::IB};
+  for (int r = 0; r < p; ++r) {
+    auto& o = order[static_cast<std::size_t>(r)];
+    for (int v = 0; v < 4; ++v)
+      for (int j = 0; j < m; ++j) o.push_back({vocab_time(v, j), static_cast<int>(o.size()), 6 + v, j});
+    std::sort(o.begin(), o.end(), [](const item& a, const item& b) { return a.start != b.start ? a.start < b.start : a.seq < b.seq; });
+    auto& prog = out.programs[static_cast<std::size_t>(r)];
+    prog.reserve(o.size());
+    for (const item& it : o) {
+      const int st = it.kind >= 6 ? r : v_chunk(it.kind) == 0 ? r : 2 * p - 1 - r;
+      switch (it.kind) {
+        case v_f0:
+        case v_f1: prog.push_back(forward(it.mb, st)); break;
+        case v_b0:
+        case v_b1: prog.push_back(backward_input(it.mb, st)); break;
+        case v_w0:
+        case v_w1: prog.push_back(backward_weight(it.mb, st)); break;
+        default: prog.push_back(vocab_pass(vocab_kinds[it.kind - 6], it.mb, r)); break;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
 //! How a vocabulary of `vocab` rows splits over `p` pipeline ranks of `tp` tensor-parallel ranks
@@ -252,5 +424,30 @@ using one_f_one_b_vocab_1 = one_f_one_b_vocab<1>;
 //! `1f1b-vocab-2`: Algorithm 2.
 using one_f_one_b_vocab_2 = one_f_one_b_vocab<2>;
 static_assert(cost_aware_family<one_f_one_b_vocab_1> && cost_aware_family<one_f_one_b_vocab_2>);
+
+
+//! V-Half with vocabulary parallelism, Algorithm `Variant` (the authors' `v-half-vocab` branch;
+//! see `detail::vocab_v_half`): `v-half-vocab-1` (two barriers) or `v-half-vocab-2` (one). Two
+//! chunks per rank in the V placement, so rank 0 holds the first and the last transformer layers
+//! (the loss and the roots of the output broadcasts). Activation memory p + 6 (Vocab-1) and p + 4
+//! (Vocab-2) chunk activations on every rank, against V-Half's p + 2 (in microbatches: +2 and +1,
+//! as in 1F1B). Shapes: even p (the authors' generator misplaces rank 0's input layer for odd p),
+//! m >= 2 (Vocab-2) or m >= max(3, p/2 + 1) (Vocab-1): below that the rule deadlocks (checked for
+//! every even p <= 32 in ctest). Uniform costs, as the authors assert: not cost-aware.
+template <int Variant>
+  requires(Variant == 1 || Variant == 2)
+struct v_half_vocab {
+  static constexpr std::string_view name = Variant == 1 ? "v-half-vocab-1" : "v-half-vocab-2";
+  static constexpr std::string_view summary =
+      Variant == 1 ? "V-Half with vocabulary parallelism, Algorithm 1: two chunks per rank, input and output layers split over every rank, two barriers (Yeung et al. 2025)"
+                   : "V-Half with vocabulary parallelism, Algorithm 2: two chunks per rank, input and output layers split over every rank, one barrier (Yeung et al. 2025)";
+  constexpr text check(shape s) const { return detail::check_vocab_v_half(name, Variant, s); }
+  constexpr schedule generate(shape s) const { return detail::vocab_v_half(name, Variant, s); }
+};
+//! `v-half-vocab-1`: Algorithm 1.
+using v_half_vocab_1 = v_half_vocab<1>;
+//! `v-half-vocab-2`: Algorithm 2.
+using v_half_vocab_2 = v_half_vocab<2>;
+static_assert(schedule_family<v_half_vocab_1> && schedule_family<v_half_vocab_2>);
 
 }  // namespace loom
