@@ -317,7 +317,7 @@ constexpr schedule vocab_v_half(std::string_view name, int variant, shape s) {
     }
   }
   // 4. The vocabulary passes' times, the same on every rank.
-  std::vector<time> ts(static_cast<std::size_t>(m));
+  std::vector<time> ts(static_cast<std::size_t>(m), 0);
   for (int j = 0; j < m; ++j) ts[static_cast<std::size_t>(j)] = end_of(0, v_f1, j) + pass;
   time last_end = 0;
   for (int r = 0; r < p; ++r)
