@@ -4,7 +4,9 @@
 // cluster files in docs/plan/), once with everything loom searches and once restricted to what
 // Megatron-LM offered in 2021 (full recomputation, no sequence parallelism, 1F1B and interleaved
 // 1F1B), and where the published (dp, tp, pp) lands in each ranking. The ranking tables are
-// exactly what `loom plan --top 5` prints (tools/loom/plan_io.hpp formats both).
+// exactly what `loom plan --top 5` prints (tools/loom/plan_io.hpp formats both). Then a GPT 70B
+// shape (docs/plan/gpt-70b.model.json) on 64 GPUs with three vocabularies, planned without and
+// with vocabulary parallelism.
 //   g++ -std=c++20 -O2 -Iinclude -Itools/loom -DLOOM_SOURCE_DIR='"."' docs/plan-table.cpp -o /tmp/plan-table && /tmp/plan-table
 #include <cstdio>
 #include <string>
@@ -67,4 +69,30 @@ int main() {
     tables += "\n" + m.name + ", 2021 features, `\"state_bytes_per_param\": 18` in the model file:\n\n" + loom::plan_io::table(old18, 3);
   }
   std::printf("%s%s", summary.c_str(), tables.c_str());
+  // Vocabulary parallelism: the same model with three vocabularies, planned without and with the
+  // vocabulary-parallel families (the schedules searched are narrowed to four cheap ones, so
+  // that this program stays quick; the cost-aware auto-schedulers are left out).
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/docs/plan/";
+  const auto m = loom::plan_io::read_model(dir + "gpt-70b.model.json");
+  const auto c = loom::plan_io::read_cluster(dir + "selene-64.cluster.json");
+  loom::plan_options without;
+  without.families = {"1f1b", "interleaved-1f1b", "zb-h1", "v-half"};
+  loom::plan_options with = without;
+  for (auto const& f : loom::detail::plan_vocab_families) with.families.emplace_back(f.name);
+  auto cell = [](const loom::plan_result& r) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "(%lld, %lld, %lld) %s, %d chunk%s, recompute %s, SP %s | %.2f | %.1f", r.config.dp, r.config.tp,
+                  r.config.pp, loom::plan_io::schedule_label(r.config).c_str(), r.config.chunks, r.config.chunks == 1 ? "" : "s",
+                  loom::to_string(r.config.recompute), r.config.sp ? "on" : "off", r.step_time, r.memory_bytes / (1024.0 * 1024 * 1024));
+    return std::string(buf);
+  };
+  std::printf("\n| vocabulary | best without vocabulary parallelism (dp, tp, pp) | step (s) | memory (GiB) | best with it | step (s) | "
+              "memory (GiB) | step time |\n|---:|:--|---:|---:|:--|---:|---:|---:|\n");
+  for (long long vocab : {32000LL, 128256LL, 256000LL}) {
+    loom::model_desc d = m.desc;
+    d.vocab = vocab;
+    const loom::plan_report a = loom::plan(d, c.desc, without), b = loom::plan(d, c.desc, with);
+    std::printf("| %lld | %s | %s | %+.1f%% |\n", vocab, cell(a.ranked.at(0)).c_str(), cell(b.ranked.at(0)).c_str(),
+                100 * (b.ranked.at(0).step_time / a.ranked.at(0).step_time - 1));
+  }
 }

@@ -124,10 +124,31 @@ TEST_CASE("loom plan prints a markdown table of --top rows, and the restricted s
   }
 }
 
+TEST_CASE("loom plan --vocab-parallel adds the vocabulary-parallel families, and --families takes them by name") {
+  const std::string files = "plan --model " + std::string(LOOM_SOURCE_DIR) + "/docs/plan/gpt-70b.model.json --cluster " +
+                            std::string(LOOM_SOURCE_DIR) + "/docs/plan/selene-64.cluster.json --json --top 1000 ";
+  result r = run(files + "--families 1f1b,v-half --recompute selective --sp on --vocab-parallel");
+  REQUIRE(r.status == 0);
+  const auto doc = nlohmann::json::parse(r.out);
+  bool vocab = false, plain = false;
+  for (auto const& x : doc.at("ranking")) {
+    const std::string s = x.at("schedule");
+    CHECK((s == "1f1b" || s == "v-half" || s == "1f1b-vocab-1" || s == "1f1b-vocab-2" || s == "v-half-vocab-1" || s == "v-half-vocab-2"));
+    vocab = vocab || s.find("vocab") != std::string::npos;
+    plain = plain || s.find("vocab") == std::string::npos;
+  }
+  CHECK(vocab);
+  CHECK(plain);
+  CHECK(doc.at("ranking").at(0).at("schedule") == "v-half-vocab-2");  // docs/plan.md: the best at 128256 rows
+  r = run(files + "--families v-half-vocab-1 --recompute selective --sp on");
+  REQUIRE(r.status == 0);
+  for (auto const& x : nlohmann::json::parse(r.out).at("ranking")) CHECK(x.at("schedule") == "v-half-vocab-1");
+}
+
 TEST_CASE("the example files in docs/plan read cleanly") {
-  for (const char* m : {"gpt3-175b", "gpt-145b", "gpt-310b", "mt-nlg-530b", "gpt-1t"})
+  for (const char* m : {"gpt3-175b", "gpt-145b", "gpt-310b", "mt-nlg-530b", "gpt-1t", "gpt-70b"})
     CHECK_NOTHROW(loom::plan_io::read_model(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + m + ".model.json"));
-  for (const char* c : {"selene-1024", "selene-1536", "selene-1920", "selene-2520", "selene-3072"})
+  for (const char* c : {"selene-64", "selene-1024", "selene-1536", "selene-1920", "selene-2520", "selene-3072"})
     CHECK_NOTHROW(loom::plan_io::read_cluster(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + c + ".cluster.json"));
 }
 

@@ -225,3 +225,80 @@ TEST_CASE("a search larger than loom::max_search_cells is refused before it simu
   CHECK(rep.cells > 0);
   CHECK(rep.cells <= loom::max_search_cells);
 }
+
+TEST_CASE("vocabulary parallelism: the output layer's work and both tables leave the end stages for every rank's S, T, IF and IB") {
+  auto c = small_cluster(8, 4, 16);
+  for (int vocab : {1, 2}) {
+    CAPTURE(vocab);
+    loom::plan_config k{.dp = 1, .tp = 2, .pp = 4, .sp = true, .recompute = loom::recompute_kind::none, .chunks = 1, .microbatches = 64,
+                        .vocab = vocab};
+    const auto cm = loom::plan_cost_model(small, c, k);
+    const auto plain = loom::plan_cost_model(small, c, {.dp = 1, .tp = 2, .pp = 4, .sp = true, .chunks = 1, .microbatches = 64});
+    REQUIRE(cm.stages.size() == 4);
+    // The last stage is a plain one: no logits, no output projection.
+    CHECK(cm.stages[3].f == cm.stages[2].f);
+    CHECK(cm.stages[3].activation == cm.stages[2].activation);
+    CHECK(plain.stages[3].f > cm.stages[3].f);
+    // Parameters on the stages: the layers and the position embedding; the tables are 2 V h / pp per rank.
+    double params = 0;
+    for (auto const& s : cm.stages) params += s.param_bytes;
+    CHECK(close(params, (8 * pf::layer_params(small) + 1024.0 * 1024) * 2 / 2));
+    CHECK(loom::detail::vocab_params_per_rank(small, 4) == 2.0 * 32000 * 1024 / 4);
+    // Each rank's share of the three output GEMMs (2 b s h V / pp each at tp x peak x fraction),
+    // S one (Algorithm 1) or two (Algorithm 2), T the rest, plus the collectives on the intra link
+    // (tp x dp = 2 < 4 GPUs per node: the 4 pipeline ranks span two nodes: the inter link).
+    REQUIRE(cm.ranks_per_node == 2);
+    const double gemm = pf::logit_forward_flops(small) / 4 / (2 * 100e12 * 0.5), x = pf::tp_collective_bytes(small);
+    const double stats = 3.0 * 4 * 1024;
+    const double bcast = loom::detail::broadcast_time(x, 4, c.inter), ar = pf::ring_allreduce_time(x, 4, c.inter);
+    CHECK(close(bcast, 3 * 1e-5 + x / 20e9));
+    CHECK(close(cm.vocab_s, (vocab == 1 ? 1 : 2) * gemm + bcast + pf::ring_allreduce_time(stats, 4, c.inter) + (vocab == 2 ? ar : 0)));
+    CHECK(close(cm.vocab_t, (vocab == 1 ? 2 : 1) * gemm + (vocab == 1 ? ar : 0)));
+    CHECK(close(cm.vocab_e, (ar + bcast) / 2));
+  }
+}
+
+TEST_CASE("vocabulary parallelism: evaluate_plan holds the tables and one S activation on every rank") {
+  auto c = small_cluster(8, 4, 16);
+  loom::plan_config k{.dp = 1, .tp = 2, .pp = 4, .sp = true, .recompute = loom::recompute_kind::selective, .family = "1f1b-vocab-2",
+                      .chunks = 1, .microbatches = 64, .vocab = 2};
+  const auto s = loom::generate(loom::one_f_one_b_vocab_2{}, {.ranks = 4, .microbatches = 64});
+  const auto r = loom::evaluate_plan(small, c, k, s);
+  const auto sim = loom::simulate(s, loom::plan_cost_model(small, c, k));
+  CHECK(r.pipeline_time == sim.makespan);
+  // Rank 0: 2 layers, the position embedding and 1/4 of both tables; p + 1 = 5 microbatches of
+  // its layers, and the S pass's fp32 exponentials of 8000 rows and its s b h input.
+  const double rank0_state = (2 * pf::layer_params(small) + 1024.0 * 1024 + 2.0 * 32000 * 1024 / 4) * 16 / 2;
+  const double rank0_act = 5 * 2 * pf::layer_activation_bytes(small, 2, true, loom::recompute_kind::selective) +
+                           4.0 * 1024 * 32000 / 2 / 4 + 1024.0 * 1024 * 2;
+  CHECK(close(r.state_bytes, rank0_state));
+  CHECK(close(r.activation_bytes, rank0_act));
+}
+
+TEST_CASE("vocabulary parallelism: plan ranks the vocabulary-parallel families, and they change the layout for a large vocabulary") {
+  // docs/plan/gpt-70b.model.json's shape on 64 A100-80GB (docs/plan.md's table).
+  loom::model_desc m{.layers = 80, .hidden = 8192, .heads = 64, .seq = 4096, .vocab = 256000, .micro_batch = 1, .global_batch = 512};
+  const loom::cluster_desc c{.gpus = 64, .gpus_per_node = 8, .memory_bytes = 80.0 * (1LL << 30), .peak_flops = 312e12,
+                             .achievable_fraction = 0.6, .intra = {.alpha = 5e-6, .beta = 4e-12}, .inter = {.alpha = 1e-5, .beta = 4e-11}};
+  loom::plan_options without;
+  without.families = {"1f1b", "interleaved-1f1b", "zb-h1", "v-half"};
+  loom::plan_options with = without;
+  for (auto const& f : loom::detail::plan_vocab_families) with.families.emplace_back(f.name);
+  auto best = [&](const loom::plan_options& o) { return loom::plan(m, c, o).ranked.at(0); };
+  const auto a = best(without), b = best(with);
+  CHECK(b.config.vocab != 0);
+  CHECK(b.step_time < a.step_time);
+  CHECK(b.memory_bytes < a.memory_bytes);
+  CHECK_FALSE((a.config.dp == b.config.dp && a.config.tp == b.config.tp && a.config.pp == b.config.pp));  // another layout
+  // With a small vocabulary the output layer is light: the same best configuration either way.
+  m.vocab = 32000;
+  const auto a32 = best(without), b32 = best(with);
+  CHECK(b32.config == a32.config);
+  // Every ranked vocabulary-parallel configuration keeps to its family's shape rule.
+  m.vocab = 128256;
+  for (const auto& r : loom::plan(m, c, with).ranked)
+    if (r.config.vocab != 0) {
+      CHECK(r.config.pp >= 2);
+      if (r.config.chunks == 2) CHECK(r.config.pp % 2 == 0);
+    }
+}

@@ -1,13 +1,14 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
-// `loom plan --model FILE --cluster FILE [--top N] [--json] [--families LIST] [--recompute LIST]
-// [--sp on|off|both]`: searches dp x tp x pp, Megatron sequence parallelism, activation
+// `loom plan --model FILE --cluster FILE [--top N] [--json] [--families LIST] [--vocab-parallel]
+// [--recompute LIST] [--sp on|off|both]`: searches dp x tp x pp, Megatron sequence parallelism, activation
 // recomputation, schedule family and chunks for a GPT model on a GPU cluster (loom::plan), and
 // prints the fastest configurations that fit in memory as a markdown table (or one JSON object).
 // The files' format is in plan_io.hpp and docs/plan.md. While the search runs longer than a
 // second, a progress line is drawn on stderr when stderr is a terminal (never in pipes or logs).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -24,6 +25,7 @@ namespace {
 struct plan_text {
   std::string model, cluster, top = "5", families, recompute, sp = "both";
   bool json = false;
+  bool vocab_parallel = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -55,6 +57,10 @@ void run_plan(const plan_text& t) {
   if (!t.families.empty()) {
     o.families.clear();
     for (auto const& f : split(t.families)) {
+      if (loom::detail::find_plan_vocab_family(f) != nullptr) {  // vocabulary-parallel: plan only, not in the registry
+        o.families.push_back(f);
+        continue;
+      }
       auto const* e = loom::default_registry().find(f);
       if (e == nullptr) throw loom::cli::usage_error("--families: unknown schedule '" + f + "' (see `loom list`)");
       if (e->multi_step)
@@ -63,6 +69,9 @@ void run_plan(const plan_text& t) {
       o.families.push_back(f);
     }
   }
+  if (t.vocab_parallel)
+    for (auto const& f : loom::detail::plan_vocab_families)
+      if (std::find(o.families.begin(), o.families.end(), f.name) == o.families.end()) o.families.emplace_back(f.name);
   if (!t.recompute.empty()) {
     o.recompute.clear();
     for (auto const& r : split(t.recompute)) {
@@ -132,6 +141,9 @@ loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = []
   sub->add_flag("--json", t->json, "print one JSON object");
   sub->add_option("--families", t->families, "schedule families to try, comma-separated (default: 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-auto, zb-v, v-half, v-min)")
       ->type_name("LIST");
+  sub->add_flag("--vocab-parallel", t->vocab_parallel,
+                "also try vocabulary parallelism: 1f1b-vocab-1, 1f1b-vocab-2, v-half-vocab-1, v-half-vocab-2 (planned and simulated; "
+                "the executor does not run them yet)");
   sub->add_option("--recompute", t->recompute, "recomputation modes to try: none,selective,full (default: all)")->type_name("LIST");
   sub->add_option("--sp", t->sp, "try Megatron sequence parallelism on, off or both (where tp > 1)")
       ->capture_default_str()->type_name("on|off|both");

@@ -33,6 +33,11 @@
 //! `tp x dp > gpus_per_node`, and adjacent pipeline ranks share a node only when
 //! `tp x dp < gpus_per_node`.
 //!
+//! Vocabulary parallelism (Yeung et al., MLSys 2025; `loom/schedule/vocab.hpp`): the families
+//! `1f1b-vocab-1/2` and `v-half-vocab-1/2`, named in `plan_options::families`, spread the
+//! embedding and the output layer over every pipeline rank (`plan_config::vocab`; the cost model's
+//! `vocab_s`, `vocab_t`, `vocab_e` and the tables' parameters on every rank; docs/plan.md).
+//!
 //! "SP" here is Megatron-LM sequence parallelism (Korthikanti et al. 2022, §4.2.2): it reuses the
 //! tensor-parallel group, so it adds no degree to the mesh; it divides activations (and the
 //! pipeline message) by `tp`. Ulysses / context parallelism is not modelled.
@@ -50,6 +55,7 @@
 #include "loom/schedule/error.hpp"
 #include "loom/schedule/registry.hpp"
 #include "loom/schedule/simulate.hpp"
+#include "loom/schedule/vocab.hpp"
 
 namespace loom {
 
@@ -64,6 +70,9 @@ struct plan_config {
   int chunks = 1;                               //!< model chunks per pipeline rank (virtual stages = pp x chunks)
   bool v_placement = false;                     //!< for cost-aware families: V placement (chunks = 2)
   long long microbatches = 1;                   //!< microbatches per step: global_batch / (dp x micro_batch)
+  //! Vocabulary parallelism (`1f1b-vocab-*`, `v-half-vocab-*`): 0 none (the embedding on the first
+  //! stage, the output layer on the last), 1 or 2 the algorithm (the layers split over every rank).
+  int vocab = 0;
   friend bool operator==(const plan_config&, const plan_config&) = default;
 };
 
@@ -84,8 +93,9 @@ struct plan_result {
 
 //! What to search (defaults: everything `plan` knows).
 struct plan_options {
-  //! Families tried (registry names). Cost-aware ones (zb-auto) run on the loop placement with
-  //! one chunk and on the V placement; interleaved-1f1b with every chunk count in
+  //! Families tried (registry names, and the vocabulary-parallel `1f1b-vocab-1/2` and
+  //! `v-half-vocab-1/2`, which are not in the registry). Cost-aware ones (zb-auto) run on the loop
+  //! placement with one chunk and on the V placement; interleaved-1f1b with every chunk count in
   //! [2, max_chunks] that divides the layers per rank; V-placement families with 2 chunks.
   std::vector<std::string> families{"1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-auto", "zb-v", "v-half", "v-min"};
   std::vector<recompute_kind> recompute{recompute_kind::none, recompute_kind::selective, recompute_kind::full};
@@ -164,12 +174,64 @@ constexpr double plan_mem_w_ratio(const model_desc& m, recompute_kind r) {
 }
 
 //! Parameters of virtual stage `st` of `S` (layers split evenly; embeddings on stage 0; the
-//! tied output projection on stage S - 1: Megatron-LM keeps a copy there).
-constexpr double stage_params(const model_desc& m, int st, int S) {
+//! tied output projection on stage S - 1: Megatron-LM keeps a copy there). With vocabulary
+//! parallelism (`vocab` != 0) only the position embedding stays on stage 0: the word embedding and
+//! the (untied) output projection are `vocab_params_per_rank` on every rank.
+constexpr double stage_params(const model_desc& m, int st, int S, int vocab = 0) {
   double p = static_cast<double>(m.layers / S) * plan_formulas::layer_params(m);
+  if (vocab != 0) return st == 0 ? p + static_cast<double>(m.seq) * m.hidden : p;
   if (st == 0) p += plan_formulas::embedding_params(m);
   if (st == S - 1) p += static_cast<double>(m.vocab) * m.hidden;
   return p;
+}
+
+//! Vocabulary parallelism over `pp` pipeline ranks: the word embedding's and the output
+//! projection's rows each rank holds, `2 V h / pp` (the vocabulary paper unties them).
+constexpr double vocab_params_per_rank(const model_desc& m, long long pp) {
+  return 2.0 * static_cast<double>(m.vocab) * static_cast<double>(m.hidden) / static_cast<double>(pp);
+}
+
+//! Vocabulary parallelism: the activation bytes of the output layer's `S` pass on one GPU, alive
+//! until its `T` (one microbatch at a time on every rank: `T(j)` runs before `S(j + 1)`): the fp32
+//! exponentials of the shard's logits, `4 s b V / (tp pp)`, and the received input `s b h`.
+constexpr double vocab_stash_bytes(const model_desc& m, long long tp, long long pp) {
+  return plan_formulas::logit_activation_bytes(m, tp) / static_cast<double>(pp) +
+         static_cast<double>(m.seq) * m.micro_batch * m.hidden * m.bytes_per_element;
+}
+
+//! Time of a broadcast of `bytes` from one of `n` GPUs on link `l`, pipelined: `(n - 1)` steps of
+//! `alpha` and the bytes once through a link. 0 for `n = 1`.
+constexpr double broadcast_time(double bytes, long long n, const link_cost& l) {
+  return n <= 1 ? 0 : static_cast<double>(n - 1) * l.alpha + bytes * l.beta;
+}
+
+//! The vocabulary-parallel families `plan` knows (they are not in the registry: the executor does
+//! not run their passes yet): name, algorithm, chunks per rank (2: V placement).
+struct plan_vocab_family {
+  std::string_view name;
+  int vocab;
+  int chunks;
+};
+inline constexpr plan_vocab_family plan_vocab_families[] = {
+    {"1f1b-vocab-1", 1, 1}, {"1f1b-vocab-2", 2, 1}, {"v-half-vocab-1", 1, 2}, {"v-half-vocab-2", 2, 2}};
+
+//! The vocabulary-parallel family named `name`, or null.
+inline const plan_vocab_family* find_plan_vocab_family(std::string_view name) {
+  for (const plan_vocab_family& f : plan_vocab_families)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+//! The shape rule of vocabulary-parallel family `f`, or "".
+inline std::string check_plan_vocab_family(const plan_vocab_family& f, const shape& s) {
+  if (f.chunks == 1) return std::string(f.vocab == 1 ? check(one_f_one_b_vocab_1{}, s) : check(one_f_one_b_vocab_2{}, s));
+  return std::string(f.vocab == 1 ? check(v_half_vocab_1{}, s) : check(v_half_vocab_2{}, s));
+}
+
+//! Generates vocabulary-parallel family `f` (the 1F1B ones see the average stage costs `u`).
+inline schedule make_plan_vocab_family(const plan_vocab_family& f, const shape& s, const costs& u) {
+  if (f.chunks == 1) return f.vocab == 1 ? generate(one_f_one_b_vocab_1{}, s, {.cost = u}) : generate(one_f_one_b_vocab_2{}, s, {.cost = u});
+  return f.vocab == 1 ? generate(v_half_vocab_1{}, s) : generate(v_half_vocab_2{}, s);
 }
 
 //! Pipeline ranks per node for `cost_model::ranks_per_node` (Megatron rank order: tp, dp, pp).
@@ -201,7 +263,7 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     double b = L * (pf::layer_input_grad_flops(m) + pf::layer_recompute_flops(m, k.recompute));
     double w = L * pf::layer_weight_grad_flops(m);
     double act = L * act_layer;
-    if (st == S - 1) {
+    if (st == S - 1 && k.vocab == 0) {
       f += pf::logit_forward_flops(m);
       b += pf::logit_forward_flops(m);
       w += pf::logit_forward_flops(m);
@@ -212,12 +274,29 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     x.w = w / rate;
     x.activation = act;
     x.message_bytes = pf::p2p_message_bytes(m, k.tp, k.sp);
-    x.param_bytes = detail::stage_params(m, st, S) * m.bytes_per_element / static_cast<double>(k.tp);
+    x.param_bytes = detail::stage_params(m, st, S, k.vocab) * m.bytes_per_element / static_cast<double>(k.tp);
   }
   out.intra = c.intra;
   out.inter = c.inter;
   out.ranks_per_node = detail::pipeline_ranks_per_node(c, k);
   out.mem_w_ratio = detail::plan_mem_w_ratio(m, k.recompute);
+  if (k.vocab != 0) {
+    // Each rank's share of the output layer's three GEMMs (2 b s h V / pp each): S runs one
+    // (Algorithm 1) or two (Algorithm 2, which forms the input gradient early), T the others.
+    // The collectives run on the pipeline ranks' link, not overlapped: S receives the last
+    // stage's output (a broadcast of s b h) and all-reduces 3 fp32 statistics per token
+    // (Algorithm 2: and the s b h input gradient); T (Algorithm 1) all-reduces the s b h input
+    // gradient; IF all-reduces and IB broadcasts the s b h embedding and its gradient (their
+    // lookups are memory-bound and left out).
+    const double P = static_cast<double>(k.pp);
+    const link_cost& l = out.ranks_per_node >= k.pp ? c.intra : c.inter;
+    const double gemm = pf::logit_forward_flops(m) / P / rate, x = pf::tp_collective_bytes(m);
+    const double stats = 3.0 * 4 * static_cast<double>(m.seq) * m.micro_batch;
+    out.vocab_s = (k.vocab == 1 ? 1 : 2) * gemm + detail::broadcast_time(x, k.pp, l) + pf::ring_allreduce_time(stats, k.pp, l) +
+                  (k.vocab == 2 ? pf::ring_allreduce_time(x, k.pp, l) : 0);
+    out.vocab_t = (k.vocab == 1 ? 2 : 1) * gemm + (k.vocab == 1 ? pf::ring_allreduce_time(x, k.pp, l) : 0);
+    out.vocab_e = (pf::ring_allreduce_time(x, k.pp, l) + detail::broadcast_time(x, k.pp, l)) / 2;
+  }
   return out;
 }
 
@@ -236,10 +315,13 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   // Per rank: the parameters of its stages (direction 0 of the placement).
   std::vector<double> params(static_cast<std::size_t>(s.ranks), 0.0);
   for (int st = 0; st < s.stages; ++st)
-    params[static_cast<std::size_t>(s.stage_to_rank[static_cast<std::size_t>(st)])] += detail::stage_params(m, st, s.stages);
-  const double transient = k.recompute == recompute_kind::full
-                               ? pf::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
-                               : 0;
+    params[static_cast<std::size_t>(s.stage_to_rank[static_cast<std::size_t>(st)])] += detail::stage_params(m, st, s.stages, k.vocab);
+  if (k.vocab != 0)
+    for (double& p : params) p += detail::vocab_params_per_rank(m, k.pp);
+  const double transient = (k.recompute == recompute_kind::full
+                                ? pf::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
+                                : 0) +
+                           (k.vocab != 0 ? detail::vocab_stash_bytes(m, k.tp, k.pp) : 0);
   double max_params = 0;
   for (int rk = 0; rk < s.ranks; ++rk) {
     const double p = params[static_cast<std::size_t>(rk)] * s.param_copies;
@@ -284,7 +366,8 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
                          "training: compare asynchronous families with `loom best --steps T`");
   struct candidate {
     plan_config k;
-    const family_entry* e;
+    const family_entry* e;                   // a registry family, or
+    const detail::plan_vocab_family* v;      // a vocabulary-parallel one
   };
   std::vector<candidate> todo;
   const registry& reg = default_registry();
@@ -308,6 +391,21 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
         for (recompute_kind rc : o.recompute) {
           plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb};
           for (const std::string& name : o.families) {
+            if (const detail::plan_vocab_family* vf = detail::find_plan_vocab_family(name); vf != nullptr) {
+              const shape sh{.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = vf->chunks};
+              if (per_rank % vf->chunks != 0 || !detail::check_plan_vocab_family(*vf, sh).empty()) continue;
+              plan_config k = base;
+              k.family = name;
+              k.chunks = vf->chunks;
+              k.v_placement = vf->chunks == 2;
+              k.vocab = vf->vocab;
+              if (min_state > c.usable_bytes()) {
+                ++rep.over_memory;
+                continue;
+              }
+              todo.push_back({k, nullptr, vf});
+              continue;
+            }
             const family_entry* e = reg.find(name);
             if (e == nullptr) throw config_error("plan: unknown schedule family '" + name + "'");
             std::vector<std::pair<int, bool>> variants;  // chunks, v placement
@@ -334,7 +432,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
                 ++rep.over_memory;
                 continue;
               }
-              todo.push_back({k, e});
+              todo.push_back({k, e, nullptr});
             }
           }
         }
@@ -360,7 +458,17 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     const plan_config& k = cd.k;
     const shape sh{.ranks = static_cast<int>(k.pp), .microbatches = static_cast<int>(k.microbatches), .chunks = k.chunks};
     schedule s;
-    if (cd.e->cost_aware) {
+    if (cd.v != nullptr) {
+      // The 1F1B variants place the output layer by the average stage's f and b + w.
+      const cost_model cm = plan_cost_model(m, c, k);
+      costs u{.f = 0, .b = 0, .w = 0};
+      for (auto const& x : cm.stages) {
+        u.f += x.f / static_cast<double>(k.pp);
+        u.b += x.b / static_cast<double>(k.pp);
+        u.w += x.w / static_cast<double>(k.pp);
+      }
+      s = detail::make_plan_vocab_family(*cd.v, sh, u);
+    } else if (cd.e->cost_aware) {
       // Auto-schedulers see the average stage (uniform costs per rank share) and the memory left
       // after the model state, in units of one rank share's activation per microbatch.
       const cost_model cm = plan_cost_model(m, c, k);
