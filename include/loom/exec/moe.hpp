@@ -1,0 +1,282 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! The routing contract of a mixture-of-experts layer (issue 26's first piece): a router over E
+//! experts, top-k choice, capacity and token dropping, the auxiliary load-balancing loss, the
+//! dispatch of kept tokens into per-expert slots and the gate-weighted combine, with the backward
+//! of all of it. The experts between dispatch and combine are the user's kernels; the all-to-alls
+//! that move the slots between expert-parallel ranks come with the `ep` mesh dimension.
+//!
+//! The rules are Tutel's (Hwang et al., MLSys 2023; microsoft/tutel at 82af7aad,
+//! `tutel/impls/fast_dispatch.py` `extract_critical`, `tutel/impls/losses.py` `gshard_loss`,
+//! `tutel/impls/moe_layer.py` `routing`), restated here as equations; loom's code is its own.
+//! For a rank's n tokens with router logits `l[t][e]`:
+//! - **scores** `s[t][e] = softmax_e(l[t])` (Tutel's gate noise is not modelled: 0);
+//! - **choices** `x[t][j]`, j = 0..k-1: the experts of the k largest scores, largest first, ties to
+//!   the lower expert index (torch.topk leaves ties unspecified);
+//! - **gates** `g[t][j] = s[t][x[t][j]]`, and for k > 1 with normalisation
+//!   `g[t][j] / max(sum_i g[t][i], eps)` (eps: the type's epsilon), before any dropping;
+//! - **slots**: choice j of token t takes slot `c[t][j]` = (assignments of all choices i < j to
+//!   that expert, over every token) + (tokens t' < t whose choice j is that expert): every first
+//!   choice is placed before any second choice, each in token order;
+//! - **capacity** C: with capacity factor f > 0, `C = k floor(f ceil(n / E))`; with f = 0, the
+//!   largest load of any expert over the expert-parallel group (nothing is dropped); then rounded
+//!   up to a multiple of the alignment. A pair (t, j) is **dropped** iff `c[t][j] >= C`;
+//! - **auxiliary loss** (GShard's): `l_aux = (E / n^2) sum_e (sum_t s[t][e]) N_e`, N_e the tokens
+//!   whose first choice is e (a count: no gradient flows through it);
+//! - **dispatch**: slot `c[t][j]` of expert `x[t][j]` receives the token's input (unscaled: Tutel's
+//!   post-score mode); empty slots hold 0. **combine**: `y[t] = sum_j g[t][j] out[x[t][j]][c[t][j]]`
+//!   over the kept pairs, j in order.
+//! Negative capacity factors (Tutel's "at most" mode) are refused; top-k above E is refused
+//! (Tutel clamps it silently).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "loom/exec/pattern_math.hpp"
+#include "loom/schedule/error.hpp"
+
+namespace loom {
+
+//! The routing options (see the file comment).
+struct moe_options {
+  int experts = 0;               //!< E
+  int top_k = 1;                 //!< k, 1..E
+  double capacity_factor = 0;    //!< f >= 0; 0: no dropping
+  bool normalize_gate = true;    //!< for k > 1: gates divided by their sum
+  int alignment = 1;             //!< the capacity is rounded up to a multiple of this
+};
+
+//! The rule `o` breaks, in one line, or "".
+inline std::string moe_rule(const moe_options& o) {
+  if (o.experts < 1) return "moe: the number of experts must be >= 1 (got " + std::to_string(o.experts) + ")";
+  if (o.top_k < 1 || o.top_k > o.experts)
+    return "moe: top-k must be between 1 and the number of experts " + std::to_string(o.experts) + " (got " + std::to_string(o.top_k) + ")";
+  if (!std::isfinite(o.capacity_factor) || o.capacity_factor < 0)
+    return "moe: the capacity factor must be a finite number >= 0 (0: no dropping; got " + std::string(detail::real_text(o.capacity_factor)) + ")";
+  if (o.alignment < 1) return "moe: the capacity alignment must be >= 1 (got " + std::to_string(o.alignment) + ")";
+  return {};
+}
+
+//! One rank's routing decisions for n tokens (see the file comment): per token and choice the
+//! expert, the gate and the slot; per expert the load.
+template <class T>
+struct moe_routing {
+  std::size_t tokens = 0;        //!< n
+  int experts = 0;               //!< E
+  int top_k = 1;                 //!< k
+  std::vector<T> scores;         //!< `[n][E]`, the softmax of the logits
+  std::vector<int> expert;       //!< `[n][k]`
+  std::vector<T> gate;           //!< `[n][k]`, normalised when asked
+  std::vector<T> raw_gate;       //!< `[n][k]`, the scores of the choices (before normalisation)
+  std::vector<long long> slot;   //!< `[n][k]`
+  std::vector<long long> load;   //!< `[E]`: assignments of all choices (Tutel's `locations2`)
+  std::vector<long long> first;  //!< `[E]`: tokens whose first choice is the expert (N_e)
+  long long capacity = 0;        //!< C, once `set_capacity` ran
+  //! True when choice `j` of token `t` is kept (its slot is below the capacity).
+  bool kept(std::size_t t, int j) const { return slot[t * static_cast<std::size_t>(top_k) + static_cast<std::size_t>(j)] < capacity; }
+  //! The largest load over the experts (the f = 0 capacity before the group's maximum).
+  long long max_load() const { return load.empty() ? 0 : *std::max_element(load.begin(), load.end()); }
+  //! Dropped (token, choice) pairs.
+  std::size_t dropped() const {
+    std::size_t d = 0;
+    for (std::size_t t = 0; t < tokens; ++t)
+      for (int j = 0; j < top_k; ++j) d += kept(t, j) ? 0 : 1;
+    return d;
+  }
+};
+
+//! The capacity for `n` tokens under `o`; `group_max_load` is the largest expert load over the
+//! expert-parallel group (used when the capacity factor is 0).
+inline long long moe_capacity(const moe_options& o, std::size_t n, long long group_max_load) {
+  long long c = 0;
+  if (o.capacity_factor > 0) {
+    const long long per_expert = (static_cast<long long>(n) + o.experts - 1) / o.experts;
+    c = static_cast<long long>(o.top_k) * static_cast<long long>(std::floor(o.capacity_factor * static_cast<double>(per_expert)));
+  } else {
+    c = group_max_load;
+  }
+  if (const long long r = c % o.alignment; r > 0) c += o.alignment - r;
+  return c;
+}
+
+//! Routes `n` tokens from their router logits `logits` (`[n][E]`): scores, choices, gates, slots
+//! and loads; the capacity is left for `set_capacity` (it may need the group's largest load).
+//! Throws `config_error` for options that break `moe_rule`.
+template <class T>
+moe_routing<T> moe_route(const moe_options& o, std::span<const T> logits) {
+  if (std::string r = moe_rule(o); !r.empty()) throw config_error(r);
+  const auto E = static_cast<std::size_t>(o.experts), k = static_cast<std::size_t>(o.top_k);
+  if (logits.size() % E != 0)
+    throw config_error("moe: " + std::to_string(logits.size()) + " router logits are not a whole number of tokens of " + std::to_string(E) + " experts");
+  moe_routing<T> r;
+  const std::size_t n = logits.size() / E;
+  r.tokens = n;
+  r.experts = o.experts;
+  r.top_k = o.top_k;
+  r.scores.assign(n * E, T{});
+  r.expert.assign(n * k, 0);
+  r.gate.assign(n * k, T{});
+  r.raw_gate.assign(n * k, T{});
+  r.slot.assign(n * k, 0);
+  r.load.assign(E, 0);
+  r.first.assign(E, 0);
+  std::vector<std::size_t> order(E);
+  for (std::size_t t = 0; t < n; ++t) {
+    const T* l = logits.data() + t * E;
+    T* s = r.scores.data() + t * E;
+    T big = l[0];
+    for (std::size_t e = 1; e < E; ++e) big = device_math::max(big, l[e]);
+    T sum{};
+    for (std::size_t e = 0; e < E; ++e) {
+      s[e] = device_math::exp(l[e] - big);
+      sum += s[e];
+    }
+    for (std::size_t e = 0; e < E; ++e) s[e] /= sum;
+    for (std::size_t e = 0; e < E; ++e) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                      [&](std::size_t a, std::size_t b) { return s[a] != s[b] ? s[a] > s[b] : a < b; });
+    T total{};
+    for (std::size_t j = 0; j < k; ++j) {
+      r.expert[t * k + j] = static_cast<int>(order[j]);
+      r.raw_gate[t * k + j] = s[order[j]];
+      total += s[order[j]];
+    }
+    const T denom = std::max(total, std::numeric_limits<T>::epsilon());
+    for (std::size_t j = 0; j < k; ++j) r.gate[t * k + j] = o.normalize_gate && k > 1 ? r.raw_gate[t * k + j] / denom : r.raw_gate[t * k + j];
+    ++r.first[order[0]];
+  }
+  // Slots: choice by choice, tokens in order; a choice starts after every earlier choice's assignments.
+  for (std::size_t j = 0; j < k; ++j)
+    for (std::size_t t = 0; t < n; ++t) {
+      const auto e = static_cast<std::size_t>(r.expert[t * k + j]);
+      r.slot[t * k + j] = r.load[e]++;
+    }
+  return r;
+}
+
+//! Sets the capacity of `r` (see `moe_capacity`).
+template <class T>
+void set_capacity(moe_routing<T>& r, const moe_options& o, long long group_max_load) {
+  r.capacity = moe_capacity(o, r.tokens, group_max_load);
+}
+
+//! GShard's auxiliary load-balancing loss of `r` (see the file comment).
+template <class T>
+T moe_aux_loss(const moe_routing<T>& r) {
+  const auto E = static_cast<std::size_t>(r.experts);
+  const T n = static_cast<T>(r.tokens);
+  T sum{};
+  for (std::size_t e = 0; e < E; ++e) {
+    T me{};
+    for (std::size_t t = 0; t < r.tokens; ++t) me += r.scores[t * E + e];
+    sum += me * static_cast<T>(r.first[e]);
+  }
+  return sum * static_cast<T>(r.experts) / (n * n);
+}
+
+//! Dispatch: `slots` (`[E][C][h]`) receives each kept token's input `x` (`[n][h]`) at its slot;
+//! the other slots are set to 0.
+template <class T>
+void moe_dispatch(const moe_routing<T>& r, std::span<const T> x, std::span<T> slots, std::size_t h) {
+  std::fill(slots.begin(), slots.end(), T{});
+  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
+  for (std::size_t t = 0; t < r.tokens; ++t)
+    for (std::size_t j = 0; j < k; ++j) {
+      if (!r.kept(t, static_cast<int>(j))) continue;
+      const std::size_t at = (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
+      std::copy_n(x.data() + t * h, h, slots.data() + at);
+    }
+}
+
+//! Combine: `y[t] = sum_j g[t][j] out[x[t][j]][c[t][j]]` over the kept pairs (`out` `[E][C][h]`,
+//! `y` `[n][h]`; a token with every choice dropped gets 0).
+template <class T>
+void moe_combine(const moe_routing<T>& r, std::span<const T> out, std::span<T> y, std::size_t h) {
+  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
+  for (std::size_t t = 0; t < r.tokens; ++t) {
+    T* yt = y.data() + t * h;
+    std::fill(yt, yt + h, T{});
+    for (std::size_t j = 0; j < k; ++j) {
+      if (!r.kept(t, static_cast<int>(j))) continue;
+      const T g = r.gate[t * k + j];
+      const T* o = out.data() + (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
+      for (std::size_t i = 0; i < h; ++i) yt[i] += g * o[i];
+    }
+  }
+}
+
+//! Combine's backward: `dout` (`[E][C][h]`, zeroed first) receives `g dy` at each kept slot and
+//! `dgate` (`[n][k]`) the dot products `dy[t] . out[slot]` (0 for dropped pairs).
+template <class T>
+void moe_combine_backward(const moe_routing<T>& r, std::span<const T> out, std::span<const T> dy, std::span<T> dout, std::span<T> dgate,
+                          std::size_t h) {
+  std::fill(dout.begin(), dout.end(), T{});
+  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
+  for (std::size_t t = 0; t < r.tokens; ++t)
+    for (std::size_t j = 0; j < k; ++j) {
+      dgate[t * k + j] = T{};
+      if (!r.kept(t, static_cast<int>(j))) continue;
+      const std::size_t at = (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
+      const T g = r.gate[t * k + j];
+      T d{};
+      for (std::size_t i = 0; i < h; ++i) {
+        dout[at + i] = g * dy[t * h + i];
+        d += dy[t * h + i] * out[at + i];
+      }
+      dgate[t * k + j] = d;
+    }
+}
+
+//! Dispatch's backward: `dx[t] += sum_j dslots[x[t][j]][c[t][j]]` over the kept pairs, j in order.
+template <class T>
+void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, std::span<T> dx, std::size_t h) {
+  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
+  for (std::size_t t = 0; t < r.tokens; ++t)
+    for (std::size_t j = 0; j < k; ++j) {
+      if (!r.kept(t, static_cast<int>(j))) continue;
+      const T* d = dslots.data() + (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
+      for (std::size_t i = 0; i < h; ++i) dx[t * h + i] += d[i];
+    }
+}
+
+//! The router's backward: from the gates' gradient `dgate` (`[n][k]`) and the auxiliary loss's
+//! weight `daux` (d loss / d l_aux), the logits' gradient `dlogits` (`[n][E]`): through the gate
+//! normalisation, the aux loss (`d l_aux / d s[t][e] = E N_e / n^2`) and the softmax.
+template <class T>
+void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span<const T> dgate, T daux, std::span<T> dlogits) {
+  const auto E = static_cast<std::size_t>(r.experts), k = static_cast<std::size_t>(r.top_k);
+  const T n = static_cast<T>(r.tokens);
+  std::vector<T> ds(E);
+  for (std::size_t t = 0; t < r.tokens; ++t) {
+    for (std::size_t e = 0; e < E; ++e) ds[e] = daux * static_cast<T>(r.experts) * static_cast<T>(r.first[e]) / (n * n);
+    const T* raw = r.raw_gate.data() + t * k;
+    const T* dg = dgate.data() + t * k;
+    if (o.normalize_gate && k > 1) {
+      T total{};
+      for (std::size_t j = 0; j < k; ++j) total += raw[j];
+      const bool clamped = total < std::numeric_limits<T>::epsilon();
+      const T denom = clamped ? std::numeric_limits<T>::epsilon() : total;
+      T cross{};  // sum_i dg_i raw_i
+      for (std::size_t j = 0; j < k; ++j) cross += dg[j] * raw[j];
+      for (std::size_t j = 0; j < k; ++j)
+        ds[static_cast<std::size_t>(r.expert[t * k + j])] += dg[j] / denom - (clamped ? T{} : cross / (denom * denom));
+    } else {
+      for (std::size_t j = 0; j < k; ++j) ds[static_cast<std::size_t>(r.expert[t * k + j])] += dg[j];
+    }
+    const T* s = r.scores.data() + t * E;
+    T dot{};
+    for (std::size_t e = 0; e < E; ++e) dot += s[e] * ds[e];
+    for (std::size_t e = 0; e < E; ++e) dlogits[t * E + e] = s[e] * (ds[e] - dot);
+  }
+}
+
+}  // namespace loom
