@@ -8,6 +8,9 @@
 //   train4 - 4 processes: dimensions in pairs (dp x tp, dp x pp, pp x sp, dp x sp, tp x sp).
 //   fault  - 4 processes (pp2 x tp2): one rank's stage throws while its tensor-parallel peer
 //            waits in a collective; every process must end with the same error naming it.
+//   moe    - 4 processes: expert parallelism (loom/exec/moe.hpp) over E in {4, 8}, top-1 and
+//            top-2, capacity factors 0, 0.5 and 1.25, each process with its own tokens and
+//            experts, against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +20,7 @@
 #include <loom/comm/mpi.hpp>
 
 #include "../mesh/mesh_support.hpp"
+#include "../mesh/moe_support.hpp"
 
 namespace {
 
@@ -107,6 +111,30 @@ int mode_fault(loom::mpi::comm& c) {
   return ok ? 0 : 1;
 }
 
+int mode_moe(loom::mpi::comm& c) {
+  loom::counted<loom::mpi::comm> comm(c.split(0, c.rank()));
+  const int ep = comm.size();
+  for (int E : {4, 8})
+    for (int k : {1, 2})
+      for (double f : {0.0, 0.5, 1.25}) {
+        if (E % ep != 0) continue;
+        const auto p = moe_test::make(E, ep, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10) + static_cast<std::uint64_t>(f * 4));
+        const auto want = moe_test::reference(p);
+        loom::comm_counters counts;
+        const auto got = moe_test::ep_run(p, comm, counts);
+        const auto d = moe_test::differences(p, comm.rank(), ep, got, want[static_cast<std::size_t>(comm.rank())], counts);
+        ++runs;
+        if (!d.empty()) {
+          ++failures;
+          std::printf("MISMATCH moe rank %d E=%d k=%d f=%g: %s\n", comm.rank(), E, k, f, d.front().c_str());
+        }
+      }
+  int bad = failures;
+  c.all_reduce(std::span<int>(&bad, 1), loom::reduce_op::sum);
+  failures = bad;
+  return finish(c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,11 +146,12 @@ int main(int argc, char** argv) {
     if (mode == "train8") return mode_train8(c);
     if (mode == "train4") return mode_train4(c);
     if (mode == "fault") return mode_fault(c);
+    if (mode == "moe") return mode_moe(c);
   } catch (const std::exception& e) {
     std::printf("rank %d: %s\n", c.rank(), e.what());
     c.abort_with_cause(std::string("threw: ") + e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: test_mesh_mpi train8|train4|fault\n");
+  std::fprintf(stderr, "usage: test_mesh_mpi train8|train4|fault|moe\n");
   return 2;
 }

@@ -31,6 +31,16 @@
 //!   over the kept pairs, j in order.
 //! Negative capacity factors (Tutel's "at most" mode) are refused; top-k above E is refused
 //! (Tutel clamps it silently).
+//!
+//! **Expert parallelism** (`ep_group`, `ep_to_experts`, `ep_from_experts`): the E experts are
+//! split over the ep ranks of a group, E/ep consecutive experts per rank, and every rank routes
+//! its own tokens. A rank's dispatch buffer `[E][C][h]` is ordered by expert, so one all-to-all
+//! sends each rank the slots of its experts; the rank then holds, per local expert, the slots of
+//! every source rank, `[E/ep][ep][C][h]` (source-major rows: an expert's kernel runs on ep C rows at
+//! once). The combine and both backward exchanges are the same all-to-all. Per MoE layer and
+//! microbatch a rank sends four all-to-alls of E C h elements (dispatch and combine, forward and
+//! backward), `(ep - 1)/ep` of them to other ranks. With a capacity factor of 0 the capacity is the
+//! largest load over the group: one all-reduce (max) of one integer.
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +51,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "loom/comm/communicator.hpp"
 #include "loom/exec/pattern_math.hpp"
 #include "loom/schedule/error.hpp"
 
@@ -277,6 +288,79 @@ void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span
     for (std::size_t e = 0; e < E; ++e) dot += s[e] * ds[e];
     for (std::size_t e = 0; e < E; ++e) dlogits[t * E + e] = s[e] * (ds[e] - dot);
   }
+}
+
+//! An expert-parallel group (see the file comment): its communicator (null or size 1: every expert
+//! on this rank).
+template <class C>
+struct ep_group {
+  C* comm = nullptr;  //!< the ranks holding different experts (and different tokens)
+  //! Ranks in the group.
+  int size() const { return comm == nullptr ? 1 : comm->size(); }
+  //! This rank's index.
+  int rank() const { return comm == nullptr ? 0 : comm->rank(); }
+};
+
+//! The rule `E` experts over a group of `ep` ranks break, in one line, or "".
+inline std::string ep_rule(int experts, int ep) {
+  if (ep < 1) return "moe: the expert-parallel group must have >= 1 rank (got " + std::to_string(ep) + ")";
+  if (experts % ep != 0)
+    return "moe: " + std::to_string(experts) + " experts do not split evenly over " + std::to_string(ep) + " expert-parallel ranks";
+  return {};
+}
+
+//! Sets the capacity of `r` over the group: with a capacity factor of 0 the largest load of any
+//! expert on any rank of the group (an all-reduce of one integer), else from the local tokens.
+template <class C, class T>
+void set_capacity(ep_group<C>& g, moe_routing<T>& r, const moe_options& o) {
+  long long most = r.max_load();
+  if (o.capacity_factor == 0 && g.size() > 1) g.comm->all_reduce(std::span<long long>(&most, 1), reduce_op::max);
+  set_capacity(r, o, most);
+}
+
+namespace detail {
+
+// Moves blocks of `C h` elements between the source-major layout [ep][E/ep][C][h] and the
+// expert-major one [E/ep][ep][C][h] (to_expert_major) or back.
+template <class T>
+void ep_transpose(std::span<const T> from, std::span<T> to, int ep, int local_experts, std::size_t block, bool to_expert_major) {
+  for (int src = 0; src < ep; ++src)
+    for (int e = 0; e < local_experts; ++e) {
+      const std::size_t a = (static_cast<std::size_t>(src) * static_cast<std::size_t>(local_experts) + static_cast<std::size_t>(e)) * block;
+      const std::size_t b = (static_cast<std::size_t>(e) * static_cast<std::size_t>(ep) + static_cast<std::size_t>(src)) * block;
+      std::copy_n(from.data() + (to_expert_major ? a : b), block, to.data() + (to_expert_major ? b : a));
+    }
+}
+
+}  // namespace detail
+
+//! Sends every rank the slots of its experts: `slots` (`[E][C][h]`, this rank's dispatch buffer
+//! or combine gradient) through one all-to-all into `scratch` (the same size), then into `rows`
+//! (`[E/ep][ep][C][h]`: each local expert's slots from every source rank, source-major).
+template <class C, class T>
+void ep_to_experts(ep_group<C>& g, int experts, std::span<const T> slots, std::span<T> scratch, std::span<T> rows) {
+  const int ep = g.size();
+  if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
+  if (ep == 1) {
+    std::copy(slots.begin(), slots.end(), rows.begin());
+    return;
+  }
+  g.comm->all_to_all(slots, scratch);
+  detail::ep_transpose(std::span<const T>(scratch), rows, ep, experts / ep, slots.size() / static_cast<std::size_t>(experts), true);
+}
+
+//! The way back: `rows` (`[E/ep][ep][C][h]`, the local experts' outputs or input gradients) into
+//! `slots` (`[E][C][h]`, indexed by this rank's own tokens' slots), through `scratch`.
+template <class C, class T>
+void ep_from_experts(ep_group<C>& g, int experts, std::span<const T> rows, std::span<T> scratch, std::span<T> slots) {
+  const int ep = g.size();
+  if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
+  if (ep == 1) {
+    std::copy(rows.begin(), rows.end(), slots.begin());
+    return;
+  }
+  detail::ep_transpose(rows, scratch, ep, experts / ep, rows.size() / static_cast<std::size_t>(experts), false);
+  g.comm->all_to_all(std::span<const T>(scratch), slots);
 }
 
 }  // namespace loom

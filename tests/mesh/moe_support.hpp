@@ -1,0 +1,213 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// Expert parallelism's test support (tests/mesh/moe_ep_test.cpp on threads, tests/mesh_mpi on MPI):
+// a small MoE layer with linear experts, the single-process reference holding every expert, and
+// one rank's expert-parallel run over any counted communicator.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/comm/counting.hpp"
+#include "loom/exec/moe.hpp"
+#include "loom/exec/tensor_parallel.hpp"
+
+namespace moe_test {
+
+using vec = std::vector<double>;
+
+inline double val(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 29;
+  return static_cast<double>(x >> 11) / static_cast<double>(1ull << 52) - 1.0;
+}
+
+struct problem {
+  int E = 0, ranks = 0;
+  std::size_t n = 0, h = 0;
+  loom::moe_options o;
+  double lambda = 0.01;
+  std::vector<vec> x, c;  // per rank: tokens [n][h], loss weights [n][h]
+  vec wg, we;             // router [E][h], experts [E][h][h]
+};
+
+inline problem make(int E, int ranks, int k, double f, std::uint64_t seed) {
+  problem p{E, ranks, 10, 4, {.experts = E, .top_k = k, .capacity_factor = f}, 0.01, {}, {}, {}, {}};
+  for (int r = 0; r < ranks; ++r) {
+    vec x(p.n * p.h), c(p.n * p.h);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      x[i] = val(seed + 1 + static_cast<std::uint64_t>(r), i);
+      c[i] = val(seed + 101 + static_cast<std::uint64_t>(r), i);
+    }
+    p.x.push_back(x);
+    p.c.push_back(c);
+  }
+  p.wg.resize(static_cast<std::size_t>(E) * p.h);
+  p.we.resize(static_cast<std::size_t>(E) * p.h * p.h);
+  for (std::size_t i = 0; i < p.wg.size(); ++i) p.wg[i] = 2.5 * val(seed + 7, i);
+  for (std::size_t i = 0; i < p.we.size(); ++i) p.we[i] = val(seed + 9, i);
+  return p;
+}
+
+// What one rank ends with.
+struct rank_result {
+  vec y, dx, dwg;
+  vec dwe;  // its experts' gradients ([E/ep][h][h] with ep; all E in the reference)
+  std::vector<std::pair<int, int>> dropped;
+  long long capacity = 0;
+};
+
+inline std::vector<std::pair<int, int>> dropped_of(const loom::moe_routing<double>& r) {
+  std::vector<std::pair<int, int>> out;
+  for (std::size_t t = 0; t < r.tokens; ++t)
+    for (int j = 0; j < r.top_k; ++j)
+      if (!r.kept(t, j)) out.emplace_back(static_cast<int>(t), j);
+  return out;
+}
+
+// Experts `first .. first + count` on `rows_per_expert` rows each: forward, or input and weight gradients.
+inline void experts_forward(const problem& p, int first, int count, std::size_t rows_per_expert, std::span<const double> in, std::span<double> out) {
+  const std::size_t h = p.h, b = rows_per_expert * h;
+  for (int e = 0; e < count; ++e)
+    loom::linear_kernel::forward(in.subspan(static_cast<std::size_t>(e) * b, b),
+                                 std::span<const double>(p.we).subspan(static_cast<std::size_t>(first + e) * h * h, h * h), std::span<const double>{},
+                                 out.subspan(static_cast<std::size_t>(e) * b, b), rows_per_expert, h, h);
+}
+inline void experts_backward(const problem& p, int first, int count, std::size_t rows_per_expert, std::span<const double> in, std::span<const double> dout,
+                      std::span<double> din, std::span<double> dw) {
+  const std::size_t h = p.h, b = rows_per_expert * h;
+  for (int e = 0; e < count; ++e) {
+    const auto w = std::span<const double>(p.we).subspan(static_cast<std::size_t>(first + e) * h * h, h * h);
+    loom::linear_kernel::backward_input(dout.subspan(static_cast<std::size_t>(e) * b, b), w, din.subspan(static_cast<std::size_t>(e) * b, b),
+                                        rows_per_expert, h, h);
+    loom::linear_kernel::backward_weight(in.subspan(static_cast<std::size_t>(e) * b, b), dout.subspan(static_cast<std::size_t>(e) * b, b),
+                                         dw.subspan(static_cast<std::size_t>(e) * h * h, h * h), std::span<double>{}, rows_per_expert, h, h);
+  }
+}
+
+// Rank r's routing, and the layer's front and back around the experts.
+inline loom::moe_routing<double> route(const problem& p, int r) {
+  const auto E = static_cast<std::size_t>(p.E);
+  vec logits(p.n * E);
+  loom::linear_kernel::forward(std::span<const double>(p.x[static_cast<std::size_t>(r)]), std::span<const double>(p.wg), std::span<const double>{},
+                               std::span<double>(logits), p.n, p.h, E);
+  return loom::moe_route(p.o, std::span<const double>(logits));
+}
+
+inline void router_backward(const problem& p, int r, const loom::moe_routing<double>& rt, std::span<const double> dgate, rank_result& out) {
+  const auto E = static_cast<std::size_t>(p.E);
+  vec dlogits(p.n * E), dxr(p.n * p.h);
+  loom::moe_route_backward(rt, p.o, dgate, p.lambda, std::span<double>(dlogits));
+  loom::linear_kernel::backward_input(std::span<const double>(dlogits), std::span<const double>(p.wg), std::span<double>(dxr), p.n, p.h, E);
+  for (std::size_t i = 0; i < out.dx.size(); ++i) out.dx[i] += dxr[i];
+  out.dwg.assign(E * p.h, 0.0);
+  loom::linear_kernel::backward_weight(std::span<const double>(p.x[static_cast<std::size_t>(r)]), std::span<const double>(dlogits), std::span<double>(out.dwg),
+                                       std::span<double>{}, p.n, p.h, E);
+}
+
+// The reference: one process, every expert, each rank's tokens routed on their own; an expert's
+// weight gradient accumulates over the ranks in rank order (what the expert-parallel rank's
+// source-major rows give).
+inline std::vector<rank_result> reference(const problem& p) {
+  const auto E = static_cast<std::size_t>(p.E);
+  std::vector<loom::moe_routing<double>> rt;
+  long long most = 0;
+  for (int r = 0; r < p.ranks; ++r) {
+    rt.push_back(route(p, r));
+    most = std::max(most, rt.back().max_load());
+  }
+  std::vector<rank_result> out(static_cast<std::size_t>(p.ranks));
+  vec dwe(E * p.h * p.h, 0.0);
+  for (int r = 0; r < p.ranks; ++r) {
+    auto& R = rt[static_cast<std::size_t>(r)];
+    loom::set_capacity(R, p.o, most);
+    const auto C = static_cast<std::size_t>(R.capacity);
+    vec slots(E * C * p.h), eo(E * C * p.h), dout(E * C * p.h), dslots(E * C * p.h), dgate(p.n * static_cast<std::size_t>(p.o.top_k));
+    rank_result& o = out[static_cast<std::size_t>(r)];
+    o.y.assign(p.n * p.h, 0.0);
+    o.dx.assign(p.n * p.h, 0.0);
+    loom::moe_dispatch(R, std::span<const double>(p.x[static_cast<std::size_t>(r)]), std::span<double>(slots), p.h);
+    experts_forward(p, 0, p.E, C, std::span<const double>(slots), std::span<double>(eo));
+    loom::moe_combine(R, std::span<const double>(eo), std::span<double>(o.y), p.h);
+    loom::moe_combine_backward(R, std::span<const double>(eo), std::span<const double>(p.c[static_cast<std::size_t>(r)]), std::span<double>(dout),
+                               std::span<double>(dgate), p.h);
+    experts_backward(p, 0, p.E, C, std::span<const double>(slots), std::span<const double>(dout), std::span<double>(dslots), std::span<double>(dwe));
+    loom::moe_dispatch_backward(R, std::span<const double>(dslots), std::span<double>(o.dx), p.h);
+    router_backward(p, r, R, std::span<const double>(dgate), o);
+    o.dropped = dropped_of(R);
+    o.capacity = R.capacity;
+  }
+  for (auto& o : out) o.dwe = dwe;
+  return out;
+}
+
+// One rank of an expert-parallel layer over `comm` (ep = its size): routing with the group's
+// capacity, dispatch, the local experts, combine, and the backward; `counts` gets the counted
+// communicator's operations from the routing on.
+template <class C>
+rank_result ep_run(const problem& p, C& comm, loom::comm_counters& counts) {
+  loom::ep_group<C> g{&comm};
+  const int r = g.rank(), ep = g.size(), E = p.E, El = E / ep, k = p.o.top_k;
+  comm.reset_counters();
+  auto R = route(p, r);
+  loom::set_capacity(g, R, p.o);
+  const auto C_ = static_cast<std::size_t>(R.capacity);
+  const std::size_t all = static_cast<std::size_t>(E) * C_ * p.h;
+  vec slots(all), scratch(all), xin(all), eo(all), back(all), dout(all), drows(all), din(all), dslots(all);
+  vec dgate(p.n * static_cast<std::size_t>(k));
+  rank_result o;
+  o.y.assign(p.n * p.h, 0.0);
+  o.dx.assign(p.n * p.h, 0.0);
+  o.dwe.assign(static_cast<std::size_t>(El) * p.h * p.h, 0.0);
+  const auto& x = p.x[static_cast<std::size_t>(r)];
+  // Forward: dispatch, to the experts' ranks, the local experts, back, combine.
+  loom::moe_dispatch(R, std::span<const double>(x), std::span<double>(slots), p.h);
+  loom::ep_to_experts(g, E, std::span<const double>(slots), std::span<double>(scratch), std::span<double>(xin));
+  experts_forward(p, r * El, El, static_cast<std::size_t>(ep) * C_, std::span<const double>(xin), std::span<double>(eo));
+  loom::ep_from_experts(g, E, std::span<const double>(eo), std::span<double>(scratch), std::span<double>(back));
+  loom::moe_combine(R, std::span<const double>(back), std::span<double>(o.y), p.h);
+  // Backward: the same exchanges in reverse.
+  loom::moe_combine_backward(R, std::span<const double>(back), std::span<const double>(p.c[static_cast<std::size_t>(r)]), std::span<double>(dout),
+                             std::span<double>(dgate), p.h);
+  loom::ep_to_experts(g, E, std::span<const double>(dout), std::span<double>(scratch), std::span<double>(drows));
+  experts_backward(p, r * El, El, static_cast<std::size_t>(ep) * C_, std::span<const double>(xin), std::span<const double>(drows),
+                   std::span<double>(din), std::span<double>(o.dwe));
+  loom::ep_from_experts(g, E, std::span<const double>(din), std::span<double>(scratch), std::span<double>(dslots));
+  loom::moe_dispatch_backward(R, std::span<const double>(dslots), std::span<double>(o.dx), p.h);
+  router_backward(p, r, R, std::span<const double>(dgate), o);
+  o.dropped = dropped_of(R);
+  o.capacity = R.capacity;
+  counts = comm.counters();
+  return o;
+}
+
+// The differences between rank `r`'s result and the reference's, as sentences (empty: equal bit
+// for bit, and the all-to-all volume is 4 E C h doubles with one all-reduce exactly when f = 0).
+inline std::vector<std::string> differences(const problem& p, int r, int ep, const rank_result& a, const rank_result& b,
+                                            const loom::comm_counters& counts) {
+  std::vector<std::string> out;
+  if (a.capacity != b.capacity) out.push_back("capacity");
+  if (a.dropped != b.dropped) out.push_back("dropped pairs");
+  if (a.y != b.y) out.push_back("output");
+  if (a.dx != b.dx) out.push_back("input gradient");
+  if (a.dwg != b.dwg) out.push_back("router gradient");
+  const std::size_t hh = p.h * p.h, El = static_cast<std::size_t>(p.E / ep);
+  if (a.dwe != vec(b.dwe.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * El * hh),
+                   b.dwe.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * El * hh)))
+    out.push_back("expert gradients");
+  if (ep > 1) {
+    const auto& a2a = counts[loom::comm_op::all_to_all];
+    if (a2a.calls != 4) out.push_back("all-to-all calls " + std::to_string(a2a.calls));
+    if (a2a.bytes != 4 * static_cast<std::uint64_t>(p.E) * static_cast<std::uint64_t>(a.capacity) * p.h * sizeof(double))
+      out.push_back("all-to-all bytes " + std::to_string(a2a.bytes));
+    if (counts[loom::comm_op::all_reduce].calls != (p.o.capacity_factor == 0.0 ? 1u : 0u)) out.push_back("all-reduce calls");
+  }
+  return out;
+}
+
+}  // namespace moe_test
