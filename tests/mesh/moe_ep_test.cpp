@@ -59,3 +59,93 @@ TEST_CASE("moe, expert parallel: experts that do not split over the group are re
                          "moe: 6 experts do not split evenly over 4 expert-parallel ranks", loom::config_error);
   });
 }
+
+TEST_CASE("moe, Pipeline MoE: experts over a tensor-parallel group of 1, 2 and 4 equal one rank holding every expert, with one all-reduce forward") {
+  int cases = 0;
+  for (int tp : {1, 2, 4})
+    for (int E : {4, 8})
+      for (int k : {1, 2})
+        for (double f : {0.0, 0.5, 1.25}) {
+          CAPTURE(tp);
+          CAPTURE(E);
+          CAPTURE(k);
+          CAPTURE(f);
+          const problem p = make(E, 1, k, f, static_cast<std::uint64_t>(tp * 1000 + E * 100 + k * 10 + 5) + static_cast<std::uint64_t>(f * 4));
+          const rank_result want = reference(p)[0];
+          std::vector<rank_result> got(static_cast<std::size_t>(tp));
+          std::vector<loom::comm_counters> counts(static_cast<std::size_t>(tp));
+          loom::run_threads(tp, [&](loom::threads::comm& world) {
+            loom::counted<loom::threads::comm> comm(world.split(0, world.rank()));
+            const auto r = static_cast<std::size_t>(comm.rank());
+            got[r] = tp_run(p, comm, counts[r]);
+          });
+          for (int r = 0; r < tp; ++r) {
+            CAPTURE(r);
+            const auto& a = got[static_cast<std::size_t>(r)];
+            CHECK(a.capacity == want.capacity);
+            CHECK(a.dropped == want.dropped);
+            CHECK(a.y == want.y);
+            CHECK(a.dx == want.dx);
+            CHECK(a.dwg == want.dwg);
+            const std::size_t hh = p.h * p.h, El = static_cast<std::size_t>(E / tp);
+            CHECK(a.dwe == vec(want.dwe.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * El * hh),
+                              want.dwe.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * El * hh)));
+            const auto& c = counts[static_cast<std::size_t>(r)];
+            CHECK(c[loom::comm_op::all_to_all].calls == 0);
+            // Forward: one all-reduce of n h; backward: n h (the input gradient) and n k (the gates).
+            CHECK(c[loom::comm_op::all_reduce].calls == (tp > 1 ? 3u : 0u));
+            CHECK(c[loom::comm_op::all_reduce].bytes == (tp > 1 ? (2 * p.n * p.h + p.n * static_cast<std::size_t>(k)) * sizeof(double) : 0u));
+          }
+          ++cases;
+        }
+  CHECK(cases == 36);
+}
+
+TEST_CASE("moe, expert parallel: the hierarchical all-to-all (2 nodes x 2, 2 x 4, 4 x 2) gives the flat one's results bit for bit") {
+  struct shape {
+    int nodes, per_node;
+  };
+  int cases = 0;
+  for (shape sh : {shape{2, 2}, shape{2, 4}, shape{4, 2}})
+    for (int k : {1, 2})
+      for (double f : {0.0, 0.5}) {
+        const int ep = sh.nodes * sh.per_node, E = 8;
+        CAPTURE(sh.nodes);
+        CAPTURE(sh.per_node);
+        CAPTURE(k);
+        CAPTURE(f);
+        const problem p = make(E, ep, k, f, static_cast<std::uint64_t>(ep * 1000 + k * 10 + 3) + static_cast<std::uint64_t>(f * 4));
+        const std::vector<rank_result> want = reference(p);
+        std::vector<rank_result> got(static_cast<std::size_t>(ep));
+        std::vector<loom::comm_counters> counts(static_cast<std::size_t>(ep)), node_counts(counts), cross_counts(counts);
+        loom::run_threads(ep, [&](loom::threads::comm& world) {
+          loom::counted<loom::threads::comm> comm(world.split(0, world.rank()));
+          const int r = comm.rank(), L = sh.per_node;
+          loom::counted<loom::threads::comm> node(world.split(r / L, r % L)), cross(world.split(r % L, r / L));
+          const auto u = static_cast<std::size_t>(r);
+          node.reset_counters();
+          cross.reset_counters();
+          got[u] = ep_run(p, comm, counts[u], &node, &cross);
+          node_counts[u] = node.counters();
+          cross_counts[u] = cross.counters();
+        });
+        for (int r = 0; r < ep; ++r) {
+          CAPTURE(r);
+          const auto u = static_cast<std::size_t>(r);
+          const auto& a = got[u];
+          CHECK(a.y == want[u].y);
+          CHECK(a.dx == want[u].dx);
+          CHECK(a.dropped == want[u].dropped);
+          CHECK(a.dwg == want[u].dwg);
+          // No flat all-to-all: four on the node and four across nodes, each of the whole E C h buffer.
+          CHECK(counts[u][loom::comm_op::all_to_all].calls == 0);
+          const std::uint64_t bytes = 4 * static_cast<std::uint64_t>(E) * static_cast<std::uint64_t>(a.capacity) * p.h * sizeof(double);
+          CHECK(node_counts[u][loom::comm_op::all_to_all].calls == 4);
+          CHECK(node_counts[u][loom::comm_op::all_to_all].bytes == bytes);
+          CHECK(cross_counts[u][loom::comm_op::all_to_all].calls == 4);
+          CHECK(cross_counts[u][loom::comm_op::all_to_all].bytes == bytes);
+        }
+        ++cases;
+      }
+  CHECK(cases == 12);
+}

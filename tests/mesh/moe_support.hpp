@@ -150,8 +150,8 @@ inline std::vector<rank_result> reference(const problem& p) {
 // capacity, dispatch, the local experts, combine, and the backward; `counts` gets the counted
 // communicator's operations from the routing on.
 template <class C>
-rank_result ep_run(const problem& p, C& comm, loom::comm_counters& counts) {
-  loom::ep_group<C> g{&comm};
+rank_result ep_run(const problem& p, C& comm, loom::comm_counters& counts, C* node = nullptr, C* cross = nullptr) {
+  loom::ep_group<C> g{&comm, node, cross};
   const int r = g.rank(), ep = g.size(), E = p.E, El = E / ep, k = p.o.top_k;
   comm.reset_counters();
   auto R = route(p, r);
@@ -208,6 +208,40 @@ inline std::vector<std::string> differences(const problem& p, int r, int ep, con
     if (counts[loom::comm_op::all_reduce].calls != (p.o.capacity_factor == 0.0 ? 1u : 0u)) out.push_back("all-reduce calls");
   }
   return out;
+}
+
+// One rank of Pipeline MoE's layout over `comm` (tp = its size): every rank holds the same tokens
+// (`p.x[0]`) and E/tp experts; dispatch by slicing, a partial combine and one all-reduce; the
+// backward's two all-reduces.
+template <class C>
+rank_result tp_run(const problem& p, C& comm, loom::comm_counters& counts) {
+  loom::ep_group<C> g{&comm};
+  const int tp = g.size(), E = p.E, El = E / tp, k = p.o.top_k;
+  const loom::moe_experts held = loom::tp_experts(E, g);
+  comm.reset_counters();
+  auto R = route(p, 0);
+  loom::set_capacity(R, p.o, R.max_load());  // the same tokens everywhere: the same capacity, no communication
+  const auto C_ = static_cast<std::size_t>(R.capacity);
+  const std::size_t local = static_cast<std::size_t>(El) * C_ * p.h;
+  vec slots(local), eo(local), dout(local), dslots(local), dgate(p.n * static_cast<std::size_t>(k));
+  rank_result o;
+  o.y.assign(p.n * p.h, 0.0);
+  o.dx.assign(p.n * p.h, 0.0);
+  o.dwe.assign(static_cast<std::size_t>(El) * p.h * p.h, 0.0);
+  loom::moe_dispatch(R, std::span<const double>(p.x[0]), std::span<double>(slots), p.h, held);
+  experts_forward(p, held.first, El, C_, std::span<const double>(slots), std::span<double>(eo));
+  loom::tp_moe_combine(g, R, std::span<const double>(eo), std::span<double>(o.y), p.h);
+  loom::moe_combine_backward(R, std::span<const double>(eo), std::span<const double>(p.c[0]), std::span<double>(dout), std::span<double>(dgate), p.h,
+                             held);
+  experts_backward(p, held.first, El, C_, std::span<const double>(slots), std::span<const double>(dout), std::span<double>(dslots),
+                   std::span<double>(o.dwe));
+  loom::moe_dispatch_backward(R, std::span<const double>(dslots), std::span<double>(o.dx), p.h, held);
+  loom::tp_moe_backward_sum(g, std::span<double>(o.dx), std::span<double>(dgate));
+  router_backward(p, 0, R, std::span<const double>(dgate), o);
+  o.dropped = dropped_of(R);
+  o.capacity = R.capacity;
+  counts = comm.counters();
+  return o;
 }
 
 }  // namespace moe_test

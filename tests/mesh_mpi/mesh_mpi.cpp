@@ -10,7 +10,8 @@
 //            waits in a collective; every process must end with the same error naming it.
 //   moe    - 4 processes: expert parallelism (loom/exec/moe.hpp) over E in {4, 8}, top-1 and
 //            top-2, capacity factors 0, 0.5 and 1.25, each process with its own tokens and
-//            experts, against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
+//            experts (flat and hierarchical all-to-all, 2 nodes of 2), and Pipeline MoE's layout,
+//            against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -127,6 +128,28 @@ int mode_moe(loom::mpi::comm& c) {
         if (!d.empty()) {
           ++failures;
           std::printf("MISMATCH moe rank %d E=%d k=%d f=%g: %s\n", comm.rank(), E, k, f, d.front().c_str());
+        }
+        // The hierarchical all-to-all, as 2 nodes of 2: the same results.
+        const int r = comm.rank();
+        loom::counted<loom::mpi::comm> node(c.split(r / 2, r % 2)), cross(c.split(r % 2, r / 2));
+        const auto hier = moe_test::ep_run(p, comm, counts, &node, &cross);
+        ++runs;
+        if (hier.y != got.y || hier.dx != got.dx || hier.dwe != got.dwe || hier.dwg != got.dwg) {
+          ++failures;
+          std::printf("MISMATCH moe hierarchical rank %d E=%d k=%d f=%g\n", r, E, k, f);
+        }
+        // Pipeline MoE: the same tokens on every rank, the experts over them, one all-reduce forward.
+        const auto one = moe_test::make(E, 1, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10 + 5) + static_cast<std::uint64_t>(f * 4));
+        const auto ref = moe_test::reference(one)[0];
+        const auto tp = moe_test::tp_run(one, comm, counts);
+        const std::size_t hh = one.h * one.h, El = static_cast<std::size_t>(E / ep);
+        ++runs;
+        if (tp.y != ref.y || tp.dx != ref.dx || tp.dwg != ref.dwg || tp.dropped != ref.dropped ||
+            tp.dwe != moe_test::vec(ref.dwe.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * El * hh),
+                                    ref.dwe.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * El * hh)) ||
+            counts[loom::comm_op::all_reduce].calls != 3) {
+          ++failures;
+          std::printf("MISMATCH pipeline moe rank %d E=%d k=%d f=%g\n", r, E, k, f);
         }
       }
   int bad = failures;

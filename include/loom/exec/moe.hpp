@@ -37,7 +37,8 @@
 //! its own tokens. A rank's dispatch buffer `[E][C][h]` is ordered by expert, so one all-to-all
 //! sends each rank the slots of its experts; the rank then holds, per local expert, the slots of
 //! every source rank, `[E/ep][ep][C][h]` (source-major rows: an expert's kernel runs on ep C rows at
-//! once). The combine and both backward exchanges are the same all-to-all. Per MoE layer and
+//! once). The combine and both backward exchanges are the same all-to-all, flat or hierarchical
+//! (`ep_group::node`, `ep_group::cross`: Tutel's 2D all-to-all, the same result). Per MoE layer and
 //! microbatch a rank sends four all-to-alls of E C h elements (dispatch and combine, forward and
 //! backward), `(ep - 1)/ep` of them to other ranks. With a capacity factor of 0 the capacity is the
 //! largest load over the group: one all-reduce (max) of one integer.
@@ -194,49 +195,70 @@ T moe_aux_loss(const moe_routing<T>& r) {
   return sum * static_cast<T>(r.experts) / (n * n);
 }
 
-//! Dispatch: `slots` (`[E][C][h]`) receives each kept token's input `x` (`[n][h]`) at its slot;
-//! the other slots are set to 0.
+//! The experts a rank holds: `count` consecutive ones from `first` (all of them by default).
+struct moe_experts {
+  int first = 0;       //!< the first expert held
+  int count = -1;      //!< experts held; -1: every expert from `first`
+};
+
+namespace detail {
+
+// Where pair (t, j) of `r` lands in a buffer of the experts `held` ([count][C][h]), or -1 when the
+// pair is dropped or its expert is not held.
 template <class T>
-void moe_dispatch(const moe_routing<T>& r, std::span<const T> x, std::span<T> slots, std::size_t h) {
+long long moe_offset(const moe_routing<T>& r, std::size_t t, std::size_t j, moe_experts held, std::size_t h) {
+  const auto k = static_cast<std::size_t>(r.top_k);
+  const int e = r.expert[t * k + j];
+  const int count = held.count < 0 ? r.experts - held.first : held.count;
+  if (!r.kept(t, static_cast<int>(j)) || e < held.first || e >= held.first + count) return -1;
+  return (static_cast<long long>(e - held.first) * r.capacity + r.slot[t * k + j]) * static_cast<long long>(h);
+}
+
+}  // namespace detail
+
+//! Dispatch: `slots` (`[E][C][h]`, or `[count][C][h]` for the experts `held`) receives each kept
+//! token's input `x` (`[n][h]`) at its slot; the other slots are set to 0.
+template <class T>
+void moe_dispatch(const moe_routing<T>& r, std::span<const T> x, std::span<T> slots, std::size_t h, moe_experts held = {}) {
   std::fill(slots.begin(), slots.end(), T{});
-  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
   for (std::size_t t = 0; t < r.tokens; ++t)
-    for (std::size_t j = 0; j < k; ++j) {
-      if (!r.kept(t, static_cast<int>(j))) continue;
-      const std::size_t at = (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
-      std::copy_n(x.data() + t * h, h, slots.data() + at);
-    }
+    for (std::size_t j = 0; j < static_cast<std::size_t>(r.top_k); ++j)
+      if (const long long at = detail::moe_offset(r, t, j, held, h); at >= 0) std::copy_n(x.data() + t * h, h, slots.data() + at);
 }
 
 //! Combine: `y[t] = sum_j g[t][j] out[x[t][j]][c[t][j]]` over the kept pairs (`out` `[E][C][h]`,
-//! `y` `[n][h]`; a token with every choice dropped gets 0).
+//! `y` `[n][h]`; a token with every choice dropped gets 0). With the experts `held`, `out` is
+//! `[count][C][h]` and only their pairs are summed (Pipeline MoE's partial combine).
 template <class T>
-void moe_combine(const moe_routing<T>& r, std::span<const T> out, std::span<T> y, std::size_t h) {
-  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
+void moe_combine(const moe_routing<T>& r, std::span<const T> out, std::span<T> y, std::size_t h, moe_experts held = {}) {
+  const auto k = static_cast<std::size_t>(r.top_k);
   for (std::size_t t = 0; t < r.tokens; ++t) {
     T* yt = y.data() + t * h;
     std::fill(yt, yt + h, T{});
     for (std::size_t j = 0; j < k; ++j) {
-      if (!r.kept(t, static_cast<int>(j))) continue;
+      const long long at = detail::moe_offset(r, t, j, held, h);
+      if (at < 0) continue;
       const T g = r.gate[t * k + j];
-      const T* o = out.data() + (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
+      const T* o = out.data() + at;
       for (std::size_t i = 0; i < h; ++i) yt[i] += g * o[i];
     }
   }
 }
 
-//! Combine's backward: `dout` (`[E][C][h]`, zeroed first) receives `g dy` at each kept slot and
-//! `dgate` (`[n][k]`) the dot products `dy[t] . out[slot]` (0 for dropped pairs).
+//! Combine's backward: `dout` (`[E][C][h]`, or the experts `held`; zeroed first) receives
+//! `g dy` at each kept slot and `dgate` (`[n][k]`) the dot products `dy[t] . out[slot]` (0 for
+//! dropped pairs and for experts not held).
 template <class T>
 void moe_combine_backward(const moe_routing<T>& r, std::span<const T> out, std::span<const T> dy, std::span<T> dout, std::span<T> dgate,
-                          std::size_t h) {
+                          std::size_t h, moe_experts held = {}) {
   std::fill(dout.begin(), dout.end(), T{});
-  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
+  const auto k = static_cast<std::size_t>(r.top_k);
   for (std::size_t t = 0; t < r.tokens; ++t)
     for (std::size_t j = 0; j < k; ++j) {
       dgate[t * k + j] = T{};
-      if (!r.kept(t, static_cast<int>(j))) continue;
-      const std::size_t at = (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
+      const long long sat = detail::moe_offset(r, t, j, held, h);
+      if (sat < 0) continue;
+      const auto at = static_cast<std::size_t>(sat);
       const T g = r.gate[t * k + j];
       T d{};
       for (std::size_t i = 0; i < h; ++i) {
@@ -247,14 +269,15 @@ void moe_combine_backward(const moe_routing<T>& r, std::span<const T> out, std::
     }
 }
 
-//! Dispatch's backward: `dx[t] += sum_j dslots[x[t][j]][c[t][j]]` over the kept pairs, j in order.
+//! Dispatch's backward: `dx[t] += sum_j dslots[x[t][j]][c[t][j]]` over the kept pairs (of the
+//! experts `held`), j in order.
 template <class T>
-void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, std::span<T> dx, std::size_t h) {
-  const auto k = static_cast<std::size_t>(r.top_k), C = static_cast<std::size_t>(r.capacity);
+void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, std::span<T> dx, std::size_t h, moe_experts held = {}) {
   for (std::size_t t = 0; t < r.tokens; ++t)
-    for (std::size_t j = 0; j < k; ++j) {
-      if (!r.kept(t, static_cast<int>(j))) continue;
-      const T* d = dslots.data() + (static_cast<std::size_t>(r.expert[t * k + j]) * C + static_cast<std::size_t>(r.slot[t * k + j])) * h;
+    for (std::size_t j = 0; j < static_cast<std::size_t>(r.top_k); ++j) {
+      const long long at = detail::moe_offset(r, t, j, held, h);
+      if (at < 0) continue;
+      const T* d = dslots.data() + at;
       for (std::size_t i = 0; i < h; ++i) dx[t * h + i] += d[i];
     }
 }
@@ -290,11 +313,17 @@ void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span
   }
 }
 
-//! An expert-parallel group (see the file comment): its communicator (null or size 1: every expert
-//! on this rank).
+//! The group the experts spread over (see the file comment): the expert-parallel ranks, or for
+//! Pipeline MoE the tensor-parallel ones (`tp_experts`). Null or size 1: every expert on this rank.
 template <class C>
 struct ep_group {
   C* comm = nullptr;  //!< the ranks holding different experts (and different tokens)
+  //! Hierarchical all-to-all (Tutel's 2D, intra-node then inter-node), when both are set: the
+  //! group's ranks on this rank's node (`node`, L ranks) and those with its index on every node
+  //! (`cross`); group rank = node index x L + index on the node, i.e. `node = comm.split(rank / L,
+  //! rank % L)` and `cross = comm.split(rank % L, rank / L)`.
+  C* node = nullptr;
+  C* cross = nullptr;  //!< see `node`
   //! Ranks in the group.
   int size() const { return comm == nullptr ? 1 : comm->size(); }
   //! This rank's index.
@@ -332,6 +361,31 @@ void ep_transpose(std::span<const T> from, std::span<T> to, int ep, int local_ex
     }
 }
 
+// Tutel's 2D hierarchical all-to-all over `g.node` (L ranks) and `g.cross` (N nodes): `a` holds
+// the input ([dst][chunk], dst = node x L + index) and is clobbered, `b` receives the flat
+// all-to-all's result ([src][chunk]). Phase 1 sends, inside the node, every chunk bound for index
+// d on any node to the node's rank d; phase 2 sends, across nodes, each node's chunks.
+template <class C, class T>
+void hierarchical_all_to_all(ep_group<C>& g, std::span<T> a, std::span<T> b) {
+  const int L = g.node->size(), N = g.cross->size();
+  const std::size_t chunk = a.size() / static_cast<std::size_t>(L * N);
+  auto block = [&](std::span<T> s, int i) { return s.data() + static_cast<std::size_t>(i) * chunk; };
+  for (int dn = 0; dn < N; ++dn)  // [dst node][index] -> [index][dst node]
+    for (int dl = 0; dl < L; ++dl) std::copy_n(block(a, dn * L + dl), chunk, block(b, dl * N + dn));
+  g.node->all_to_all(std::span<const T>(b), a);  // a: [source index][dst node]
+  for (int sl = 0; sl < L; ++sl)  // -> [dst node][source index]
+    for (int dn = 0; dn < N; ++dn) std::copy_n(block(a, sl * N + dn), chunk, block(b, dn * L + sl));
+  g.cross->all_to_all(std::span<const T>(b), a);  // a: [source node][source index] = [source][chunk]
+  std::copy(a.begin(), a.end(), b.begin());
+}
+
+// The group's all-to-all from `a` (clobbered when hierarchical) into `b`.
+template <class C, class T>
+void ep_all_to_all(ep_group<C>& g, std::span<T> a, std::span<T> b) {
+  if (g.node != nullptr && g.cross != nullptr) hierarchical_all_to_all(g, a, b);
+  else g.comm->all_to_all(std::span<const T>(a), b);
+}
+
 }  // namespace detail
 
 //! Sends every rank the slots of its experts: `slots` (`[E][C][h]`, this rank's dispatch buffer
@@ -345,7 +399,12 @@ void ep_to_experts(ep_group<C>& g, int experts, std::span<const T> slots, std::s
     std::copy(slots.begin(), slots.end(), rows.begin());
     return;
   }
-  g.comm->all_to_all(slots, scratch);
+  if (g.node != nullptr && g.cross != nullptr) {
+    std::copy(slots.begin(), slots.end(), rows.begin());  // the hierarchical exchange clobbers its input
+    detail::hierarchical_all_to_all(g, rows, scratch);
+  } else {
+    g.comm->all_to_all(slots, scratch);
+  }
   detail::ep_transpose(std::span<const T>(scratch), rows, ep, experts / ep, slots.size() / static_cast<std::size_t>(experts), true);
 }
 
@@ -360,7 +419,39 @@ void ep_from_experts(ep_group<C>& g, int experts, std::span<const T> rows, std::
     return;
   }
   detail::ep_transpose(rows, scratch, ep, experts / ep, rows.size() / static_cast<std::size_t>(experts), false);
-  g.comm->all_to_all(std::span<const T>(scratch), slots);
+  detail::ep_all_to_all(g, scratch, slots);
+}
+
+//! Pipeline MoE (Chen et al., "Pipeline MoE: A Flexible MoE Implementation with Pipeline
+//! Parallelism", 2023): the experts spread over a tensor-parallel group whose ranks hold the same
+//! tokens, E/tp consecutive experts per rank (`tp_experts`). Dispatch is local index slicing
+//! (`moe_dispatch` with the experts held), each rank combines its own experts' pairs
+//! (`moe_combine` with them) and one all-reduce sums the partial outputs (`tp_moe_combine`); the
+//! backward all-reduces the input gradient of the dispatch and the gates' gradient
+//! (`tp_moe_backward_sum`). For top-k <= 2 every sum has at most two non-zero terms per element, so
+//! the results equal one rank holding every expert bit for bit.
+template <class C>
+moe_experts tp_experts(int experts, const ep_group<C>& g) {
+  if (std::string rule = ep_rule(experts, g.size()); !rule.empty()) throw config_error(rule);
+  const int per = experts / g.size();
+  return {.first = g.rank() * per, .count = per};
+}
+
+//! Pipeline MoE's combine: this rank's experts' pairs (`out` `[E/tp][C][h]`) into `y`, then the
+//! sum over the group (one all-reduce of `n h`).
+template <class C, class T>
+void tp_moe_combine(ep_group<C>& g, const moe_routing<T>& r, std::span<const T> out, std::span<T> y, std::size_t h) {
+  moe_combine(r, out, y, h, tp_experts(r.experts, g));
+  if (g.size() > 1) g.comm->all_reduce(y, reduce_op::sum);
+}
+
+//! Pipeline MoE's backward sums: the partial input gradient of the dispatch `dx` (`[n][h]`) and
+//! the partial gates' gradient `dgate` (`[n][k]`) over the group (two all-reduces).
+template <class C, class T>
+void tp_moe_backward_sum(ep_group<C>& g, std::span<T> dx, std::span<T> dgate) {
+  if (g.size() == 1) return;
+  g.comm->all_reduce(dx, reduce_op::sum);
+  g.comm->all_reduce(dgate, reduce_op::sum);
 }
 
 }  // namespace loom
