@@ -149,3 +149,49 @@ TEST_CASE("moe, expert parallel: the hierarchical all-to-all (2 nodes x 2, 2 x 4
       }
   CHECK(cases == 12);
 }
+
+TEST_CASE("moe, expert parallel: FSMoE-style overlap in 1, 2, 3 and 5 chunks of non-blocking all-to-alls gives the unchunked results bit for bit") {
+  int cases = 0;
+  for (int ep : {1, 2, 4})
+    for (int chunks : {1, 2, 3, 5})
+      for (double f : {0.0, 1.25}) {
+        const int E = 8, k = 2;
+        CAPTURE(ep);
+        CAPTURE(chunks);
+        CAPTURE(f);
+        const problem p = make(E, ep, k, f, static_cast<std::uint64_t>(ep * 1000 + chunks * 10 + 7) + static_cast<std::uint64_t>(f * 4));
+        const std::vector<rank_result> want = reference(p);
+        std::vector<rank_result> got(static_cast<std::size_t>(ep));
+        std::vector<loom::comm_counters> counts(static_cast<std::size_t>(ep));
+        loom::run_threads(ep, [&](loom::threads::comm& world) {
+          loom::counted<loom::threads::comm> comm(world.split(0, world.rank()));
+          const auto r = static_cast<std::size_t>(comm.rank());
+          got[r] = ep_run_overlapped(p, comm, counts[r], chunks);
+        });
+        for (int r = 0; r < ep; ++r) {
+          CAPTURE(r);
+          const auto u = static_cast<std::size_t>(r);
+          const auto& a = got[u];
+          CHECK(a.y == want[u].y);
+          CHECK(a.dx == want[u].dx);
+          CHECK(a.dwg == want[u].dwg);
+          CHECK(a.dropped == want[u].dropped);
+          const std::size_t hh = p.h * p.h, El = static_cast<std::size_t>(E / ep);
+          CHECK(a.dwe == vec(want[u].dwe.begin() + static_cast<std::ptrdiff_t>(u * El * hh),
+                            want[u].dwe.begin() + static_cast<std::ptrdiff_t>((u + 1) * El * hh)));
+          if (ep > 1) {
+            // Two all-to-alls per piece each way, the pieces together the whole E C h buffer.
+            const auto n = static_cast<std::uint64_t>(std::min<long long>(chunks, a.capacity));
+            CHECK(counts[u][loom::comm_op::all_to_all].calls == 4 * n);
+            CHECK(counts[u][loom::comm_op::all_to_all].bytes == 4 * static_cast<std::uint64_t>(E) * static_cast<std::uint64_t>(a.capacity) * p.h * sizeof(double));
+          }
+        }
+        ++cases;
+      }
+  CHECK(cases == 24);
+  std::vector<double> none;
+  loom::ep_group<loom::threads::comm> alone{};
+  CHECK_THROWS_WITH_AS(loom::ep_overlapped(alone, 4, 2, 1, 0, std::span<const double>(none), std::span<double>(none), std::span<double>(none),
+                                           std::span<double>(none), std::span<double>(none), [](int, std::span<const double>, std::span<double>, std::size_t) {}),
+                       "moe: the overlap needs >= 1 chunk (got 0)", loom::config_error);
+}

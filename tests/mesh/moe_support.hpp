@@ -244,4 +244,49 @@ rank_result tp_run(const problem& p, C& comm, loom::comm_counters& counts) {
   return o;
 }
 
+// One rank of the expert-parallel layer with FSMoE-style overlap: `chunks` pieces of the slots,
+// each piece's all-to-alls non-blocking around the experts' work on the previous one; the experts'
+// weight gradients over the whole rows afterwards.
+template <class C>
+rank_result ep_run_overlapped(const problem& p, C& comm, loom::comm_counters& counts, int chunks) {
+  loom::ep_group<C> g{&comm};
+  const int r = g.rank(), ep = g.size(), E = p.E, El = E / ep, k = p.o.top_k;
+  comm.reset_counters();
+  auto R = route(p, r);
+  loom::set_capacity(g, R, p.o);
+  const auto C_ = static_cast<std::size_t>(R.capacity);
+  const std::size_t all = static_cast<std::size_t>(E) * C_ * p.h, h = p.h;
+  vec slots(all), xin(all), eo(all), back(all), dout(all), drows(all), din(all), dslots(all), scratch(4 * all);
+  vec dgate(p.n * static_cast<std::size_t>(k));
+  rank_result o;
+  o.y.assign(p.n * h, 0.0);
+  o.dx.assign(p.n * h, 0.0);
+  o.dwe.assign(static_cast<std::size_t>(El) * h * h, 0.0);
+  auto weight = [&](int e) { return std::span<const double>(p.we).subspan(static_cast<std::size_t>(r * El + e) * h * h, h * h); };
+  loom::moe_dispatch(R, std::span<const double>(p.x[static_cast<std::size_t>(r)]), std::span<double>(slots), h);
+  loom::ep_overlapped(g, E, C_, h, chunks, std::span<const double>(slots), std::span<double>(back), std::span<double>(xin), std::span<double>(eo),
+                      std::span<double>(scratch), [&](int e, std::span<const double> in, std::span<double> out, std::size_t rows) {
+                        loom::linear_kernel::forward(in, weight(e), std::span<const double>{}, out, rows, h, h);
+                      });
+  loom::moe_combine(R, std::span<const double>(back), std::span<double>(o.y), h);
+  loom::moe_combine_backward(R, std::span<const double>(back), std::span<const double>(p.c[static_cast<std::size_t>(r)]), std::span<double>(dout),
+                             std::span<double>(dgate), h);
+  loom::ep_overlapped(g, E, C_, h, chunks, std::span<const double>(dout), std::span<double>(dslots), std::span<double>(drows), std::span<double>(din),
+                      std::span<double>(scratch), [&](int e, std::span<const double> in, std::span<double> out, std::size_t rows) {
+                        loom::linear_kernel::backward_input(in, weight(e), out, rows, h, h);
+                      });
+  const std::size_t b = static_cast<std::size_t>(ep) * C_ * h;
+  for (int e = 0; e < El; ++e)
+    loom::linear_kernel::backward_weight(std::span<const double>(xin).subspan(static_cast<std::size_t>(e) * b, b),
+                                         std::span<const double>(drows).subspan(static_cast<std::size_t>(e) * b, b),
+                                         std::span<double>(o.dwe).subspan(static_cast<std::size_t>(e) * h * h, h * h), std::span<double>{},
+                                         static_cast<std::size_t>(ep) * C_, h, h);
+  loom::moe_dispatch_backward(R, std::span<const double>(dslots), std::span<double>(o.dx), h);
+  router_backward(p, r, R, std::span<const double>(dgate), o);
+  o.dropped = dropped_of(R);
+  o.capacity = R.capacity;
+  counts = comm.counters();
+  return o;
+}
+
 }  // namespace moe_test

@@ -10,7 +10,8 @@
 //            waits in a collective; every process must end with the same error naming it.
 //   moe    - 4 processes: expert parallelism (loom/exec/moe.hpp) over E in {4, 8}, top-1 and
 //            top-2, capacity factors 0, 0.5 and 1.25, each process with its own tokens and
-//            experts (flat and hierarchical all-to-all, 2 nodes of 2), and Pipeline MoE's layout,
+//            experts (flat and hierarchical all-to-all, 2 nodes of 2, and overlapped in 3 pieces),
+//            and Pipeline MoE's layout,
 //            against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
 #include <cstdio>
 #include <cstdlib>
@@ -137,6 +138,13 @@ int mode_moe(loom::mpi::comm& c) {
         if (hier.y != got.y || hier.dx != got.dx || hier.dwe != got.dwe || hier.dwg != got.dwg) {
           ++failures;
           std::printf("MISMATCH moe hierarchical rank %d E=%d k=%d f=%g\n", r, E, k, f);
+        }
+        // FSMoE-style overlap, 3 pieces of non-blocking all-to-alls: the same results.
+        const auto over = moe_test::ep_run_overlapped(p, comm, counts, 3);
+        ++runs;
+        if (over.y != got.y || over.dx != got.dx || over.dwe != got.dwe || over.dwg != got.dwg) {
+          ++failures;
+          std::printf("MISMATCH moe overlapped rank %d E=%d k=%d f=%g\n", r, E, k, f);
         }
         // Pipeline MoE: the same tokens on every rank, the experts over them, one all-reduce forward.
         const auto one = moe_test::make(E, 1, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10 + 5) + static_cast<std::uint64_t>(f * 4));

@@ -454,4 +454,73 @@ void tp_moe_backward_sum(ep_group<C>& g, std::span<T> dx, std::span<T> dgate) {
   g.comm->all_reduce(dgate, reduce_op::sum);
 }
 
+//! FSMoE-style overlap (Pan et al., "FSMoE: A Flexible and Scalable Training System for Sparse
+//! Mixture-of-Experts Models", ASPLOS 2025) on non-blocking collectives: the slots are cut into
+//! `chunks` pieces along the capacity; while the local experts compute piece i, the dispatch
+//! all-to-all of piece i + 1 and the combine all-to-all of piece i - 1 are in flight.
+//! `expert(e, in, out, rows)` runs local expert `e` (0..E/ep-1) on `rows` rows (`in`, `out`:
+//! `rows x h` elements) and must treat rows independently (a linear layer, an MLP per token; a
+//! weight gradient is taken afterwards, over `rows_in`). `slots` (`[E][C][h]`) goes out, `back`
+//! (`[E][C][h]`) receives the experts' results for this rank's slots, and `rows_in` / `rows_out`
+//! (`[E/ep][ep][C][h]`) hold what the local experts read and wrote, as `ep_to_experts` /
+//! `ep_from_experts` lay them out, so the results equal the unchunked exchange bit for bit.
+//! `scratch` holds `4 E C h` elements (the pieces' send and receive buffers, both ways). Every
+//! rank of the group posts the same collectives in the same order; 2 x chunks all-to-alls.
+template <class C, class T, class Expert>
+void ep_overlapped(ep_group<C>& g, int experts, std::size_t capacity, std::size_t h, int chunks, std::span<const T> slots, std::span<T> back,
+                   std::span<T> rows_in, std::span<T> rows_out, std::span<T> scratch, Expert&& expert) {
+  const int ep = g.size();
+  if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
+  if (chunks < 1) throw config_error("moe: the overlap needs >= 1 chunk (got " + std::to_string(chunks) + ")");
+  const int El = experts / ep;
+  const std::size_t E = static_cast<std::size_t>(experts), all = E * capacity * h, P = static_cast<std::size_t>(ep);
+  const auto L = static_cast<std::size_t>(El);
+  if (scratch.size() < 4 * all) throw config_error("moe: the overlap's scratch holds " + std::to_string(scratch.size()) + " elements, it needs 4 E C h = " + std::to_string(4 * all));
+  T* sd = scratch.data();        // dispatch send: the pieces one after another, each [E][c][h]
+  T* rd = sd + all;              // dispatch receive: each piece [ep][E/ep][c][h]
+  T* sc = rd + all;              // combine send: each piece [ep][E/ep][c][h]
+  T* rc = sc + all;              // combine receive: each piece [E][c][h]
+  const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(chunks), std::max<std::size_t>(capacity, 1)));
+  auto lo = [&](int p) { return capacity * static_cast<std::size_t>(p) / static_cast<std::size_t>(n); };
+  auto base = [&](int p) { return E * lo(p) * h; };  // a piece's offset in each buffer
+  // Position of row c of expert e (global) in the [E][C][h] layout, and of (local e, src, c) in the rows layout.
+  auto flat = [&](std::size_t e, std::size_t c) { return (e * capacity + c) * h; };
+  auto local = [&](std::size_t e, std::size_t src, std::size_t c) { return ((e * P + src) * capacity + c) * h; };
+  std::vector<typename C::request> dispatch(static_cast<std::size_t>(n)), combine(static_cast<std::size_t>(n));
+  auto post_dispatch = [&](int p) {
+    const std::size_t c0 = lo(p), c = lo(p + 1) - c0;
+    for (std::size_t e = 0; e < E; ++e) std::copy_n(slots.data() + flat(e, c0), c * h, sd + base(p) + e * c * h);
+    if (ep == 1) {
+      std::copy_n(sd + base(p), E * c * h, rd + base(p));
+      return;
+    }
+    dispatch[static_cast<std::size_t>(p)] = g.comm->iall_to_all(std::span<const T>(sd + base(p), E * c * h), std::span<T>(rd + base(p), E * c * h));
+  };
+  auto finish_combine = [&](int p) {
+    const std::size_t c0 = lo(p), c = lo(p + 1) - c0;
+    if (ep > 1) g.comm->wait(combine[static_cast<std::size_t>(p)]);
+    for (std::size_t e = 0; e < E; ++e) std::copy_n(rc + base(p) + e * c * h, c * h, back.data() + flat(e, c0));
+  };
+  if (n > 0) post_dispatch(0);
+  for (int p = 0; p < n; ++p) {
+    if (p + 1 < n) post_dispatch(p + 1);
+    if (ep > 1) g.comm->wait(dispatch[static_cast<std::size_t>(p)]);
+    const std::size_t c0 = lo(p), c = lo(p + 1) - c0;
+    // The received piece [src][E/ep][c][h] into rows_in, the local experts on it, rows_out into the combine piece.
+    for (std::size_t src = 0; src < P; ++src)
+      for (std::size_t e = 0; e < L; ++e) {
+        const T* from = rd + base(p) + (src * L + e) * c * h;
+        std::copy_n(from, c * h, rows_in.data() + local(e, src, c0));
+        expert(static_cast<int>(e), std::span<const T>(rows_in.data() + local(e, src, c0), c * h), std::span<T>(rows_out.data() + local(e, src, c0), c * h), c);
+        std::copy_n(rows_out.data() + local(e, src, c0), c * h, sc + base(p) + (src * L + e) * c * h);
+      }
+    if (ep > 1)
+      combine[static_cast<std::size_t>(p)] = g.comm->iall_to_all(std::span<const T>(sc + base(p), E * c * h), std::span<T>(rc + base(p), E * c * h));
+    else
+      std::copy_n(sc + base(p), E * c * h, rc + base(p));
+    if (p > 0) finish_combine(p - 1);
+  }
+  if (n > 0) finish_combine(n - 1);
+}
+
 }  // namespace loom
