@@ -186,10 +186,9 @@ rank_result ep_run(const problem& p, C& comm, loom::comm_counters& counts, C* no
   return o;
 }
 
-// The differences between rank `r`'s result and the reference's, as sentences (empty: equal bit
-// for bit, and the all-to-all volume is 4 E C h doubles with one all-reduce exactly when f = 0).
-inline std::vector<std::string> differences(const problem& p, int r, int ep, const rank_result& a, const rank_result& b,
-                                            const loom::comm_counters& counts) {
+// The results of rank `r` (of `ep`) that differ from the reference's, as words (empty: equal bit
+// for bit); `b.dwe` holds every expert, `a.dwe` the rank's.
+inline std::vector<std::string> result_differences(const problem& p, int r, int ep, const rank_result& a, const rank_result& b) {
   std::vector<std::string> out;
   if (a.capacity != b.capacity) out.push_back("capacity");
   if (a.dropped != b.dropped) out.push_back("dropped pairs");
@@ -200,6 +199,13 @@ inline std::vector<std::string> differences(const problem& p, int r, int ep, con
   if (a.dwe != vec(b.dwe.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * El * hh),
                    b.dwe.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * El * hh)))
     out.push_back("expert gradients");
+  return out;
+}
+
+// The same, and the flat exchange's volume: 4 E C h doubles, one all-reduce exactly when f = 0.
+inline std::vector<std::string> differences(const problem& p, int r, int ep, const rank_result& a, const rank_result& b,
+                                            const loom::comm_counters& counts) {
+  std::vector<std::string> out = result_differences(p, r, ep, a, b);
   if (ep > 1) {
     const auto& a2a = counts[loom::comm_op::all_to_all];
     if (a2a.calls != 4) out.push_back("all-to-all calls " + std::to_string(a2a.calls));

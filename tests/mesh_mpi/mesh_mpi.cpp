@@ -150,12 +150,8 @@ int mode_moe(loom::mpi::comm& c) {
         const auto one = moe_test::make(E, 1, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10 + 5) + static_cast<std::uint64_t>(f * 4));
         const auto ref = moe_test::reference(one)[0];
         const auto tp = moe_test::tp_run(one, comm, counts);
-        const std::size_t hh = one.h * one.h, El = static_cast<std::size_t>(E / ep);
         ++runs;
-        if (tp.y != ref.y || tp.dx != ref.dx || tp.dwg != ref.dwg || tp.dropped != ref.dropped ||
-            tp.dwe != moe_test::vec(ref.dwe.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * El * hh),
-                                    ref.dwe.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * El * hh)) ||
-            counts[loom::comm_op::all_reduce].calls != 3) {
+        if (!moe_test::result_differences(one, r, ep, tp, ref).empty() || counts[loom::comm_op::all_reduce].calls != 3) {
           ++failures;
           std::printf("MISMATCH pipeline moe rank %d E=%d k=%d f=%g\n", r, E, k, f);
         }
