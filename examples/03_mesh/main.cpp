@@ -225,17 +225,21 @@ int main(int argc, char** argv) {
       if (o.launch == "mpi") {
 #if defined(LOOM_HAS_MPI)
         loom::mpi::environment env(argc, argv);
-        int size = 0;
+        int size = 0, rank = 0;
         MPI_Comm_size(MPI_COMM_WORLD, &size);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        // Refusals: every rank exits, rank 0 alone says why (the processes share stderr, and their
+        // lines would interleave).
         if (std::string rule = mesh_example::make_mesh(s).world_rule(size); !rule.empty()) {
-          std::cerr << "mesh: " << rule << "\n";
+          if (rank == 0) std::cerr << "mesh: " << rule << "\n";
           return 2;
         }
 #if defined(LOOM_CUDA_SIM)
         if (size > 1) {  // the simulator's NCCL joins the threads of one process, not processes
-          std::cerr << "mesh: --launch mpi with " << size
-                    << " processes needs GPUs (mesh_gpu): under loom's simulator NCCL ranks are threads of one process "
-                       "(--launch threads)\n";
+          if (rank == 0)
+            std::cerr << "mesh: --launch mpi with " << size
+                      << " processes needs GPUs (mesh_gpu): under loom's simulator NCCL ranks are threads of one process "
+                         "(--launch threads)\n";
           return 2;
         }
 #endif
