@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <mutex>
+#include <utility>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,12 +24,17 @@ static_assert(m222::is_static && m222::static_size == 8);
 static_assert(m222{}.size() == 8 && m222{}.size(dim::sp) == 1);
 static_assert(m222{}.coord(dim::tp, 1) == 1 && m222{}.coord(dim::dp, 1) == 0, "the last dimension is innermost");
 static_assert(m222{}.coord(dim::dp, 2) == 1 && m222{}.coord(dim::pp, 4) == 1);
-static_assert(m222{}.rank_of({1, 1, 1, 0}) == 7);  // indexed by dim: dp, tp, pp, sp
+static_assert(m222{}.rank_of({1, 1, 1, 0, 0}) == 7);  // indexed by dim: dp, tp, pp, sp, ep
 static_assert(m222{}.group_id(dim::dp | dim::tp, 5) == 1 && m222{}.group_index(dim::dp | dim::tp, 5) == 1);
 static_assert(m222{}.group_member(dim::dp, 1, 1) == 3);
 static_assert(loom::world_check<m222, 8>::ok);
 static_assert(!loom::mesh<loom::dp<>, loom::tp<2>>::is_static);
 static_assert(loom::mesh<loom::dp<>, loom::tp<2>>{loom::dp<>{3}, loom::tp<2>{}}.size() == 6);
+// ep is a dimension like the others: dp2 x ep2 x tp2, the expert-data layout's group of dp x ep.
+using m_ep = loom::mesh<loom::dp<2>, loom::ep<2>, loom::tp<2>>;
+static_assert(m_ep{}.size(dim::ep) == 2 && m_ep{}.coord(dim::ep, 2) == 1 && m_ep{}.coord(dim::dp, 4) == 1);
+static_assert(m_ep{}.size(dim::dp | dim::ep) == 4 && m_ep{}.group_member(dim::dp | dim::ep, 1, 3) == 7);
+static_assert(loom::to_string(dim::dp | dim::ep) == "dp x ep" && m_ep{}.describe() == "dp2 x ep2 x tp2");
 
 template <class M>
 void check_round_trip(const M& m) {
@@ -38,7 +44,7 @@ void check_round_trip(const M& m) {
     CHECK(m.rank_of(c) == r);
     seen.insert(r);
     // The group of every set holds exactly the ranks that agree on the other coordinates.
-    for (unsigned bits = 0; bits < 16; ++bits) {
+    for (unsigned bits = 0; bits < (1u << loom::dim_count); ++bits) {
       loom::dim_set s;
       s.bits = bits;
       const int id = m.group_id(s, r), idx = m.group_index(s, r);
@@ -62,13 +68,14 @@ TEST_CASE("mesh: rank and coordinates round-trip and groups hold exactly the ran
   for (int a : {1, 2, 3})
     for (int b : {1, 2})
       for (int c : {1, 2, 4})
-        for (int d : {1, 3}) {
-          loom::mesh<loom::dp<>, loom::pp<>, loom::sp<>, loom::tp<>> m{loom::dp<>{a}, loom::pp<>{b}, loom::sp<>{c},
-                                                                       loom::tp<>{d}};
-          INFO(m.describe());
-          CHECK(m.size() == a * b * c * d);
-          check_round_trip(m);
-        }
+        for (int d : {1, 3})
+          for (int e : {1, 2}) {
+            loom::mesh<loom::dp<>, loom::ep<>, loom::pp<>, loom::sp<>, loom::tp<>> m{loom::dp<>{a}, loom::ep<>{e}, loom::pp<>{b},
+                                                                                     loom::sp<>{c}, loom::tp<>{d}};
+            INFO(m.describe());
+            CHECK(m.size() == a * b * c * d * e);
+            check_round_trip(m);
+          }
 }
 
 TEST_CASE("mesh: the order of the type fixes the layout, the last dimension innermost") {
@@ -87,6 +94,8 @@ TEST_CASE("mesh: a dimension of 0 ranks, a wrong static size and a world of anot
   CHECK_THROWS_WITH_AS(loom::sp<>{-2}, "mesh dimension sp has -2 ranks; every dimension needs at least 1 rank",
                        loom::config_error);
   CHECK_THROWS_WITH_AS(loom::tp<2>{3}, "mesh dimension tp<2> was given the size 3", loom::config_error);
+  CHECK_THROWS_WITH_AS(loom::ep<>{0}, "mesh dimension ep has 0 ranks; every dimension needs at least 1 rank",
+                       loom::config_error);
   loom::mesh<loom::pp<>, loom::tp<>> m{loom::pp<>{2}, loom::tp<>{2}};
   CHECK_THROWS_WITH_AS(m.check_world(8), "mesh pp2 x tp2 has 4 ranks but the world has 8", loom::config_error);
   CHECK_THROWS_WITH_AS((void)m.coords(4), "rank 4 is outside the mesh pp2 x tp2 (ranks 0..3)", loom::config_error);
@@ -108,15 +117,15 @@ TEST_CASE("mesh: every rank refuses a mesh that does not match the world before 
 }
 
 TEST_CASE("mesh: the communicator of each dimension and of each pair groups the right ranks in the right order") {
-  using mesh4 = loom::mesh<loom::pp<2>, loom::dp<2>, loom::sp<>, loom::tp<2>>;
-  for (int spn : {1, 2}) {
-    mesh4 m{loom::pp<2>{}, loom::dp<2>{}, loom::sp<>{spn}, loom::tp<2>{}};
+  using mesh5 = loom::mesh<loom::pp<2>, loom::dp<2>, loom::ep<>, loom::sp<>, loom::tp<2>>;
+  for (auto [epn, spn] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 1}}) {
+    mesh5 m{loom::pp<2>{}, loom::dp<2>{}, loom::ep<>{epn}, loom::sp<>{spn}, loom::tp<2>{}};
     std::mutex mu;
     int checked = 0;
     loom::run_threads(m.size(), [&](loom::threads::comm& c) {
       loom::mesh_comm g(m, c);
-      std::vector<loom::dim_set> sets{dim::dp, dim::tp, dim::pp, dim::sp, dim::dp | dim::sp, dim::dp | dim::tp,
-                                      dim::pp | dim::tp, loom::dim_set{}};
+      std::vector<loom::dim_set> sets{dim::dp, dim::tp, dim::pp, dim::sp, dim::ep, dim::dp | dim::sp, dim::dp | dim::tp,
+                                      dim::pp | dim::tp, dim::dp | dim::ep, dim::dp | dim::ep | dim::tp, loom::dim_set{}};
       for (auto s : sets) {
         auto& sub = g.group(s);  // the single dimensions are the ones of(d) returns
         CHECK(sub.size() == m.size(s));
@@ -127,6 +136,8 @@ TEST_CASE("mesh: the communicator of each dimension and of each pair groups the 
         for (int i = 0; i < sub.size(); ++i) CHECK(all[static_cast<std::size_t>(i)] == m.group_member(s, c.rank(), i));
       }
       CHECK(&g.group(dim::pp) == &g.pp());
+      CHECK(&g.group(dim::ep) == &g.ep());
+      CHECK(g.ep().size() == epn);
       CHECK(g.pp().counters()[loom::comm_op::all_gather].calls == 1);
       std::lock_guard lk(mu);
       ++checked;

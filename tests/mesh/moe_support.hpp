@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "loom/comm/counting.hpp"
+#include "loom/exec/data_parallel.hpp"
 #include "loom/exec/moe.hpp"
 #include "loom/exec/tensor_parallel.hpp"
+#include "loom/stage/stage.hpp"
 
 namespace moe_test {
 
@@ -295,4 +297,130 @@ rank_result ep_run_overlapped(const problem& p, C& comm, loom::comm_counters& co
   return o;
 }
 
+// A pipeline stage holding one MoE layer over the expert-parallel communicator `comm` (null: every
+// expert here): the router (dense: E x h, reduced over dp x ep) and this rank's E/ep experts
+// (`grad_range::expert`: reduced over dp alone). Its output is the loss terms c_i y_i and
+// lambda l_aux, so the backward seeded with 1 (`loss_scaling::sum`) gives exactly the reference's
+// dy = c, daux = lambda. `c` points to the step's loss weights of this rank's tokens, microbatch
+// after microbatch. A split stage: `backward_input` leaves what the weight gradients need.
+template <class C>
+class moe_stage {
+ public:
+  using value_type = double;
+  moe_stage(const problem& p, C* comm, const vec* c) : p_(&p), g_{comm}, c_(c) {
+    const int ep = g_.size(), r = g_.rank();
+    if (std::string rule = loom::ep_rule(p.E, ep); !rule.empty()) throw loom::config_error(rule);
+    el_ = p.E / ep;
+    const std::size_t hh = p.h * p.h, router = static_cast<std::size_t>(p.E) * p.h;
+    params_.assign(p.wg.begin(), p.wg.end());
+    params_.insert(params_.end(), p.we.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r * el_) * hh),
+                   p.we.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>((r + 1) * el_) * hh));
+    grad_.assign(params_.size(), 0.0);
+    ranges_ = {loom::grad_range{0, router, {}}, loom::grad_range{router, static_cast<std::size_t>(el_) * hh, {}, true}};
+  }
+  std::size_t input_size() const { return p_->n * p_->h; }
+  std::size_t output_size() const { return p_->n * p_->h + 1; }
+  std::size_t stash_size() const { return 0; }
+  std::span<double> params() { return params_; }
+  std::span<double> weight_grad() { return grad_; }
+  std::span<const loom::grad_range> grad_ranges() const { return ranges_; }
+  std::span<const double> router() const { return std::span<const double>(params_).first(static_cast<std::size_t>(p_->E) * p_->h); }
+  std::span<const double> experts() const { return std::span<const double>(params_).subspan(router().size()); }
+
+  void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
+    const problem& p = *p_;
+    const auto E = static_cast<std::size_t>(p.E);
+    state& st = state_of(ctx.microbatch);
+    vec logits(p.n * E);
+    loom::linear_kernel::forward(fb.input, router(), std::span<const double>{}, std::span<double>(logits), p.n, p.h, E);
+    st.R = loom::moe_route(p.o, std::span<const double>(logits));
+    loom::set_capacity(g_, st.R, p.o);
+    const auto cap = static_cast<std::size_t>(st.R.capacity), all = E * cap * p.h;
+    vec slots(all), scratch(all);
+    st.xin.assign(all, 0.0);
+    st.back.assign(all, 0.0);
+    vec eo(all), y(p.n * p.h, 0.0);
+    loom::moe_dispatch(st.R, fb.input, std::span<double>(slots), p.h);
+    loom::ep_to_experts(g_, p.E, std::span<const double>(slots), std::span<double>(scratch), std::span<double>(st.xin));
+    for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
+      loom::linear_kernel::forward(std::span<const double>(st.xin).subspan(at, rows * p.h), weight(e), std::span<const double>{},
+                                   std::span<double>(eo).subspan(at, rows * p.h), rows, p.h, p.h);
+    });
+    loom::ep_from_experts(g_, p.E, std::span<const double>(eo), std::span<double>(scratch), std::span<double>(st.back));
+    loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+    const std::span<const double> c = weights(ctx.microbatch);
+    for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
+    fb.output[y.size()] = p.lambda * loom::moe_aux_loss(st.R);
+  }
+
+  void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
+    const problem& p = *p_;
+    const auto E = static_cast<std::size_t>(p.E), k = static_cast<std::size_t>(p.o.top_k);
+    state& st = state_of(ctx.microbatch);
+    const auto cap = static_cast<std::size_t>(st.R.capacity), all = E * cap * p.h, nh = p.n * p.h;
+    vec dy(nh), dout(all), din(all, 0.0), dslots(all), scratch(all), dgate(p.n * k), dx(nh, 0.0), dxr(nh);
+    const std::span<const double> c = weights(ctx.microbatch);
+    for (std::size_t i = 0; i < nh; ++i) dy[i] = bb.output_grad[i] * c[i];
+    const double daux = bb.output_grad[nh] * p.lambda;
+    loom::moe_combine_backward(st.R, std::span<const double>(st.back), std::span<const double>(dy), std::span<double>(dout),
+                               std::span<double>(dgate), p.h);
+    st.drows.assign(all, 0.0);
+    loom::ep_to_experts(g_, p.E, std::span<const double>(dout), std::span<double>(scratch), std::span<double>(st.drows));
+    for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
+      loom::linear_kernel::backward_input(std::span<const double>(st.drows).subspan(at, rows * p.h), weight(e),
+                                          std::span<double>(din).subspan(at, rows * p.h), rows, p.h, p.h);
+    });
+    loom::ep_from_experts(g_, p.E, std::span<const double>(din), std::span<double>(scratch), std::span<double>(dslots));
+    loom::moe_dispatch_backward(st.R, std::span<const double>(dslots), std::span<double>(dx), p.h);
+    st.dlogits.assign(p.n * E, 0.0);
+    loom::moe_route_backward(st.R, p.o, std::span<const double>(dgate), daux, std::span<double>(st.dlogits));
+    loom::linear_kernel::backward_input(std::span<const double>(st.dlogits), router(), std::span<double>(dxr), p.n, p.h, E);
+    if (!bb.input_grad.empty())
+      for (std::size_t i = 0; i < nh; ++i) bb.input_grad[i] = dx[i] + dxr[i];
+  }
+  void backward_weight(const loom::stage_context& ctx, loom::weight_buffers<double> wb) {
+    const problem& p = *p_;
+    const auto E = static_cast<std::size_t>(p.E);
+    state& st = state_of(ctx.microbatch);
+    const std::size_t hh = p.h * p.h, router_size = router().size();
+    for_experts(static_cast<std::size_t>(st.R.capacity), [&](int e, std::size_t at, std::size_t rows) {
+      loom::linear_kernel::backward_weight(std::span<const double>(st.xin).subspan(at, rows * p.h), std::span<const double>(st.drows).subspan(at, rows * p.h),
+                                           wb.weight_grad.subspan(router_size + static_cast<std::size_t>(e) * hh, hh), std::span<double>{}, rows, p.h,
+                                           p.h);
+    });
+    loom::linear_kernel::backward_weight(wb.input, std::span<const double>(st.dlogits), wb.weight_grad.first(router_size), std::span<double>{}, p.n,
+                                         p.h, E);
+  }
+  void backward(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
+    backward_input(ctx, bb);
+    backward_weight(ctx, {bb.input, bb.stash, bb.weight_grad});
+  }
+
+ private:
+  struct state {
+    loom::moe_routing<double> R;
+    vec xin, back;       // the rows at this rank's experts, the outputs back at their tokens
+    vec drows, dlogits;  // what backward_input leaves for the weight gradients
+  };
+  state& state_of(int mb) {
+    if (states_.size() <= static_cast<std::size_t>(mb)) states_.resize(static_cast<std::size_t>(mb) + 1);
+    return states_[static_cast<std::size_t>(mb)];
+  }
+  std::span<const double> weights(int mb) const { return std::span<const double>(*c_).subspan(static_cast<std::size_t>(mb) * input_size(), input_size()); }
+  std::span<const double> weight(int e) const { return experts().subspan(static_cast<std::size_t>(e) * p_->h * p_->h, p_->h * p_->h); }
+  // Each local expert's rows (ep x capacity of them, source-major) at their offset.
+  template <class F>
+  void for_experts(std::size_t cap, F f) const {
+    const std::size_t rows = static_cast<std::size_t>(g_.size()) * cap;
+    for (int e = 0; e < el_; ++e) f(e, static_cast<std::size_t>(e) * rows * p_->h, rows);
+  }
+
+  const problem* p_;
+  loom::ep_group<C> g_;
+  const vec* c_;
+  int el_ = 0;
+  vec params_, grad_;
+  std::vector<loom::grad_range> ranges_;
+  std::vector<state> states_;
+};
 }  // namespace moe_test

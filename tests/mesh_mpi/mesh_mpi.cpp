@@ -13,6 +13,9 @@
 //            experts (flat and hierarchical all-to-all, 2 nodes of 2, and overlapped in 3 pieces),
 //            and Pipeline MoE's layout,
 //            against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
+//   moe-mesh - 4 processes: ep as a mesh dimension, linear stages and an MoE layer trained by
+//            loom::data_parallel over dp2 x ep2 and pp2 x ep2 (1f1b, zb-h1, dualpipe, ZeRO-2,
+//            local SGD), against the reference of tests/mesh/moe_mesh_support.hpp.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +25,7 @@
 #include <loom/comm/mpi.hpp>
 
 #include "../mesh/mesh_support.hpp"
+#include "../mesh/moe_mesh_support.hpp"
 #include "../mesh/moe_support.hpp"
 
 namespace {
@@ -162,6 +166,39 @@ int mode_moe(loom::mpi::comm& c) {
   return finish(c);
 }
 
+// ep as a mesh dimension: linear stages and an MoE layer over dp x pp x ep on 4 processes,
+// trained by loom::data_parallel, equal the single-process reference (tests/mesh/moe_mesh_support.hpp).
+int mode_moe_mesh(loom::mpi::comm& c) {
+  struct run_case {
+    moe_test::mesh_setup s;
+    const char* family;
+  };
+  std::vector<run_case> cases;
+  for (bool det : {true, false}) {
+    cases.push_back({{.dp = 2, .ep = 2, .k = 1, .f = 0.5, .det = det}, "1f1b"});
+    cases.push_back({{.dp = 1, .pp = 2, .ep = 2, .det = det}, "zb-h1"});
+    cases.push_back({{.dp = 1, .pp = 2, .ep = 2, .f = 0.0, .det = det}, "dualpipe"});
+    cases.push_back({{.dp = 2, .ep = 2, .det = det, .zero = 2}, "1f1b"});
+  }
+  cases.push_back({{.dp = 2, .ep = 2, .steps = 3, .local_steps = 2}, "1f1b"});
+  for (const run_case& rc : cases) {
+    const auto& entry = loom::default_registry().at(rc.family);
+    const loom::schedule sched = entry.make(entry.resolve({rc.s.pp, rc.s.pp == 1 ? 1 : 2 * rc.s.pp, 0}));
+    const auto want = moe_test::mesh_reference(rc.s, sched.stages, sched.microbatches);
+    const auto got = moe_test::mesh_train_rank(c, rc.s, sched, want);
+    ++runs;
+    if (got.differing != 0 || got.compared == 0 || got.moved == 0) {
+      ++failures;
+      std::printf("MISMATCH moe-mesh rank %d %s %s: %lld of %lld values differ, %lld moved\n", c.rank(), moe_test::describe(rc.s).c_str(), rc.family,
+                  got.differing, got.compared, got.moved);
+    }
+  }
+  int bad = failures;
+  c.all_reduce(std::span<int>(&bad, 1), loom::reduce_op::sum);
+  failures = bad;
+  return finish(c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,11 +211,12 @@ int main(int argc, char** argv) {
     if (mode == "train4") return mode_train4(c);
     if (mode == "fault") return mode_fault(c);
     if (mode == "moe") return mode_moe(c);
+    if (mode == "moe-mesh") return mode_moe_mesh(c);
   } catch (const std::exception& e) {
     std::printf("rank %d: %s\n", c.rank(), e.what());
     c.abort_with_cause(std::string("threw: ") + e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: test_mesh_mpi train8|train4|fault|moe\n");
+  std::fprintf(stderr, "usage: test_mesh_mpi train8|train4|fault|moe|moe-mesh\n");
   return 2;
 }

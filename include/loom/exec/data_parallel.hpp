@@ -33,6 +33,18 @@
 //! are reduced over `dp`. The groups `dp`, `dp x tp`, `dp x sp`, `dp x tp x sp` are created (with
 //! `split`) on every rank in that order when the reducer is built.
 //!
+//! Expert parallelism (`loom::ep`, the expert-data layout of Megatron-core and DeepSpeed-MoE).
+//! Ranks that differ in `ep` hold different tokens, so a dense parameter's gradient is a partial
+//! sum over `ep` as over `dp`: it is reduced over `dp x ep` (times its partial dimensions). A range
+//! marked `grad_range::expert` belongs to experts this rank holds alone in its `ep` group: it is
+//! reduced over `dp` (times its partial dimensions) and never over `ep`. On a mesh with more than
+//! one `ep` rank the reducer adds the four expert groups `dp`, `dp x tp`, `dp x sp`,
+//! `dp x tp x sp` after `dp x ep`, `dp x ep x tp`, `dp x ep x sp`, `dp x ep x tp x sp` (eight
+//! groups, in that order); with one `ep` rank both kinds of ranges share the first four groups,
+//! the `expert` mark changes nothing and no group is added. Under local SGD the replica is
+//! `ep x tp x sp x pp`: dense gradients are still reduced over `ep` every step, expert gradients
+//! are not reduced, and both are averaged over `dp` every `H` steps.
+//!
 //! ZeRO (Rajbhandari et al., SC 2020, §5), `zero_stage = 1, 2, 3` (`sharded = true` is stage 2).
 //! Every bucket is padded to a multiple of the group size `n`; rank `r` owns elements
 //! `[r k, (r + 1) k)` of it (`k = padded / n`), updates only those with the optimizer (so a
@@ -171,12 +183,15 @@ inline constexpr bool dp_on_device<C> = true;
 }  // namespace detail
 
 //! A part of a stage's parameters (offsets into `params()` and `weight_grad()`) whose gradient
-//! is a partial sum over the ranks of the dimensions `partial_over` (besides `dp`), e.g. the
-//! tokens of one sequence-parallel rank.
+//! is a partial sum over the ranks of the dimensions `partial_over` (besides `dp`, and `ep` unless
+//! the range is `expert`), e.g. the tokens of one sequence-parallel rank.
 struct grad_range {
   std::size_t offset = 0;    //!< first element
   std::size_t size = 0;      //!< number of elements
   dim_set partial_over{};    //!< extra dimensions whose ranks hold partial sums (subset of tp, sp)
+  //! Expert parameters, held by this rank alone in its `ep` group: reduced over `dp` (times
+  //! `partial_over`) instead of `dp x ep` (see the file comment).
+  bool expert = false;
 };
 
 //! A stage whose parameters `params()` are laid out as its `weight_grad()`.
@@ -433,7 +448,8 @@ class data_parallel final : public step_observer {
                          std::to_string(zero_) + ": replicas that update on their own gradients cannot share parameter or state shards");
     // Local SGD: gradients partial over tp/sp are reduced inside the replica (the group without
     // dp); group 0 (dp alone) is not reduced at all.
-    for (unsigned x = 0; x < 4; ++x) groups_[x] = &mesh.group(dims_of(x));
+    groups_used_ = mesh.size(dim::ep) > 1 ? max_groups : max_groups / 2;
+    for (unsigned x = 0; x < groups_used_; ++x) groups_[x] = &mesh.group(dims_of(x));
   }
 
   data_parallel(const data_parallel&) = delete;
@@ -505,12 +521,12 @@ class data_parallel final : public step_observer {
 
     buckets_.clear();
     const std::size_t cap = std::max<std::size_t>(1, opt_.bucket_bytes / sizeof(value_type));
-    for (unsigned x = 0; x < 4; ++x) {
+    for (unsigned x = 0; x < groups_used_; ++x) {
       std::size_t open = buckets_.size();
       bool have_open = false;
       for (std::size_t li : order)
         for (const grad_range& r : ranges_of(li)) {
-          if (group_index(r.partial_over) != x) continue;
+          if (group_index(r) != x) continue;
           std::size_t off = r.offset, left = r.size;
           while (left > 0) {
             if (!have_open || buckets_[open].elements == cap) {
@@ -695,7 +711,9 @@ class data_parallel final : public step_observer {
     {
       std::lock_guard lk(mu_);
       if (opt_.eager)
-        for (unsigned x = local() ? 1 : 0; x < 4; ++x) launched = launch_ready(x, false) || launched;
+        for (unsigned x = 0; x < groups_used_; ++x) {
+          if (!unreduced(x)) launched = launch_ready(x, false) || launched;
+        }
       test_all();
     }
     if (launched) cv_.notify_all();
@@ -708,7 +726,9 @@ class data_parallel final : public step_observer {
     if constexpr (on_device)
       if (opt_.measure) compute_done_.record(cuda::stream_ref(compute_));  // the pipeline's work ends here
 #endif
-    for (unsigned x = local() ? 1 : 0; x < 4; ++x) launch_ready(x, true);
+    for (unsigned x = 0; x < groups_used_; ++x) {
+      if (!unreduced(x)) launch_ready(x, true);
+    }
 #if defined(LOOM_HAS_CUDA)
     if constexpr (on_device) device_step_end(failed_rank, cause);
     else
@@ -723,15 +743,22 @@ class data_parallel final : public step_observer {
  private:
   // ---- local SGD (see the file comment) ------------------------------------------------------
   bool local() const { return opt_.local_steps > 0; }
-  //! The dimensions group `x` reduces over.
-  dim_set dims_of(unsigned x) const { return local() && x != 0 ? replica_dims(x) : group_dims(x); }
-  //! The dimensions a partial gradient is reduced over inside a replica (local SGD).
-  static dim_set replica_dims(unsigned x) {
+  //! The dimensions group `x` reduces over (an unreduced group of local SGD: `group_dims`).
+  dim_set dims_of(unsigned x) const { return local() && !unreduced(x) ? replica_dims(x) : group_dims(x); }
+  //! The dimensions a partial gradient is reduced over inside a replica (local SGD): its partial
+  //! dimensions, and `ep` for a dense one.
+  dim_set replica_dims(unsigned x) const {
     dim_set s{};
     if (x & 1u) s = s | dim::tp;
     if (x & 2u) s = s | dim::sp;
+    if (!(x & expert_bit) && mesh_->size(dim::ep) > 1) s = s | dim::ep;
     return s;
   }
+  //! Whether group `x` is not reduced at all: under local SGD, when the replica holds its
+  //! gradients whole (no partial dimension, and an expert range or no `ep`).
+  bool unreduced(unsigned x) const { return local() && replica_dims(x).empty(); }
+  //! The group reduced over `dp` alone in every mode (local SGD's average uses its scratch).
+  unsigned dp_alone() const { return groups_used_ == max_groups ? expert_bit : 0u; }
   //! Every replica's parameters become their mean over `dp`: one all-reduce of all of them
   //! (rank-ordered in deterministic mode), then `* (1/dp)`.
   void average() {
@@ -888,8 +915,8 @@ class data_parallel final : public step_observer {
       for (bucket& b : buckets_)
         if (b.group == x && b.reducing) b.red.post_remaining();
   }
-  //! Under local SGD a bucket of group 0 (dp alone) is not reduced: its gradients stay the stages'.
-  bool unreduced(const bucket& b) const { return local() && b.group == 0; }
+  //! Under local SGD a bucket of an unreduced group keeps the stages' own gradients.
+  bool unreduced(const bucket& b) const { return unreduced(b.group); }
   //! Tests every reduction in flight (with `mu_` held).
   void test_all() {
     if constexpr (!on_device)  // on a device everything is enqueued: nothing to progress
@@ -915,14 +942,19 @@ class data_parallel final : public step_observer {
     }
   }
 
-  static dim_set group_dims(unsigned x) {
+  //! Group `x`: bit 0 `tp` partial, bit 1 `sp` partial, bit 2 (`expert_bit`) expert parameters.
+  dim_set group_dims(unsigned x) const {
     dim_set s{dim::dp};
+    if (!(x & expert_bit) && mesh_->size(dim::ep) > 1) s = s | dim::ep;
     if (x & 1u) s = s | dim::tp;
     if (x & 2u) s = s | dim::sp;
     return s;
   }
-  static unsigned group_index(dim_set partial) {
-    return (partial.contains(dim::tp) ? 1u : 0u) | (partial.contains(dim::sp) ? 2u : 0u);
+  //! The group of range `r` (the expert bit only where the mesh has `ep` ranks to tell apart).
+  unsigned group_index(const grad_range& r) const {
+    const dim_set partial = r.partial_over;
+    return (partial.contains(dim::tp) ? 1u : 0u) | (partial.contains(dim::sp) ? 2u : 0u) |
+           (r.expert && groups_used_ == max_groups ? expert_bit : 0u);
   }
 
   std::vector<grad_range> ranges_of(std::size_t li) {
@@ -936,7 +968,7 @@ class data_parallel final : public step_observer {
 
   //! Every rank of a group must lay out the same buckets: compare counts and sizes.
   void check_layout() {
-    for (unsigned x = 0; x < 4; ++x) {
+    for (unsigned x = 0; x < groups_used_; ++x) {
       std::vector<std::int64_t> sig{0, 0, 0};
       std::uint64_t sizes = 0;  // a hash of the bucket sizes in order, wrapping (unsigned: defined)
       for (const bucket& b : buckets_)
@@ -1027,7 +1059,7 @@ class data_parallel final : public step_observer {
   //! largest need (the buckets it all-reduces, and local SGD's average on `dp`), so the scratch is
   //! that, by formula (`memory()`), and never grows inside a step.
   void reserve_scratch() {
-    scratch_.assign(4, 0);
+    scratch_.assign(groups_used_, 0);
     if constexpr (on_device && requires(comm_type& c) { c.inner().reserve_scratch(std::size_t{}); }) {
       for (const bucket& b : buckets_) {
         if (zero_ > 1 || unreduced(b)) continue;
@@ -1037,10 +1069,10 @@ class data_parallel final : public step_observer {
       if (opt_.local_steps > 0) {
         std::size_t total = 0;
         for (const bucket& b : buckets_) total += b.elements;
-        const unsigned dp = group_index(dim_set{dim::dp});
+        const unsigned dp = dp_alone();
         scratch_[dp] = std::max(scratch_[dp], groups_[dp]->inner().template all_reduce_scratch<value_type>(total * sizeof(value_type)));
       }
-      for (unsigned x = 0; x < 4; ++x)
+      for (unsigned x = 0; x < groups_used_; ++x)
         if (scratch_[x] != 0) groups_[x]->inner().reserve_scratch(scratch_[x]);
     }
   }
@@ -1375,7 +1407,10 @@ class data_parallel final : public step_observer {
   std::vector<std::size_t> scratch_;    // per group: the reduction scratch reserved at attach (bytes; cuda_local)
   std::vector<char> held_;              // ZeRO-3: whether local stage li holds its parameters
   Opt optimizer_;
-  comm_type* groups_[4] = {};
+  static constexpr unsigned expert_bit = 4;   //!< the bit of expert ranges in a group's index
+  static constexpr unsigned max_groups = 8;   //!< groups with `ep` ranks (half of them without)
+  comm_type* groups_[max_groups] = {};
+  unsigned groups_used_ = 4;  //!< 8 with more than one `ep` rank, else 4
   std::span<Stage> stages_;
   std::vector<bucket> buckets_;
   std::vector<std::int64_t> status_;

@@ -10,7 +10,12 @@
 //! - `loom::tp<N>` tensor parallel: each layer's weights split over `N` ranks (Megatron-LM);
 //! - `loom::pp<N>` pipeline parallel: the layers cut into stages run by a schedule;
 //! - `loom::sp<N>` sequence parallel: the sequence split over `N` ranks (Megatron-SP, Ulysses,
-//!   ring attention, USP; see `loom/exec/sequence_parallel.hpp`).
+//!   ring attention, USP; see `loom/exec/sequence_parallel.hpp`);
+//! - `loom::ep<N>` expert parallel: the experts of every mixture-of-experts layer over `N` ranks
+//!   (see `loom/exec/moe.hpp`). Ranks that differ in `ep` hold different experts *and* different
+//!   tokens, so the dense (non-expert) parameters are data-parallel over `dp x ep` and the expert
+//!   parameters over `dp` alone: the expert-data layout of Megatron-core and DeepSpeed-MoE, as a
+//!   mesh axis (`loom::data_parallel` reduces each `grad_range` over its group accordingly).
 //!
 //! `N` is a constant or `loom::dynamic` (given at run time); both use one code path, as CuTe's
 //! `Int<4>` and `int` or mdspan's static and dynamic extents do. A dimension of 0 ranks is
@@ -38,19 +43,24 @@ namespace loom {
 //! The size of a dimension known only at run time (as `std::dynamic_extent`).
 inline constexpr int dynamic = -1;
 
-//! The four parallelism dimensions.
-enum class dim : unsigned char { dp, tp, pp, sp };
+//! The five parallelism dimensions (`ep` last, so the bits of the first four are those they had
+//! before it came).
+enum class dim : unsigned char { dp, tp, pp, sp, ep };
+
+//! Number of dimensions.
+inline constexpr std::size_t dim_count = 5;
 
 //! Every dimension, in the order used when naming sets of them.
-inline constexpr std::array<dim, 4> all_dims{dim::dp, dim::tp, dim::pp, dim::sp};
+inline constexpr std::array<dim, dim_count> all_dims{dim::dp, dim::ep, dim::tp, dim::pp, dim::sp};
 
-//! Name of a dimension ("dp", "tp", "pp", "sp").
+//! Name of a dimension ("dp", "tp", "pp", "sp", "ep").
 constexpr std::string_view to_string(dim d) noexcept {
   switch (d) {
     case dim::dp: return "dp";
     case dim::tp: return "tp";
     case dim::pp: return "pp";
     case dim::sp: return "sp";
+    case dim::ep: return "ep";
   }
   return "?";
 }
@@ -113,13 +123,13 @@ constexpr text dimension_rule(dim d, int n) {
 }  // namespace detail
 
 //! One dimension `D` of static size `N` (or `loom::dynamic`). Prefer the aliases `dp<N>`,
-//! `tp<N>`, `pp<N>`, `sp<N>`. A static dimension is default-constructible; a dynamic one is
+//! `tp<N>`, `pp<N>`, `sp<N>`, `ep<N>`. A static dimension is default-constructible; a dynamic one is
 //! constructed from its size (a static one may be too, with the same size). Sizes below 1 are
 //! refused: a static one does not compile, a run-time one throws `config_error`.
 template <dim D, int N>
 class dimension {
   static_assert(N == dynamic || N >= 1,
-                "loom: a mesh dimension needs at least 1 rank (dp<0>, tp<0>, pp<0>, sp<0> and negative "
+                "loom: a mesh dimension needs at least 1 rank (dp<0>, tp<0>, pp<0>, sp<0>, ep<0> and negative "
                 "sizes other than loom::dynamic are refused)");
 
  public:
@@ -157,6 +167,10 @@ using pp = dimension<dim::pp, N>;
 //! Sequence parallel: the sequence over `N` ranks.
 template <int N = dynamic>
 using sp = dimension<dim::sp, N>;
+//! Expert parallel: the experts of each mixture-of-experts layer over `N` ranks, which also hold
+//! different tokens (see the file comment).
+template <int N = dynamic>
+using ep = dimension<dim::ep, N>;
 
 //! True for the `dimension` types.
 template <class T>
@@ -169,7 +183,7 @@ template <class T>
 concept mesh_dimension = is_dimension_v<T>;
 
 //! Coordinates of a rank along every dimension (indexed by `dim`; 0 for absent ones).
-using mesh_coords = std::array<int, 4>;
+using mesh_coords = std::array<int, dim_count>;
 
 //! The dimensions `Dims...` composed over `size()` ranks, the last one innermost (see the file
 //! comment). Constructed from one object per dimension (`mesh<dp<>, tp<2>> m{dp<>{4}, tp<2>{}}`)
@@ -184,7 +198,7 @@ class mesh {
         if (order_[i] == order_[j]) return false;
     return true;
   }
-  static_assert(unique_dims(), "loom: a mesh lists each dimension (dp, tp, pp, sp) at most once");
+  static_assert(unique_dims(), "loom: a mesh lists each dimension (dp, tp, pp, sp, ep) at most once");
 
  public:
   //! Number of dimensions listed.
@@ -313,7 +327,7 @@ class mesh {
   }
 
   std::array<int, sizeof...(Dims)> dims_{(Dims::is_static ? Dims::static_size : 1)...};
-  std::array<int, 4> sizes_{1, 1, 1, 1};
+  std::array<int, dim_count> sizes_{1, 1, 1, 1, 1};
 };
 
 //! A world whose size is known at compile time, for `loom::check_world<World>(mesh)` and the

@@ -84,6 +84,8 @@ class mesh_comm {
   comm_type& pp() { return of(dim::pp); }
   //! The sequence-parallel group.
   comm_type& sp() { return of(dim::sp); }
+  //! The expert-parallel group (the ranks that share the experts of a layer between them).
+  comm_type& ep() { return of(dim::ep); }
 
   //! The communicator of the ranks that differ only in the dimensions of `s`, ordered row-major
   //! over them in mesh order. Collective the first time a set is asked for: every rank must ask
@@ -106,7 +108,7 @@ class mesh_comm {
   int rank_ = 0;
   mesh_coords coords_{};
   std::unique_ptr<comm_type> world_;
-  std::array<std::unique_ptr<comm_type>, 16> groups_;
+  std::array<std::unique_ptr<comm_type>, std::size_t{1} << dim_count> groups_;
 };
 
 }  // namespace loom

@@ -1,0 +1,283 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// ep as a mesh dimension, test support (tests/mesh/moe_mesh_test.cpp on threads, tests/mesh_mpi on
+// MPI): a pipeline of linear stages ending in an MoE layer with its loss, trained by
+// loom::data_parallel over dp x pp x ep (ep innermost), and the single-process reference holding
+// every expert.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/exec/data_parallel.hpp"
+#include "loom/exec/pipeline.hpp"
+#include "loom/mesh.hpp"
+#include "loom/schedule.hpp"
+#include "moe_support.hpp"
+
+namespace moe_test {
+
+inline constexpr double mesh_lr = 0.1;  //!< SGD's learning rate
+
+//! Stage `l`'s initial weights (h x h) before the MoE stage.
+inline vec linear_init(std::size_t h, int l) {
+  vec w(h * h);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.5 * val(900 + static_cast<std::uint64_t>(l), i);
+  return w;
+}
+
+//! Virtual stage `index` of `stages`: a linear layer h -> h (dense), or on the last stage the MoE
+//! layer with the loss (`moe_stage`). A split stage: the linear `B` leaves its output gradient in
+//! the stash for `W`.
+template <class C>
+class model_stage {
+ public:
+  using value_type = double;
+  model_stage(const problem& p, C* ep, const vec* c, int index, int stages) : n_(p.n), h_(p.h), index_(index) {
+    if (index == stages - 1) {
+      moe_.emplace(p, ep, c);
+    } else {
+      w_ = linear_init(p.h, index);
+      grad_.assign(w_.size(), 0.0);
+      dense_.size = w_.size();
+    }
+  }
+  int index() const { return index_; }
+  const moe_stage<C>* moe() const { return moe_ ? &*moe_ : nullptr; }
+  std::span<const double> linear() const { return w_; }
+
+  std::size_t input_size() const { return n_ * h_; }
+  std::size_t output_size() const { return moe_ ? moe_->output_size() : n_ * h_; }
+  std::size_t stash_size() const { return moe_ ? 0 : n_ * h_; }
+  std::span<double> params() { return moe_ ? moe_->params() : std::span<double>(w_); }
+  std::span<double> weight_grad() { return moe_ ? moe_->weight_grad() : std::span<double>(grad_); }
+  std::span<const loom::grad_range> grad_ranges() const { return moe_ ? moe_->grad_ranges() : std::span<const loom::grad_range>(&dense_, 1); }
+
+  void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
+    if (moe_) return moe_->forward(ctx, fb);
+    loom::linear_kernel::forward(fb.input, std::span<const double>(w_), std::span<const double>{}, fb.output, n_, h_, h_);
+  }
+  void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
+    if (moe_) return moe_->backward_input(ctx, bb);
+    std::copy(bb.output_grad.begin(), bb.output_grad.end(), bb.stash.begin());
+    if (!bb.input_grad.empty()) loom::linear_kernel::backward_input(bb.output_grad, std::span<const double>(w_), bb.input_grad, n_, h_, h_);
+  }
+  void backward_weight(const loom::stage_context& ctx, loom::weight_buffers<double> wb) {
+    if (moe_) return moe_->backward_weight(ctx, wb);
+    loom::linear_kernel::backward_weight(wb.input, std::span<const double>(wb.stash), wb.weight_grad, std::span<double>{}, n_, h_, h_);
+  }
+  void backward(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
+    backward_input(ctx, bb);
+    backward_weight(ctx, {bb.input, bb.stash, bb.weight_grad});
+  }
+
+ private:
+  std::size_t n_, h_;
+  int index_;
+  std::optional<moe_stage<C>> moe_;
+  vec w_, grad_;
+  loom::grad_range dense_{0, 0, {}};
+};
+
+//! One training run: the mesh dp x pp x ep, the routing, the reducer's options.
+struct mesh_setup {
+  int dp = 1, pp = 1, ep = 2, E = 4, k = 2, steps = 2;
+  double f = 0.5;
+  bool det = true;
+  int zero = 0;         //!< ZeRO stage
+  int local_steps = 0;  //!< local SGD's H (0: synchronous)
+};
+
+inline std::string describe(const mesh_setup& s) {
+  return "dp" + std::to_string(s.dp) + " x pp" + std::to_string(s.pp) + " x ep" + std::to_string(s.ep) + " E=" + std::to_string(s.E) +
+         " k=" + std::to_string(s.k) + " f=" + std::to_string(s.f) + (s.det ? " deterministic" : "") + " zero=" + std::to_string(s.zero) +
+         " H=" + std::to_string(s.local_steps);
+}
+
+//! A replica's weights: the linear stages', the router, every expert.
+struct mesh_weights {
+  std::vector<vec> linear;
+  vec router, experts;
+};
+
+//! Step `st`'s data: token set `(d ep + e) M + j` is microbatch `j` of replica `d`'s ep rank `e`.
+//! Step 0's router and experts are the initial ones.
+inline problem mesh_data(const mesh_setup& s, int M, int st) {
+  return make(s.E, s.dp * s.ep * M, s.k, s.f, 5151 + static_cast<std::uint64_t>(st) * 31);
+}
+
+//! `acc = g` the first time, else `acc += g`: the rank-ordered fold of loom::ordered_all_reduce.
+inline void fold(vec& acc, const vec& g, bool first) {
+  if (first) acc = g;
+  else
+    for (std::size_t i = 0; i < g.size(); ++i) acc[i] += g[i];
+}
+
+//! The reference, per replica. Each (d, e, j) goes through the linear stages, replica d's
+//! microbatch j through `moe_test::reference` (its ep ranks together, every expert held), then
+//! back through the linear stages. Per rank the microbatches' gradients fold from zero in
+//! microbatch order (the pipeline's deterministic fold). Synchronous: the ranks' folds in world
+//! order, dense over dp x ep and experts over dp, every replica the same step. Local SGD: each
+//! replica's dense gradients over its ep ranks, its experts' its own, and every H steps the
+//! replicas' weights averaged (summed in replica order, times 1/dp). Scaled by 1/(dp ep), then SGD.
+inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int M) {
+  const problem p0 = mesh_data(s, M, 0);
+  const std::size_t h = p0.h, n = p0.n, D = static_cast<std::size_t>(s.dp), EP = static_cast<std::size_t>(s.ep), L = static_cast<std::size_t>(S - 1);
+  mesh_weights init{{}, p0.wg, p0.we};
+  for (int l = 0; l + 1 < S; ++l) init.linear.push_back(linear_init(h, l));
+  std::vector<mesh_weights> w(D, init);
+  const double scale = 1.0 / (s.dp * s.ep);
+  auto sgd = [&](vec& x, const vec& g) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= mesh_lr * (g[i] * scale);
+  };
+  for (int st = 0; st < s.steps; ++st) {
+    const problem all = mesh_data(s, M, st);
+    std::vector<mesh_weights> acc(D * EP, mesh_weights{std::vector<vec>(L, vec(h * h, 0.0)), vec(p0.wg.size(), 0.0), vec(p0.we.size(), 0.0)});
+    for (std::size_t d = 0; d < D; ++d)
+      for (int j = 0; j < M; ++j) {
+        problem pd = all;
+        pd.ranks = s.ep;
+        pd.x.clear();
+        pd.c.clear();
+        pd.wg = w[d].router;
+        pd.we = w[d].experts;
+        std::vector<std::vector<vec>> acts(EP);  // per ep rank: the input of every linear stage
+        for (std::size_t e = 0; e < EP; ++e) {
+          const std::size_t t = (d * EP + e) * static_cast<std::size_t>(M) + static_cast<std::size_t>(j);
+          vec a = all.x[t];
+          for (std::size_t l = 0; l < L; ++l) {
+            acts[e].push_back(a);
+            vec next(n * h);
+            loom::linear_kernel::forward(std::span<const double>(a), std::span<const double>(w[d].linear[l]), std::span<const double>{},
+                                         std::span<double>(next), n, h, h);
+            a = next;
+          }
+          pd.x.push_back(a);
+          pd.c.push_back(all.c[t]);
+        }
+        const auto want = reference(pd);
+        for (std::size_t e = 0; e < EP; ++e) {
+          mesh_weights& a = acc[d * EP + e];
+          for (std::size_t i = 0; i < a.router.size(); ++i) a.router[i] += want[e].dwg[i];
+          if (e == 0)  // the experts' gradient sums the replica's ep ranks' rows already
+            for (std::size_t i = 0; i < a.experts.size(); ++i) a.experts[i] += want[0].dwe[i];
+          vec da = want[e].dx;
+          for (std::size_t l = L; l-- > 0;) {
+            vec g(h * h, 0.0), dprev(n * h);
+            loom::linear_kernel::backward_weight(std::span<const double>(acts[e][l]), std::span<const double>(da), std::span<double>(g),
+                                                 std::span<double>{}, n, h, h);
+            for (std::size_t i = 0; i < g.size(); ++i) a.linear[l][i] += g[i];
+            loom::linear_kernel::backward_input(std::span<const double>(da), std::span<const double>(w[d].linear[l]), std::span<double>(dprev), n, h, h);
+            da = dprev;
+          }
+        }
+      }
+    // The reduced gradients: over the whole world (synchronous) or each replica (local SGD).
+    const bool local = s.local_steps > 0;
+    for (std::size_t d = 0; d < D; ++d) {
+      if (!local && d > 0) {
+        w[d] = w[0];
+        continue;
+      }
+      mesh_weights g;
+      g.linear.resize(L);
+      const std::size_t first = local ? d * EP : 0, last = local ? (d + 1) * EP : D * EP;
+      for (std::size_t r = first; r < last; ++r) {
+        fold(g.router, acc[r].router, r == first);
+        for (std::size_t l = 0; l < L; ++l) fold(g.linear[l], acc[r].linear[l], r == first);
+        if (r % EP == 0) fold(g.experts, acc[r].experts, r == first);
+      }
+      sgd(w[d].router, g.router);
+      sgd(w[d].experts, g.experts);
+      for (std::size_t l = 0; l < L; ++l) sgd(w[d].linear[l], g.linear[l]);
+    }
+    if (local && (st + 1) % s.local_steps == 0) {
+      const double inv = 1.0 / s.dp;
+      auto average = [&](auto member) {
+        vec sum;
+        for (std::size_t d = 0; d < D; ++d) fold(sum, member(w[d]), d == 0);
+        for (double& v : sum) v *= inv;
+        for (std::size_t d = 0; d < D; ++d) member(w[d]) = sum;
+      };
+      average([](mesh_weights& x) -> vec& { return x.router; });
+      average([](mesh_weights& x) -> vec& { return x.experts; });
+      for (std::size_t l = 0; l < L; ++l) average([l](mesh_weights& x) -> vec& { return x.linear[l]; });
+    }
+  }
+  return w;
+}
+
+//! Values of `got` that differ from `want`: bitwise, or beyond 1e-12 of the largest value.
+inline long long value_differences(std::span<const double> got, std::span<const double> want, bool bitwise) {
+  if (got.size() != want.size()) return 1 << 30;
+  double norm = 0;
+  for (double v : want) norm = std::max(norm, std::abs(v));
+  long long bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    bad += bitwise ? std::bit_cast<std::uint64_t>(got[i]) != std::bit_cast<std::uint64_t>(want[i]) : std::abs(got[i] - want[i]) > 1e-12 * norm;
+  return bad;
+}
+
+//! What one rank's run gives: its weights' differences from the reference's, how many values it
+//! compared, and the reducer's buckets.
+struct mesh_rank_result {
+  long long differing = 0, compared = 0, moved = 0;  // moved: values that differ from the initial weights
+  std::vector<loom::bucket_report> buckets;
+};
+
+//! This rank of `world` trains `sched` (pp = its ranks) over dp x pp x ep, `s.steps` steps, and
+//! compares the weights of its stages with replica `d`'s of `want`.
+template <class World>
+mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::schedule& sched, const std::vector<mesh_weights>& want) {
+  using mesh3 = loom::mesh<loom::dp<>, loom::pp<>, loom::ep<>>;
+  const int M = sched.microbatches, S = sched.stages;
+  loom::mesh_comm g(mesh3{loom::dp<>{s.dp}, loom::pp<>{s.pp}, loom::ep<>{s.ep}}, world);
+  using C = typename decltype(g)::comm_type;
+  const problem p0 = mesh_data(s, M, 0);
+  const std::size_t hh = p0.h * p0.h, El = static_cast<std::size_t>(s.E / s.ep), nh = p0.n * p0.h;
+  const auto d = static_cast<std::size_t>(g.coord(loom::dim::dp)), e = static_cast<std::size_t>(g.coord(loom::dim::ep));
+  const loom::data_parallel_options o{.bucket_bytes = s.zero != 0 ? 96 : std::size_t{25} << 20, .zero_stage = s.zero, .local_steps = s.local_steps,
+                                      .deterministic = s.det, .grad_scale = 1.0 / (s.dp * s.ep)};
+  vec weights(static_cast<std::size_t>(M) * nh);  // the loss weights of this step's microbatches
+  loom::data_parallel<decltype(g), model_stage<C>> sync(g, o, loom::sgd{.lr = mesh_lr});
+  loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) { return model_stage<C>(p0, &g.ep(), &weights, id.stage, S); },
+                    {.deterministic = s.det, .scaling = loom::loss_scaling::sum, .observer = &sync});
+  sync.attach(pl);
+  for (int st = 0; st < s.steps; ++st) {
+    const problem p = mesh_data(s, M, st);
+    vec inputs;
+    for (int j = 0; j < M; ++j) {
+      const std::size_t t = (d * static_cast<std::size_t>(s.ep) + e) * static_cast<std::size_t>(M) + static_cast<std::size_t>(j);
+      inputs.insert(inputs.end(), p.x[t].begin(), p.x[t].end());
+      std::copy(p.c[t].begin(), p.c[t].end(), weights.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * nh));
+    }
+    pl.step(inputs);
+  }
+  sync.finish();
+  mesh_rank_result out;
+  out.buckets = sync.report();
+  auto compare = [&](std::span<const double> got, std::span<const double> ref, std::span<const double> initial) {
+    out.differing += value_differences(got, ref, s.det);
+    out.compared += static_cast<long long>(ref.size());
+    out.moved += value_differences(got, initial, true);
+  };
+  const mesh_weights& w = want[d];
+  for (const auto& stg : pl.stages()) {
+    if (const auto* m = stg.moe()) {
+      const auto mine = std::span<const double>(w.experts).subspan(e * El * hh, El * hh);
+      compare(m->router(), w.router, p0.wg);
+      compare(m->experts(), mine, std::span<const double>(p0.we).subspan(e * El * hh, El * hh));
+    } else {
+      const auto l = static_cast<std::size_t>(stg.index());
+      compare(stg.linear(), w.linear[l], linear_init(p0.h, stg.index()));
+    }
+  }
+  return out;
+}
+
+}  // namespace moe_test
