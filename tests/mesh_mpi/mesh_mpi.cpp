@@ -11,7 +11,8 @@
 //   moe    - 4 processes: expert parallelism (loom/exec/moe.hpp) over E in {4, 8}, top-1 and
 //            top-2, capacity factors 0, 0.5 and 1.25, each process with its own tokens and
 //            experts (flat and hierarchical all-to-all, 2 nodes of 2, and overlapped in 3 pieces),
-//            and Pipeline MoE's layout,
+//            and Pipeline MoE's layout, and Tutel's adaptive degree r (E in {1, 2} FFN experts,
+//            every valid r, within 1e-12: tests/mesh/moe_adaptive_support.hpp),
 //            against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
 //   moe-mesh - 4 processes: ep as a mesh dimension, linear stages and an MoE layer trained by
 //            loom::data_parallel over dp2 x ep2 and pp2 x ep2 (1f1b, zb-h1, dualpipe, ZeRO-2,
@@ -25,6 +26,7 @@
 #include <loom/comm/mpi.hpp>
 
 #include "../mesh/mesh_support.hpp"
+#include "../mesh/moe_adaptive_support.hpp"
 #include "../mesh/moe_mesh_support.hpp"
 #include "../mesh/moe_support.hpp"
 
@@ -160,6 +162,28 @@ int mode_moe(loom::mpi::comm& c) {
           std::printf("MISMATCH pipeline moe rank %d E=%d k=%d f=%g\n", r, E, k, f);
         }
       }
+  // Tutel's adaptive parallelism: E < 4 FFN experts over the 4 processes, every valid degree r.
+  for (int E : {1, 2})
+    for (double f : {0.0, 1.0}) {
+      namespace at = moe_adaptive_test;
+      const auto p = at::make_ffn(ep, E, 1, f, static_cast<std::uint64_t>(7000 + E * 10) + static_cast<std::uint64_t>(f * 3));
+      const auto want = at::reference(p);
+      const std::size_t slice = p.H / static_cast<std::size_t>(p.S()) * p.h;
+      const int r0 = comm.rank();
+      const std::size_t first = static_cast<std::size_t>(r0 / p.S()) * p.H * p.h + static_cast<std::size_t>(r0 % p.S()) * slice;
+      const at::vec dw1(want[0].dw1.begin() + static_cast<std::ptrdiff_t>(first), want[0].dw1.begin() + static_cast<std::ptrdiff_t>(first + slice));
+      const at::vec dw2(want[0].dw2.begin() + static_cast<std::ptrdiff_t>(first), want[0].dw2.begin() + static_cast<std::ptrdiff_t>(first + slice));
+      for (int r : loom::ep_adaptive_degrees(E, ep)) {
+        const auto got = at::adaptive_run(p, comm, r);
+        const auto& ref = want[static_cast<std::size_t>(r0)];
+        ++runs;
+        if (got.dropped != ref.dropped || at::far(got.y, ref.y) != 0 || at::far(got.dx, ref.dx) != 0 || at::far(got.dwg, ref.dwg) != 0 ||
+            at::far(got.dw1, dw1) != 0 || at::far(got.dw2, dw2) != 0) {
+          ++failures;
+          std::printf("MISMATCH moe adaptive rank %d E=%d f=%g r=%d\n", r0, E, f, r);
+        }
+      }
+    }
   int bad = failures;
   c.all_reduce(std::span<int>(&bad, 1), loom::reduce_op::sum);
   failures = bad;

@@ -50,6 +50,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
@@ -521,6 +522,152 @@ void ep_overlapped(ep_group<C>& g, int experts, std::size_t capacity, std::size_
     if (p > 0) finish_combine(p - 1);
   }
   if (n > 0) finish_combine(n - 1);
+}
+
+//! Tutel's adaptive parallelism (Hwang et al., "Tutel: Adaptive Mixture-of-Experts at Scale",
+//! MLSys 2023, §3.1; read from microsoft/tutel at 82af7aad, `tutel/impls/moe_layer.py`
+//! `MOELayer.forward` and `tutel/experts/ffn.py`; loom's notes:
+//! `tools/moe-reference/tutel-adaptive-r-notes.md`). When the E experts are fewer than the W ranks
+//! of the expert-parallel group (W a multiple of E), each expert spans `S = W / E` ranks: rank `w`
+//! serves expert `w / S` and holds slice `w % S` of its hidden dimension (the rows `[j H/S,
+//! (j+1) H/S)` of both FFN matrices, stored hidden-major). That layout never changes; the degree
+//! `r` (0, or a divisor of S) only chooses what a step gathers and where the tokens go, so it can
+//! switch per step without moving parameters:
+//! - `r >= 1`: the expert's S ranks form r gather groups of `g = S / r` consecutive ranks
+//!   (`ep_adaptive_split`); each all-gathers its g slices, so it holds H/r hidden rows. The dispatch
+//!   buffer `[E][C][h]` is repeated r times along the capacity and sent as W equal chunks: rank
+//!   `j` of expert `e` receives copy `j / g`, slot rows `[(j % g) C/g, (j % g + 1) C/g)` of every
+//!   source (`ep_adaptive_to_experts`, rows `[W][C/g][h]`, source-major). The g ranks of a group
+//!   split the tokens, the r groups the hidden dimension. Each rank returns its partial output
+//!   over its H/r rows, and every source sums the r copies in copy order
+//!   (`ep_adaptive_from_experts`). r = S is pure model parallelism (no gather), r = 1 pure data
+//!   parallelism inside the expert (the whole expert gathered on each of its ranks).
+//! - `r = 0`: every rank all-gathers every slice over the whole group (every expert whole) and runs
+//!   them on its own dispatch buffer: no all-to-all.
+//! The backward is the same two calls: the combine gradient goes out through
+//! `ep_adaptive_to_experts` (the sum's gradient is a copy per copy) and the input gradients come
+//! back through `ep_adaptive_from_experts` (the repeat's gradient is the sum of the copies); the
+//! gathers' backward is a reduce-scatter of the weight gradients over the same gather group.
+//! The capacity must divide by g for every r: route with `moe_options::alignment = S` (Tutel's
+//! `alignment = sharded_count`). The r partial sums reassociate the hidden dimension's sum, so
+//! different degrees agree within rounding (1e-12 relative in double), not bit for bit.
+struct ep_adaptive {
+  int ranks = 1;    //!< W, the expert-parallel group's ranks
+  int experts = 1;  //!< E, a divisor of W
+  int degree = 0;   //!< r: 0 or a divisor of S
+  //! S = W / E, the ranks (and hidden slices) per expert.
+  int shards() const { return ranks / experts; }
+  //! The gather group's ranks: W for r = 0, else g = S / r.
+  int group() const { return degree == 0 ? ranks : shards() / degree; }
+};
+
+//! The rule `a` breaks, in one line, or "".
+inline std::string ep_adaptive_rule(const ep_adaptive& a) {
+  if (a.experts < 1 || a.ranks < 1 || a.ranks % a.experts != 0)
+    return "moe: adaptive parallelism needs the " + std::to_string(a.ranks) + " expert-parallel ranks to be a multiple of the " +
+           std::to_string(a.experts) + " experts";
+  if (a.degree < 0 || (a.degree > 0 && a.shards() % a.degree != 0))
+    return "moe: the adaptive degree r must be 0 or a divisor of the " + std::to_string(a.shards()) + " ranks per expert (got " +
+           std::to_string(a.degree) + ")";
+  return {};
+}
+
+//! The valid degrees for E experts over W ranks: 0, then the divisors of S in increasing order.
+inline std::vector<int> ep_adaptive_degrees(int experts, int ranks) {
+  std::vector<int> out{0};
+  const int S = ranks / experts;
+  for (int r = 1; r <= S; ++r)
+    if (S % r == 0) out.push_back(r);
+  return out;
+}
+
+//! The colour and key that split the expert-parallel group into `a`'s gather groups (`r = 0`: the
+//! whole group; else g consecutive ranks).
+inline std::pair<int, int> ep_adaptive_split(const ep_adaptive& a, int rank) {
+  const int g = a.group();
+  return {rank / g, rank % g};
+}
+
+//! Elements one rank sends over its links per step and MoE layer under `a` (the ring algorithm's
+//! bus volume, as `loom::counted` counts it), for capacity C, model width h and P parameters per
+//! expert: the gather and its reduce-scatter, `2 (g - 1) P / S` (r = 0: g = W), and for r >= 1 the
+//! four all-to-alls of `r E C h` elements each, `4 r E C h (W - 1) / W`.
+inline double ep_adaptive_volume(const ep_adaptive& a, std::size_t capacity, std::size_t h, std::size_t params_per_expert) {
+  const double W = a.ranks, g = a.group(), slice = static_cast<double>(params_per_expert) / a.shards();
+  double v = 2 * (g - 1) * slice;
+  if (a.degree > 0) v += 4.0 * a.degree * a.experts * static_cast<double>(capacity) * static_cast<double>(h) * (W - 1) / W;
+  return v;
+}
+
+//! loom's rule for the degree: the valid r with the least `ep_adaptive_volume`, ties to the larger
+//! r (fewer gathered parameters held; r = 0 holds every expert).
+inline int ep_adaptive_choose(int experts, int ranks, std::size_t capacity, std::size_t h, std::size_t params_per_expert) {
+  int best = 0;
+  double least = 0;
+  for (int r : ep_adaptive_degrees(experts, ranks)) {
+    const double v = ep_adaptive_volume({ranks, experts, r}, capacity, h, params_per_expert);
+    if (r == 0 || v <= least) {
+      best = r;
+      least = v;
+    }
+  }
+  return best;
+}
+
+namespace detail {
+inline void check_adaptive(const ep_adaptive& a, int group_size, std::size_t capacity) {
+  if (std::string rule = ep_adaptive_rule(a); !rule.empty()) throw config_error(rule);
+  if (a.ranks != group_size)
+    throw config_error("moe: adaptive parallelism over " + std::to_string(a.ranks) + " ranks on an expert-parallel group of " + std::to_string(group_size));
+  if (a.degree > 0 && capacity % static_cast<std::size_t>(a.group()) != 0)
+    throw config_error("moe: the capacity " + std::to_string(capacity) + " does not split over the " + std::to_string(a.group()) +
+                       " ranks of a gather group (route with alignment " + std::to_string(a.shards()) + ")");
+}
+}  // namespace detail
+
+//! Sends the slots (`[E][C][h]`: a dispatch buffer, or the combine's gradient) to the experts'
+//! ranks under `a` (see `ep_adaptive`): `rows` gets `[W][C/g][h]` (r >= 1: the chunk of every
+//! source, source-major; r = 0: the slots themselves, `[E][C][h]`). `scratch` holds `r E C h`
+//! elements. One all-to-all for r >= 1, none for r = 0.
+template <class C, class T>
+void ep_adaptive_to_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<const T> slots, std::span<T> scratch,
+                            std::span<T> rows) {
+  detail::check_adaptive(a, g.size(), capacity);
+  if (a.degree == 0) {
+    std::copy(slots.begin(), slots.end(), rows.begin());
+    return;
+  }
+  const int S = a.shards(), gs = a.group();
+  const std::size_t chunk = capacity / static_cast<std::size_t>(gs) * h;  // C/g rows
+  for (int w = 0; w < a.ranks; ++w) {  // destination w: expert w / S, rows (w % S % g) C/g of its slots
+    const auto e = static_cast<std::size_t>(w / S), part = static_cast<std::size_t>(w % S % gs);
+    std::copy_n(slots.begin() + static_cast<std::ptrdiff_t>(e * capacity * h + part * chunk), chunk,
+                scratch.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(w) * chunk));
+  }
+  g.comm->all_to_all(std::span<const T>(scratch), rows);
+}
+
+//! The way back: `rows` (`[W][C/g][h]`, this rank's partial outputs or input gradients per source;
+//! r = 0: `[E][C][h]`) to `slots` (`[E][C][h]`), each slot the sum of its r copies in copy order
+//! (`((c_0 + c_1) + ...)`). `scratch` holds `r E C h` elements. One all-to-all for r >= 1.
+template <class C, class T>
+void ep_adaptive_from_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<const T> rows, std::span<T> scratch,
+                              std::span<T> slots) {
+  detail::check_adaptive(a, g.size(), capacity);
+  if (a.degree == 0) {
+    std::copy(rows.begin(), rows.end(), slots.begin());
+    return;
+  }
+  g.comm->all_to_all(rows, scratch);  // chunk w: what rank w computed for this rank's slots
+  const int S = a.shards(), gs = a.group();
+  const std::size_t rows_per = capacity / static_cast<std::size_t>(gs), chunk = rows_per * h;
+  for (int w = 0; w < a.ranks; ++w) {
+    const auto e = static_cast<std::size_t>(w / S), part = static_cast<std::size_t>(w % S % gs);
+    const bool first = w % S / gs == 0;  // copy 0 of these rows
+    const T* from = scratch.data() + static_cast<std::size_t>(w) * chunk;
+    T* to = slots.data() + e * capacity * h + part * chunk;
+    for (std::size_t i = 0; i < chunk; ++i) to[i] = first ? from[i] : to[i] + from[i];
+  }
 }
 
 }  // namespace loom
