@@ -49,6 +49,7 @@ class model_stage {
   }
   int index() const { return index_; }
   const moe_stage<C>* moe() const { return moe_ ? &*moe_ : nullptr; }
+  moe_stage<C>* moe_mut() { return moe_ ? &*moe_ : nullptr; }
   std::span<const double> linear() const { return w_; }
 
   std::size_t input_size() const { return n_ * h_; }
@@ -224,10 +225,13 @@ inline long long value_differences(std::span<const double> got, std::span<const 
 }
 
 //! What one rank's run gives: its weights' differences from the reference's, how many values it
-//! compared, and the reducer's buckets.
+//! compared, the reducer's buckets, and the steps whose all-to-all bytes on `ep` differed from
+//! the formula `4 E h sum_j C_j x 8` (the rank's MoE microbatches j; 0 with one ep rank).
 struct mesh_rank_result {
   long long differing = 0, compared = 0, moved = 0;  // moved: values that differ from the initial weights
   std::vector<loom::bucket_report> buckets;
+  int volume_mismatches = 0;
+  long long moe_microbatches = 0;  // forwards of the rank's MoE stages, all steps
 };
 
 //! This rank of `world` trains `sched` (pp = its ranks) over dp x pp x ep, `s.steps` steps, and
@@ -248,7 +252,11 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
   loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) { return model_stage<C>(p0, &g.ep(), &weights, id.stage, S); },
                     {.deterministic = s.det, .scaling = loom::loss_scaling::sum, .observer = &sync});
   sync.attach(pl);
+  mesh_rank_result out;
   for (int st = 0; st < s.steps; ++st) {
+    g.ep().reset_counters();
+    for (auto& stg : pl.stages())
+      if (stg.moe() != nullptr) stg.moe_mut()->clear_capacities();
     const problem p = mesh_data(s, M, st);
     vec inputs;
     for (int j = 0; j < M; ++j) {
@@ -257,9 +265,20 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
       std::copy(p.c[t].begin(), p.c[t].end(), weights.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * nh));
     }
     pl.step(inputs);
+    // The step's all-to-alls on ep: dispatch and combine, forward and backward, E C_j h each.
+    std::uint64_t want_bytes = 0, want_calls = 0;
+    for (const auto& stg : pl.stages())
+      if (const auto* m = stg.moe())
+        for (long long cap : m->capacities()) {
+          ++out.moe_microbatches;
+          if (s.ep == 1) continue;
+          want_calls += 4;
+          want_bytes += 4 * static_cast<std::uint64_t>(s.E) * static_cast<std::uint64_t>(cap) * p0.h * sizeof(double);
+        }
+    const auto& a2a = g.ep().counters()[loom::comm_op::all_to_all];
+    if (a2a.calls != want_calls || a2a.bytes != want_bytes) ++out.volume_mismatches;
   }
   sync.finish();
-  mesh_rank_result out;
   out.buckets = sync.report();
   auto compare = [&](std::span<const double> got, std::span<const double> ref, std::span<const double> initial) {
     out.differing += value_differences(got, ref, s.det);

@@ -326,6 +326,9 @@ class moe_stage {
   std::span<const loom::grad_range> grad_ranges() const { return ranges_; }
   std::span<const double> router() const { return std::span<const double>(params_).first(static_cast<std::size_t>(p_->E) * p_->h); }
   std::span<const double> experts() const { return std::span<const double>(params_).subspan(router().size()); }
+  //! The capacity of every forward since the last `clear_capacities()`.
+  const std::vector<long long>& capacities() const { return capacities_; }
+  void clear_capacities() { capacities_.clear(); }
 
   void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
     const problem& p = *p_;
@@ -335,6 +338,7 @@ class moe_stage {
     loom::linear_kernel::forward(fb.input, router(), std::span<const double>{}, std::span<double>(logits), p.n, p.h, E);
     st.R = loom::moe_route(p.o, std::span<const double>(logits));
     loom::set_capacity(g_, st.R, p.o);
+    capacities_.push_back(st.R.capacity);
     const auto cap = static_cast<std::size_t>(st.R.capacity), all = E * cap * p.h;
     vec slots(all), scratch(all);
     st.xin.assign(all, 0.0);
@@ -422,5 +426,6 @@ class moe_stage {
   vec params_, grad_;
   std::vector<loom::grad_range> ranges_;
   std::vector<state> states_;
+  std::vector<long long> capacities_;
 };
 }  // namespace moe_test

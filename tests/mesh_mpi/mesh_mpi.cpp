@@ -211,10 +211,10 @@ int mode_moe_mesh(loom::mpi::comm& c) {
     const auto want = moe_test::mesh_reference(rc.s, sched.stages, sched.microbatches);
     const auto got = moe_test::mesh_train_rank(c, rc.s, sched, want);
     ++runs;
-    if (got.differing != 0 || got.compared == 0 || got.moved == 0) {
+    if (got.differing != 0 || got.compared == 0 || got.moved == 0 || got.volume_mismatches != 0) {
       ++failures;
-      std::printf("MISMATCH moe-mesh rank %d %s %s: %lld of %lld values differ, %lld moved\n", c.rank(), moe_test::describe(rc.s).c_str(), rc.family,
-                  got.differing, got.compared, got.moved);
+      std::printf("MISMATCH moe-mesh rank %d %s %s: %lld of %lld values differ, %lld moved, %d steps with other all-to-all bytes\n", c.rank(),
+                  moe_test::describe(rc.s).c_str(), rc.family, got.differing, got.compared, got.moved, got.volume_mismatches);
     }
   }
   int bad = failures;
