@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,17 +33,29 @@ inline vec linear_init(std::size_t h, int l) {
 }
 
 //! Virtual stage `index` of `stages`: a linear layer h -> h (dense), or on the last stage the MoE
-//! layer with the loss (`moe_stage`). A split stage: the linear `B` leaves its output gradient in
-//! the stash for `W`.
+//! layer with the loss (`moe_stage`). Over a tensor-parallel group `tp` of T ranks (rank t):
+//! the linear layer is column-parallel (rank t holds output rows [t h/T, (t+1) h/T); the forward
+//! all-gathers the outputs, the backward all-reduces the input gradient), and the MoE layer takes
+//! the token rows [t n/T, (t+1) n/T) (Megatron-core's sequence split before the router: its
+//! router and expert gradients are then partial over tp) and all-gathers the input gradient. A
+//! split stage: the linear `B` leaves its output gradient's columns in the stash for `W`.
 template <class C>
 class model_stage {
  public:
   using value_type = double;
-  model_stage(const problem& p, C* ep, const vec* c, int index, int stages) : n_(p.n), h_(p.h), index_(index) {
+  model_stage(const problem& p, C* ep, C* tp, const vec* c, int index, int stages, bool pipeline_moe = false)
+      : n_(p.n), h_(p.h), index_(index), tp_(tp), T_(tp == nullptr ? 1 : tp->size()), t_(tp == nullptr ? 0 : tp->rank()), pmoe_(pipeline_moe) {
     if (index == stages - 1) {
-      moe_.emplace(p, ep, c);
+      auto part = std::make_shared<problem>(p);
+      part->n = n_ / static_cast<std::size_t>(parts());
+      part_ = part;
+      if (pmoe_) moe_.emplace(*part_, ep, c, loom::dim_set{}, tp);
+      else moe_.emplace(*part_, ep, c, T_ > 1 ? loom::dim_set{loom::dim::tp} : loom::dim_set{});
     } else {
-      w_ = linear_init(p.h, index);
+      const vec all = linear_init(p.h, index);
+      const std::size_t rows = h_ / static_cast<std::size_t>(T_);
+      w_.assign(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t_) * rows * h_),
+                all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t_ + 1) * rows * h_));
       grad_.assign(w_.size(), 0.0);
       dense_.size = w_.size();
     }
@@ -50,36 +63,71 @@ class model_stage {
   int index() const { return index_; }
   const moe_stage<C>* moe() const { return moe_ ? &*moe_ : nullptr; }
   moe_stage<C>* moe_mut() { return moe_ ? &*moe_ : nullptr; }
+  //! This rank's rows of the linear layer (`[h/T][h]`).
   std::span<const double> linear() const { return w_; }
 
   std::size_t input_size() const { return n_ * h_; }
   std::size_t output_size() const { return moe_ ? moe_->output_size() : n_ * h_; }
-  std::size_t stash_size() const { return moe_ ? 0 : n_ * h_; }
+  std::size_t stash_size() const { return moe_ ? 0 : n_ * cols(); }
   std::span<double> params() { return moe_ ? moe_->params() : std::span<double>(w_); }
   std::span<double> weight_grad() { return moe_ ? moe_->weight_grad() : std::span<double>(grad_); }
   std::span<const loom::grad_range> grad_ranges() const { return moe_ ? moe_->grad_ranges() : std::span<const loom::grad_range>(&dense_, 1); }
 
   void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
-    if (moe_) return moe_->forward(ctx, fb);
-    loom::linear_kernel::forward(fb.input, std::span<const double>(w_), std::span<const double>{}, fb.output, n_, h_, h_);
+    if (moe_) return moe_->forward(ctx, {mine(fb.input), fb.output, fb.stash});
+    const std::size_t k = cols();
+    vec part(n_ * k), all(n_ * h_);
+    loom::linear_kernel::forward(fb.input, std::span<const double>(w_), std::span<const double>{}, std::span<double>(part), n_, h_, k);
+    if (T_ == 1) {
+      std::copy(part.begin(), part.end(), fb.output.begin());
+      return;
+    }
+    tp_->all_gather(std::span<const double>(part), std::span<double>(all));  // [T][n][h/T]
+    for (std::size_t r = 0; r < static_cast<std::size_t>(T_); ++r)
+      for (std::size_t t = 0; t < n_; ++t)
+        for (std::size_t o = 0; o < k; ++o) fb.output[t * h_ + r * k + o] = all[(r * n_ + t) * k + o];
   }
   void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
-    if (moe_) return moe_->backward_input(ctx, bb);
-    std::copy(bb.output_grad.begin(), bb.output_grad.end(), bb.stash.begin());
-    if (!bb.input_grad.empty()) loom::linear_kernel::backward_input(bb.output_grad, std::span<const double>(w_), bb.input_grad, n_, h_, h_);
+    if (moe_) {
+      vec dx(moe_->input_size());
+      moe_->backward_input(ctx, {mine(bb.input), bb.stash, bb.output_grad, bb.input_grad.empty() ? std::span<double>{} : std::span<double>(dx), {}});
+      if (bb.input_grad.empty()) return;
+      if (parts() == 1) std::copy(dx.begin(), dx.end(), bb.input_grad.begin());
+      else tp_->all_gather(std::span<const double>(dx), bb.input_grad);  // row blocks in tp order
+      return;
+    }
+    const std::size_t k = cols();
+    for (std::size_t t = 0; t < n_; ++t)
+      for (std::size_t o = 0; o < k; ++o) bb.stash[t * k + o] = bb.output_grad[t * h_ + static_cast<std::size_t>(t_) * k + o];
+    if (bb.input_grad.empty()) return;
+    loom::linear_kernel::backward_input(std::span<const double>(bb.stash), std::span<const double>(w_), bb.input_grad, n_, h_, k);
+    if (T_ > 1) tp_->all_reduce(bb.input_grad, loom::reduce_op::sum);  // the column blocks' partial sums, rank order
   }
   void backward_weight(const loom::stage_context& ctx, loom::weight_buffers<double> wb) {
-    if (moe_) return moe_->backward_weight(ctx, wb);
-    loom::linear_kernel::backward_weight(wb.input, std::span<const double>(wb.stash), wb.weight_grad, std::span<double>{}, n_, h_, h_);
+    if (moe_) return moe_->backward_weight(ctx, {mine(wb.input), wb.stash, wb.weight_grad});
+    loom::linear_kernel::backward_weight(wb.input, std::span<const double>(wb.stash), wb.weight_grad, std::span<double>{}, n_, h_, cols());
   }
   void backward(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
-    backward_input(ctx, bb);
+    backward_input(ctx, {bb.input, bb.stash, bb.output_grad, bb.input_grad, {}});
     backward_weight(ctx, {bb.input, bb.stash, bb.weight_grad});
   }
 
  private:
+  std::size_t cols() const { return h_ / static_cast<std::size_t>(T_); }
+  //! How many parts the MoE layer's tokens split into (1 under Pipeline MoE).
+  int parts() const { return pmoe_ ? 1 : T_; }
+  //! This tp rank's token rows of a full activation.
+  std::span<const double> mine(std::span<const double> x) const {
+    const std::size_t part = n_ / static_cast<std::size_t>(parts()) * h_;
+    return x.subspan(pmoe_ ? 0 : static_cast<std::size_t>(t_) * part, part);
+  }
+
   std::size_t n_, h_;
   int index_;
+  C* tp_;
+  int T_, t_;
+  bool pmoe_;
+  std::shared_ptr<const problem> part_;  // the MoE layer's problem over this rank's tokens (a stable address)
   std::optional<moe_stage<C>> moe_;
   vec w_, grad_;
   loom::grad_range dense_{0, 0, {}};
@@ -92,10 +140,15 @@ struct mesh_setup {
   bool det = true;
   int zero = 0;         //!< ZeRO stage
   int local_steps = 0;  //!< local SGD's H (0: synchronous)
+  int tp = 1;  //!< tensor-parallel ranks (innermost), 1 or 2 (two partial sums add the same in either order)
+  //! Pipeline MoE's layout over tp (ep = 1): the MoE layer's experts over the tp ranks, which hold
+  //! every token, instead of the tokens split over them.
+  bool pipeline_moe = false;
 };
 
 inline std::string describe(const mesh_setup& s) {
-  return "dp" + std::to_string(s.dp) + " x pp" + std::to_string(s.pp) + " x ep" + std::to_string(s.ep) + " E=" + std::to_string(s.E) +
+  return "dp" + std::to_string(s.dp) + " x pp" + std::to_string(s.pp) + " x ep" + std::to_string(s.ep) + " x tp" + std::to_string(s.tp) +
+         " E=" + std::to_string(s.E) +
          " k=" + std::to_string(s.k) + " f=" + std::to_string(s.f) + (s.det ? " deterministic" : "") + " zero=" + std::to_string(s.zero) +
          " H=" + std::to_string(s.local_steps);
 }
@@ -119,16 +172,20 @@ inline void fold(vec& acc, const vec& g, bool first) {
     for (std::size_t i = 0; i < g.size(); ++i) acc[i] += g[i];
 }
 
-//! The reference, per replica. Each (d, e, j) goes through the linear stages, replica d's
-//! microbatch j through `moe_test::reference` (its ep ranks together, every expert held), then
-//! back through the linear stages. Per rank the microbatches' gradients fold from zero in
-//! microbatch order (the pipeline's deterministic fold). Synchronous: the ranks' folds in world
-//! order, dense over dp x ep and experts over dp, every replica the same step. Local SGD: each
-//! replica's dense gradients over its ep ranks, its experts' its own, and every H steps the
-//! replicas' weights averaged (summed in replica order, times 1/dp). Scaled by 1/(dp ep), then SGD.
+//! The reference, per replica. Each (d, e, j) goes through the linear stages; replica d's
+//! microbatch j through `moe_test::reference` once per tp rank t (its ep ranks together, every
+//! expert held, on the token rows t of each), then back through the linear stages, whose input
+//! gradient adds the tp ranks' column blocks' partial sums in tp order. Per rank the microbatches'
+//! gradients fold from zero in microbatch order (the pipeline's deterministic fold). Synchronous:
+//! the ranks' folds in world order over their reduction groups (the router over dp x ep x tp, the
+//! experts over dp x tp, the linear stages over dp x ep), every replica the same step. Local SGD:
+//! the same inside each replica (dp left out), and every H steps the replicas' weights averaged
+//! (summed in replica order, times 1/dp). Scaled by 1/(dp ep), then SGD.
 inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int M) {
   const problem p0 = mesh_data(s, M, 0);
   const std::size_t h = p0.h, n = p0.n, D = static_cast<std::size_t>(s.dp), EP = static_cast<std::size_t>(s.ep), L = static_cast<std::size_t>(S - 1);
+  const std::size_t T = static_cast<std::size_t>(s.tp), k = h / T;
+  const std::size_t parts = s.pipeline_moe ? 1 : T, part = n / parts;  // the MoE layer's token parts
   mesh_weights init{{}, p0.wg, p0.we};
   for (int l = 0; l + 1 < S; ++l) init.linear.push_back(linear_init(h, l));
   std::vector<mesh_weights> w(D, init);
@@ -138,19 +195,14 @@ inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int 
   };
   for (int st = 0; st < s.steps; ++st) {
     const problem all = mesh_data(s, M, st);
-    std::vector<mesh_weights> acc(D * EP, mesh_weights{std::vector<vec>(L, vec(h * h, 0.0)), vec(p0.wg.size(), 0.0), vec(p0.we.size(), 0.0)});
+    // Per rank (d, e, t): the router and (for e = 0: the replica's tp rank t) the experts; per (d, e): the linear stages.
+    std::vector<mesh_weights> acc(D * EP * T, mesh_weights{std::vector<vec>(L, vec(h * h, 0.0)), vec(p0.wg.size(), 0.0), vec(p0.we.size(), 0.0)});
     for (std::size_t d = 0; d < D; ++d)
       for (int j = 0; j < M; ++j) {
-        problem pd = all;
-        pd.ranks = s.ep;
-        pd.x.clear();
-        pd.c.clear();
-        pd.wg = w[d].router;
-        pd.we = w[d].experts;
         std::vector<std::vector<vec>> acts(EP);  // per ep rank: the input of every linear stage
+        std::vector<vec> moe_in(EP), dmoe(EP, vec(n * h));
         for (std::size_t e = 0; e < EP; ++e) {
-          const std::size_t t = (d * EP + e) * static_cast<std::size_t>(M) + static_cast<std::size_t>(j);
-          vec a = all.x[t];
+          vec a = all.x[(d * EP + e) * static_cast<std::size_t>(M) + static_cast<std::size_t>(j)];
           for (std::size_t l = 0; l < L; ++l) {
             acts[e].push_back(a);
             vec next(n * h);
@@ -158,22 +210,46 @@ inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int 
                                          std::span<double>(next), n, h, h);
             a = next;
           }
-          pd.x.push_back(a);
-          pd.c.push_back(all.c[t]);
+          moe_in[e] = a;
         }
-        const auto want = reference(pd);
+        for (std::size_t t = 0; t < parts; ++t) {  // the MoE layer on token rows t of every ep rank
+          problem pd = all;
+          pd.ranks = s.ep;
+          pd.n = part;
+          pd.x.clear();
+          pd.c.clear();
+          pd.wg = w[d].router;
+          pd.we = w[d].experts;
+          for (std::size_t e = 0; e < EP; ++e) {
+            const vec& c = all.c[(d * EP + e) * static_cast<std::size_t>(M) + static_cast<std::size_t>(j)];
+            pd.x.emplace_back(moe_in[e].begin() + static_cast<std::ptrdiff_t>(t * part * h), moe_in[e].begin() + static_cast<std::ptrdiff_t>((t + 1) * part * h));
+            pd.c.emplace_back(c.begin() + static_cast<std::ptrdiff_t>(t * part * h), c.begin() + static_cast<std::ptrdiff_t>((t + 1) * part * h));
+          }
+          const auto want = reference(pd);
+          for (std::size_t e = 0; e < EP; ++e) {
+            mesh_weights& a = acc[(d * EP + e) * T + t];
+            for (std::size_t i = 0; i < a.router.size(); ++i) a.router[i] += want[e].dwg[i];
+            if (e == 0)  // the experts' gradient sums the ep ranks' rows already
+              for (std::size_t i = 0; i < a.experts.size(); ++i) a.experts[i] += want[0].dwe[i];
+            std::copy(want[e].dx.begin(), want[e].dx.end(), dmoe[e].begin() + static_cast<std::ptrdiff_t>(t * part * h));
+          }
+        }
         for (std::size_t e = 0; e < EP; ++e) {
-          mesh_weights& a = acc[d * EP + e];
-          for (std::size_t i = 0; i < a.router.size(); ++i) a.router[i] += want[e].dwg[i];
-          if (e == 0)  // the experts' gradient sums the replica's ep ranks' rows already
-            for (std::size_t i = 0; i < a.experts.size(); ++i) a.experts[i] += want[0].dwe[i];
-          vec da = want[e].dx;
+          mesh_weights& a = acc[(d * EP + e) * T];
+          vec da = dmoe[e];
           for (std::size_t l = L; l-- > 0;) {
-            vec g(h * h, 0.0), dprev(n * h);
+            vec g(h * h, 0.0), dprev(n * h, 0.0);
             loom::linear_kernel::backward_weight(std::span<const double>(acts[e][l]), std::span<const double>(da), std::span<double>(g),
                                                  std::span<double>{}, n, h, h);
             for (std::size_t i = 0; i < g.size(); ++i) a.linear[l][i] += g[i];
-            loom::linear_kernel::backward_input(std::span<const double>(da), std::span<const double>(w[d].linear[l]), std::span<double>(dprev), n, h, h);
+            for (std::size_t t = 0; t < T; ++t) {  // rank t's column block of da against its rows of the weight
+              vec dy(n * k), pt(n * h);
+              for (std::size_t r = 0; r < n; ++r)
+                for (std::size_t o = 0; o < k; ++o) dy[r * k + o] = da[r * h + t * k + o];
+              loom::linear_kernel::backward_input(std::span<const double>(dy), std::span<const double>(w[d].linear[l]).subspan(t * k * h, k * h),
+                                                  std::span<double>(pt), n, h, k);
+              for (std::size_t i = 0; i < pt.size(); ++i) dprev[i] = t == 0 ? pt[i] : dprev[i] + pt[i];
+            }
             da = dprev;
           }
         }
@@ -187,12 +263,19 @@ inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int 
       }
       mesh_weights g;
       g.linear.resize(L);
-      const std::size_t first = local ? d * EP : 0, last = local ? (d + 1) * EP : D * EP;
-      for (std::size_t r = first; r < last; ++r) {
-        fold(g.router, acc[r].router, r == first);
-        for (std::size_t l = 0; l < L; ++l) fold(g.linear[l], acc[r].linear[l], r == first);
-        if (r % EP == 0) fold(g.experts, acc[r].experts, r == first);
+      const std::size_t first = local ? d * EP * T : 0, last = local ? (d + 1) * EP * T : D * EP * T;
+      for (std::size_t r = first; r < last; ++r) {  // r = (d ep + e) tp + t, world order
+        if (r % T < parts) fold(g.router, acc[r].router, r == first);  // over dp x ep x tp (Pipeline MoE: dp x ep)
+        if (r % T == 0)  // the linear stages over dp x ep: each (d, e) once
+          for (std::size_t l = 0; l < L; ++l) fold(g.linear[l], acc[r].linear[l], r == first);
       }
+      // Experts over dp x tp: (d, t) in world order, the ep rank 0 of each holding the replica's sum.
+      bool first_expert = true;
+      for (std::size_t dd = local ? d : 0; dd < (local ? d + 1 : D); ++dd)
+        for (std::size_t t = 0; t < parts; ++t) {
+          fold(g.experts, acc[dd * EP * T + t].experts, first_expert);
+          first_expert = false;
+        }
       sgd(w[d].router, g.router);
       sgd(w[d].experts, g.experts);
       for (std::size_t l = 0; l < L; ++l) sgd(w[d].linear[l], g.linear[l]);
@@ -238,18 +321,21 @@ struct mesh_rank_result {
 //! compares the weights of its stages with replica `d`'s of `want`.
 template <class World>
 mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::schedule& sched, const std::vector<mesh_weights>& want) {
-  using mesh3 = loom::mesh<loom::dp<>, loom::pp<>, loom::ep<>>;
+  using mesh4 = loom::mesh<loom::dp<>, loom::pp<>, loom::ep<>, loom::tp<>>;
   const int M = sched.microbatches, S = sched.stages;
-  loom::mesh_comm g(mesh3{loom::dp<>{s.dp}, loom::pp<>{s.pp}, loom::ep<>{s.ep}}, world);
+  loom::mesh_comm g(mesh4{loom::dp<>{s.dp}, loom::pp<>{s.pp}, loom::ep<>{s.ep}, loom::tp<>{s.tp}}, world);
   using C = typename decltype(g)::comm_type;
   const problem p0 = mesh_data(s, M, 0);
   const std::size_t hh = p0.h * p0.h, El = static_cast<std::size_t>(s.E / s.ep), nh = p0.n * p0.h;
   const auto d = static_cast<std::size_t>(g.coord(loom::dim::dp)), e = static_cast<std::size_t>(g.coord(loom::dim::ep));
   const loom::data_parallel_options o{.bucket_bytes = s.zero != 0 ? 96 : std::size_t{25} << 20, .zero_stage = s.zero, .local_steps = s.local_steps,
                                       .deterministic = s.det, .grad_scale = 1.0 / (s.dp * s.ep)};
-  vec weights(static_cast<std::size_t>(M) * nh);  // the loss weights of this step's microbatches
+  const auto T = static_cast<std::size_t>(s.tp), t = static_cast<std::size_t>(g.coord(loom::dim::tp)), rows = p0.h / T;
+  const std::size_t parts = s.pipeline_moe ? 1 : T;  // the MoE layer's token parts
+  const std::size_t mine = nh / parts;               // this tp rank's token rows of a microbatch
+  vec weights(static_cast<std::size_t>(M) * mine);  // their loss weights, this step's microbatches
   loom::data_parallel<decltype(g), model_stage<C>> sync(g, o, loom::sgd{.lr = mesh_lr});
-  loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) { return model_stage<C>(p0, &g.ep(), &weights, id.stage, S); },
+  loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) { return model_stage<C>(p0, &g.ep(), &g.tp(), &weights, id.stage, S, s.pipeline_moe); },
                     {.deterministic = s.det, .scaling = loom::loss_scaling::sum, .observer = &sync});
   sync.attach(pl);
   mesh_rank_result out;
@@ -260,9 +346,9 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
     const problem p = mesh_data(s, M, st);
     vec inputs;
     for (int j = 0; j < M; ++j) {
-      const std::size_t t = (d * static_cast<std::size_t>(s.ep) + e) * static_cast<std::size_t>(M) + static_cast<std::size_t>(j);
-      inputs.insert(inputs.end(), p.x[t].begin(), p.x[t].end());
-      std::copy(p.c[t].begin(), p.c[t].end(), weights.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * nh));
+      const std::size_t at = (d * static_cast<std::size_t>(s.ep) + e) * static_cast<std::size_t>(M) + static_cast<std::size_t>(j);
+      inputs.insert(inputs.end(), p.x[at].begin(), p.x[at].end());
+      std::copy_n(p.c[at].begin() + static_cast<std::ptrdiff_t>((parts == 1 ? 0 : t) * mine), mine, weights.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * mine));
     }
     pl.step(inputs);
     // The step's all-to-alls on ep: dispatch and combine, forward and backward, E C_j h each.
@@ -288,12 +374,15 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
   const mesh_weights& w = want[d];
   for (const auto& stg : pl.stages()) {
     if (const auto* m = stg.moe()) {
-      const auto mine = std::span<const double>(w.experts).subspan(e * El * hh, El * hh);
       compare(m->router(), w.router, p0.wg);
-      compare(m->experts(), mine, std::span<const double>(p0.we).subspan(e * El * hh, El * hh));
+      // This rank's experts: E/ep by its ep index, or under Pipeline MoE E/tp by its tp index.
+      const std::size_t held = s.pipeline_moe ? static_cast<std::size_t>(s.E / s.tp) : El, first = (s.pipeline_moe ? t : e) * held * hh;
+      compare(m->experts(), std::span<const double>(w.experts).subspan(first, held * hh), std::span<const double>(p0.we).subspan(first, held * hh));
     } else {
       const auto l = static_cast<std::size_t>(stg.index());
-      compare(stg.linear(), w.linear[l], linear_init(p0.h, stg.index()));
+      const vec initial = linear_init(p0.h, stg.index());
+      compare(stg.linear(), std::span<const double>(w.linear[l]).subspan(t * rows * p0.h, rows * p0.h),
+              std::span<const double>(initial).subspan(t * rows * p0.h, rows * p0.h));
     }
   }
   return out;

@@ -5,7 +5,8 @@
 // every expert (tests/mesh/moe_mesh_support.hpp). Dense weights are reduced over dp x ep, experts
 // over dp alone; bitwise in deterministic mode (the reference adds in the mesh's documented
 // order), within 1e-12 otherwise; several pipeline families, ZeRO and local SGD too. Every step's
-// all-to-all bytes on ep equal 4 E h sum_j C_j x 8 bytes on every rank.
+// all-to-all bytes on ep equal 4 E h sum_j C_j x 8 bytes on every rank. tp inside: the tokens split
+// over tp before the router, or Pipeline MoE's layout (the experts over tp).
 
 #include <doctest/doctest.h>
 
@@ -28,16 +29,17 @@ std::vector<mesh_rank_result> train(const mesh_setup& s, const char* family) {
   REQUIRE_MESSAGE(rule.empty(), rule);
   const loom::schedule sched = entry.make(sh);
   const auto want = mesh_reference(s, sched.stages, sched.microbatches);
-  std::vector<mesh_rank_result> out(static_cast<std::size_t>(s.dp * s.pp * s.ep));
+  const int world = s.dp * s.pp * s.ep * s.tp;
+  std::vector<mesh_rank_result> out(static_cast<std::size_t>(world));
   std::mutex mu;
-  loom::run_threads(s.dp * s.pp * s.ep, [&](loom::threads::comm& c) {
+  loom::run_threads(world, [&](loom::threads::comm& c) {
     auto r = mesh_train_rank(c, s, sched, want);
     std::lock_guard lk(mu);
     out[static_cast<std::size_t>(c.rank())] = std::move(r);
   });
   long long forwards = 0;  // every microbatch of every (dp, ep) rank through one MoE stage, every step
   for (const auto& r : out) forwards += r.moe_microbatches;
-  CHECK(forwards == static_cast<long long>(s.dp) * s.ep * s.steps * sched.microbatches);
+  CHECK(forwards == static_cast<long long>(s.dp) * s.ep * s.tp * s.steps * sched.microbatches);  // each tp rank its token rows
   return out;
 }
 
@@ -114,4 +116,29 @@ TEST_CASE("ep mesh: local SGD reduces dense weights over ep every step, never th
       check({.dp = dp, .ep = ep, .steps = 3, .local_steps = H});
       check({.dp = dp, .pp = 2, .ep = ep, .steps = 3, .local_steps = H}, "interleaved-1f1b");
     }
+}
+
+TEST_CASE("ep mesh: ep with tp (the tokens split over tp before the router, column-parallel linear stages), with dp and pp, trains to the reference") {
+  int runs = 0;
+  for (const char* family : {"1f1b", "zb-h1", "dualpipe"})
+    for (auto [dp, pp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 2}})
+      for (bool det : {true, false}) {
+        if (pp == 1 && family != std::string("1f1b")) continue;
+        check({.dp = dp, .pp = pp, .ep = 2, .det = det, .tp = 2}, family);
+        ++runs;
+      }
+  CHECK(runs == 14);
+  check({.dp = 2, .ep = 2, .det = true, .zero = 2, .tp = 2});
+  check({.dp = 2, .ep = 2, .steps = 3, .det = true, .local_steps = 2, .tp = 2});
+}
+
+TEST_CASE("ep mesh: Pipeline MoE's layout (the experts over tp, every token on each tp rank) composes with dp and the pipeline families") {
+  int runs = 0;
+  for (const char* family : {"1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "chimera", "dualpipe"})
+    for (bool det : {true, false}) {
+      check({.dp = 2, .pp = 2, .ep = 1, .det = det, .tp = 2, .pipeline_moe = true}, family);
+      ++runs;
+    }
+  CHECK(runs == 12);
+  check({.dp = 2, .ep = 1, .det = true, .zero = 2, .tp = 2, .pipeline_moe = true});
 }

@@ -302,21 +302,32 @@ rank_result ep_run_overlapped(const problem& p, C& comm, loom::comm_counters& co
 // (`grad_range::expert`: reduced over dp alone). Its output is the loss terms c_i y_i and
 // lambda l_aux, so the backward seeded with 1 (`loss_scaling::sum`) gives exactly the reference's
 // dy = c, daux = lambda. `c` points to the step's loss weights of this rank's tokens, microbatch
-// after microbatch. A split stage: `backward_input` leaves what the weight gradients need.
+// after microbatch. `partial` names the dimensions whose ranks hold other tokens besides dp and ep
+// (tp when the tokens are split over it), for both ranges. With `experts_over` (Pipeline MoE's
+// layout) the experts spread over that group instead, whose ranks hold the same tokens: dispatch
+// by slicing, combine and the backward's sums by all-reduce (`comm` then has one rank). A split
+// stage: `backward_input` leaves what the weight gradients need.
 template <class C>
 class moe_stage {
  public:
   using value_type = double;
-  moe_stage(const problem& p, C* comm, const vec* c) : p_(&p), g_{comm}, c_(c) {
-    const int ep = g_.size(), r = g_.rank();
+  moe_stage(const problem& p, C* comm, const vec* c, loom::dim_set partial = {}, C* experts_over = nullptr)
+      : p_(&p), g_{comm}, tpg_{experts_over}, c_(c) {
+    const int ep = g_.size();
     if (std::string rule = loom::ep_rule(p.E, ep); !rule.empty()) throw loom::config_error(rule);
     el_ = p.E / ep;
+    int first = g_.rank() * el_;
+    if (experts_over != nullptr) {
+      held_ = loom::tp_experts(p.E, tpg_);
+      el_ = held_.count;
+      first = held_.first;
+    }
     const std::size_t hh = p.h * p.h, router = static_cast<std::size_t>(p.E) * p.h;
     params_.assign(p.wg.begin(), p.wg.end());
-    params_.insert(params_.end(), p.we.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r * el_) * hh),
-                   p.we.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>((r + 1) * el_) * hh));
+    params_.insert(params_.end(), p.we.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * hh),
+                   p.we.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first + el_) * hh));
     grad_.assign(params_.size(), 0.0);
-    ranges_ = {loom::grad_range{0, router, {}}, loom::grad_range{router, static_cast<std::size_t>(el_) * hh, {}, true}};
+    ranges_ = {loom::grad_range{0, router, partial}, loom::grad_range{router, static_cast<std::size_t>(el_) * hh, partial, true}};
   }
   std::size_t input_size() const { return p_->n * p_->h; }
   std::size_t output_size() const { return p_->n * p_->h + 1; }
@@ -337,21 +348,26 @@ class moe_stage {
     vec logits(p.n * E);
     loom::linear_kernel::forward(fb.input, router(), std::span<const double>{}, std::span<double>(logits), p.n, p.h, E);
     st.R = loom::moe_route(p.o, std::span<const double>(logits));
-    loom::set_capacity(g_, st.R, p.o);
+    if (pipeline_moe()) loom::set_capacity(st.R, p.o, st.R.max_load());  // the same tokens on every rank: no communication
+    else loom::set_capacity(g_, st.R, p.o);
     capacities_.push_back(st.R.capacity);
-    const auto cap = static_cast<std::size_t>(st.R.capacity), all = E * cap * p.h;
+    const auto cap = static_cast<std::size_t>(st.R.capacity), all = (pipeline_moe() ? static_cast<std::size_t>(el_) : E) * cap * p.h;
     vec slots(all), scratch(all);
     st.xin.assign(all, 0.0);
     st.back.assign(all, 0.0);
     vec eo(all), y(p.n * p.h, 0.0);
-    loom::moe_dispatch(st.R, fb.input, std::span<double>(slots), p.h);
-    loom::ep_to_experts(g_, p.E, std::span<const double>(slots), std::span<double>(scratch), std::span<double>(st.xin));
+    loom::moe_dispatch(st.R, fb.input, std::span<double>(pipeline_moe() ? st.xin : slots), p.h, held_);
+    if (!pipeline_moe()) loom::ep_to_experts(g_, p.E, std::span<const double>(slots), std::span<double>(scratch), std::span<double>(st.xin));
     for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
       loom::linear_kernel::forward(std::span<const double>(st.xin).subspan(at, rows * p.h), weight(e), std::span<const double>{},
-                                   std::span<double>(eo).subspan(at, rows * p.h), rows, p.h, p.h);
+                                   std::span<double>(pipeline_moe() ? st.back : eo).subspan(at, rows * p.h), rows, p.h, p.h);
     });
-    loom::ep_from_experts(g_, p.E, std::span<const double>(eo), std::span<double>(scratch), std::span<double>(st.back));
-    loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+    if (pipeline_moe()) {
+      loom::tp_moe_combine(tpg_, st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+    } else {
+      loom::ep_from_experts(g_, p.E, std::span<const double>(eo), std::span<double>(scratch), std::span<double>(st.back));
+      loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+    }
     const std::span<const double> c = weights(ctx.microbatch);
     for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
     fb.output[y.size()] = p.lambda * loom::moe_aux_loss(st.R);
@@ -361,21 +377,27 @@ class moe_stage {
     const problem& p = *p_;
     const auto E = static_cast<std::size_t>(p.E), k = static_cast<std::size_t>(p.o.top_k);
     state& st = state_of(ctx.microbatch);
-    const auto cap = static_cast<std::size_t>(st.R.capacity), all = E * cap * p.h, nh = p.n * p.h;
+    const auto cap = static_cast<std::size_t>(st.R.capacity), all = st.xin.size(), nh = p.n * p.h;
     vec dy(nh), dout(all), din(all, 0.0), dslots(all), scratch(all), dgate(p.n * k), dx(nh, 0.0), dxr(nh);
     const std::span<const double> c = weights(ctx.microbatch);
     for (std::size_t i = 0; i < nh; ++i) dy[i] = bb.output_grad[i] * c[i];
     const double daux = bb.output_grad[nh] * p.lambda;
     loom::moe_combine_backward(st.R, std::span<const double>(st.back), std::span<const double>(dy), std::span<double>(dout),
-                               std::span<double>(dgate), p.h);
+                               std::span<double>(dgate), p.h, held_);
     st.drows.assign(all, 0.0);
-    loom::ep_to_experts(g_, p.E, std::span<const double>(dout), std::span<double>(scratch), std::span<double>(st.drows));
+    if (pipeline_moe()) st.drows = dout;
+    else loom::ep_to_experts(g_, p.E, std::span<const double>(dout), std::span<double>(scratch), std::span<double>(st.drows));
     for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
       loom::linear_kernel::backward_input(std::span<const double>(st.drows).subspan(at, rows * p.h), weight(e),
                                           std::span<double>(din).subspan(at, rows * p.h), rows, p.h, p.h);
     });
-    loom::ep_from_experts(g_, p.E, std::span<const double>(din), std::span<double>(scratch), std::span<double>(dslots));
-    loom::moe_dispatch_backward(st.R, std::span<const double>(dslots), std::span<double>(dx), p.h);
+    if (pipeline_moe()) {
+      loom::moe_dispatch_backward(st.R, std::span<const double>(din), std::span<double>(dx), p.h, held_);
+      loom::tp_moe_backward_sum(tpg_, std::span<double>(dx), std::span<double>(dgate));
+    } else {
+      loom::ep_from_experts(g_, p.E, std::span<const double>(din), std::span<double>(scratch), std::span<double>(dslots));
+      loom::moe_dispatch_backward(st.R, std::span<const double>(dslots), std::span<double>(dx), p.h);
+    }
     st.dlogits.assign(p.n * E, 0.0);
     loom::moe_route_backward(st.R, p.o, std::span<const double>(dgate), daux, std::span<double>(st.dlogits));
     loom::linear_kernel::backward_input(std::span<const double>(st.dlogits), router(), std::span<double>(dxr), p.n, p.h, E);
@@ -419,8 +441,12 @@ class moe_stage {
     for (int e = 0; e < el_; ++e) f(e, static_cast<std::size_t>(e) * rows * p_->h, rows);
   }
 
+  bool pipeline_moe() const { return tpg_.comm != nullptr; }
+
   const problem* p_;
   loom::ep_group<C> g_;
+  loom::ep_group<C> tpg_;      // Pipeline MoE: the group the experts spread over (null: expert parallel over g_)
+  loom::moe_experts held_{};   // the experts this rank holds (all of them by default: the slot functions' full range)
   const vec* c_;
   int el_ = 0;
   vec params_, grad_;

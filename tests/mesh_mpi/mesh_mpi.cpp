@@ -15,8 +15,9 @@
 //            every valid r, within 1e-12: tests/mesh/moe_adaptive_support.hpp),
 //            against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
 //   moe-mesh - 4 processes: ep as a mesh dimension, linear stages and an MoE layer trained by
-//            loom::data_parallel over dp2 x ep2 and pp2 x ep2 (1f1b, zb-h1, dualpipe, ZeRO-2,
-//            local SGD), against the reference of tests/mesh/moe_mesh_support.hpp.
+//            loom::data_parallel over dp2 x ep2, pp2 x ep2 and ep2 x tp2 (1f1b, zb-h1, dualpipe,
+//            ZeRO-2, local SGD), and Pipeline MoE's layout over pp2 x tp2 (zb-h1), against the
+//            reference of tests/mesh/moe_mesh_support.hpp.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -203,6 +204,8 @@ int mode_moe_mesh(loom::mpi::comm& c) {
     cases.push_back({{.dp = 1, .pp = 2, .ep = 2, .det = det}, "zb-h1"});
     cases.push_back({{.dp = 1, .pp = 2, .ep = 2, .f = 0.0, .det = det}, "dualpipe"});
     cases.push_back({{.dp = 2, .ep = 2, .det = det, .zero = 2}, "1f1b"});
+    cases.push_back({{.ep = 2, .det = det, .tp = 2}, "1f1b"});
+    cases.push_back({{.pp = 2, .ep = 1, .det = det, .tp = 2, .pipeline_moe = true}, "zb-h1"});
   }
   cases.push_back({{.dp = 2, .ep = 2, .steps = 3, .local_steps = 2}, "1f1b"});
   for (const run_case& rc : cases) {
