@@ -181,7 +181,9 @@ inline void fold(vec& acc, const vec& g, bool first) {
 //! experts over dp x tp, the linear stages over dp x ep), every replica the same step. Local SGD:
 //! the same inside each replica (dp left out), and every H steps the replicas' weights averaged
 //! (summed in replica order, times 1/dp). Scaled by 1/(dp ep), then SGD.
-inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int M) {
+//! With `last`, also the MoE layer's forward in the last step, per rank `(d ep + e) tp + t` and
+//! microbatch: its output, dropped pairs and auxiliary loss (`t` = 0 alone under Pipeline MoE).
+inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int M, std::vector<std::vector<rank_result>>* last = nullptr) {
   const problem p0 = mesh_data(s, M, 0);
   const std::size_t h = p0.h, n = p0.n, D = static_cast<std::size_t>(s.dp), EP = static_cast<std::size_t>(s.ep), L = static_cast<std::size_t>(S - 1);
   const std::size_t T = static_cast<std::size_t>(s.tp), k = h / T;
@@ -189,6 +191,7 @@ inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int 
   mesh_weights init{{}, p0.wg, p0.we};
   for (int l = 0; l + 1 < S; ++l) init.linear.push_back(linear_init(h, l));
   std::vector<mesh_weights> w(D, init);
+  if (last != nullptr) last->assign(D * EP * T, std::vector<rank_result>(static_cast<std::size_t>(M)));
   const double scale = 1.0 / (s.dp * s.ep);
   auto sgd = [&](vec& x, const vec& g) {
     for (std::size_t i = 0; i < x.size(); ++i) x[i] -= mesh_lr * (g[i] * scale);
@@ -226,6 +229,8 @@ inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int 
             pd.c.emplace_back(c.begin() + static_cast<std::ptrdiff_t>(t * part * h), c.begin() + static_cast<std::ptrdiff_t>((t + 1) * part * h));
           }
           const auto want = reference(pd);
+          if (last != nullptr && st + 1 == s.steps)
+            for (std::size_t e = 0; e < EP; ++e) (*last)[(d * EP + e) * T + t][static_cast<std::size_t>(j)] = want[e];
           for (std::size_t e = 0; e < EP; ++e) {
             mesh_weights& a = acc[(d * EP + e) * T + t];
             for (std::size_t i = 0; i < a.router.size(); ++i) a.router[i] += want[e].dwg[i];
@@ -315,12 +320,16 @@ struct mesh_rank_result {
   std::vector<loom::bucket_report> buckets;
   int volume_mismatches = 0;
   long long moe_microbatches = 0;  // forwards of the rank's MoE stages, all steps
+  //! The last step's MoE forwards against the reference's: outputs (bitwise in deterministic
+  //! mode, else 1e-12), dropped pairs (equal) and auxiliary losses, per microbatch.
+  long long forward_differing = 0, forwards_compared = 0;
 };
 
 //! This rank of `world` trains `sched` (pp = its ranks) over dp x pp x ep, `s.steps` steps, and
 //! compares the weights of its stages with replica `d`'s of `want`.
 template <class World>
-mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::schedule& sched, const std::vector<mesh_weights>& want) {
+mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::schedule& sched, const std::vector<mesh_weights>& want,
+                                 const std::vector<std::vector<rank_result>>* last = nullptr) {
   using mesh4 = loom::mesh<loom::dp<>, loom::pp<>, loom::ep<>, loom::tp<>>;
   const int M = sched.microbatches, S = sched.stages;
   loom::mesh_comm g(mesh4{loom::dp<>{s.dp}, loom::pp<>{s.pp}, loom::ep<>{s.ep}, loom::tp<>{s.tp}}, world);
@@ -373,6 +382,17 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
   };
   const mesh_weights& w = want[d];
   for (const auto& stg : pl.stages()) {
+    if (const auto* m = stg.moe(); m != nullptr && last != nullptr) {
+      const auto& ref = (*last)[(d * static_cast<std::size_t>(s.ep) + e) * T + (parts == 1 ? 0 : t)];
+      for (int mb : m->microbatches()) {
+        const auto& got = m->record(mb);
+        const rank_result& r = ref[static_cast<std::size_t>(mb)];
+        ++out.forwards_compared;
+        const bool same = value_differences(got.y, r.y, s.det) == 0 && got.dropped == r.dropped &&
+                          value_differences(std::span<const double>(&got.aux, 1), std::span<const double>(&r.aux, 1), s.det) == 0;
+        if (!same) ++out.forward_differing;
+      }
+    }
     if (const auto* m = stg.moe()) {
       compare(m->router(), w.router, p0.wg);
       // This rank's experts: E/ep by its ep index, or under Pipeline MoE E/tp by its tp index.

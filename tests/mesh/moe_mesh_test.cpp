@@ -5,7 +5,8 @@
 // every expert (tests/mesh/moe_mesh_support.hpp). Dense weights are reduced over dp x ep, experts
 // over dp alone; bitwise in deterministic mode (the reference adds in the mesh's documented
 // order), within 1e-12 otherwise; several pipeline families, ZeRO and local SGD too. Every step's
-// all-to-all bytes on ep equal 4 E h sum_j C_j x 8 bytes on every rank. tp inside: the tokens split
+// all-to-all bytes on ep equal 4 E h sum_j C_j x 8 bytes on every rank; the last step's MoE outputs,
+// dropped pairs and auxiliary losses equal the reference's. tp inside: the tokens split
 // over tp before the router, or Pipeline MoE's layout (the experts over tp).
 
 #include <doctest/doctest.h>
@@ -28,17 +29,22 @@ std::vector<mesh_rank_result> train(const mesh_setup& s, const char* family) {
   const std::string rule = entry.check(sh);
   REQUIRE_MESSAGE(rule.empty(), rule);
   const loom::schedule sched = entry.make(sh);
-  const auto want = mesh_reference(s, sched.stages, sched.microbatches);
+  std::vector<std::vector<rank_result>> last;
+  const auto want = mesh_reference(s, sched.stages, sched.microbatches, &last);
   const int world = s.dp * s.pp * s.ep * s.tp;
   std::vector<mesh_rank_result> out(static_cast<std::size_t>(world));
   std::mutex mu;
   loom::run_threads(world, [&](loom::threads::comm& c) {
-    auto r = mesh_train_rank(c, s, sched, want);
+    auto r = mesh_train_rank(c, s, sched, want, &last);
     std::lock_guard lk(mu);
     out[static_cast<std::size_t>(c.rank())] = std::move(r);
   });
-  long long forwards = 0;  // every microbatch of every (dp, ep) rank through one MoE stage, every step
-  for (const auto& r : out) forwards += r.moe_microbatches;
+  long long forwards = 0, compared = 0;  // every microbatch of every (dp, ep) rank through one MoE stage, every step
+  for (const auto& r : out) {
+    forwards += r.moe_microbatches;
+    compared += r.forwards_compared;
+  }
+  CHECK(compared == forwards / s.steps);  // the last step's, each once
   CHECK(forwards == static_cast<long long>(s.dp) * s.ep * s.tp * s.steps * sched.microbatches);  // each tp rank its token rows
   return out;
 }
@@ -53,6 +59,7 @@ void check(const mesh_setup& s, const char* family = "1f1b") {
     CHECK(results[r].differing == 0);
     CHECK(results[r].moved > 0);  // a reducer that did nothing would not pass
     CHECK(results[r].volume_mismatches == 0);  // all-to-all bytes on ep = 4 E h sum_j C_j x 8 per step
+    CHECK(results[r].forward_differing == 0);  // the last step's outputs, dropped pairs, auxiliary losses
   }
 }
 

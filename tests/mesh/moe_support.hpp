@@ -62,6 +62,7 @@ struct rank_result {
   vec dwe;  // its experts' gradients ([E/ep][h][h] with ep; all E in the reference)
   std::vector<std::pair<int, int>> dropped;
   long long capacity = 0;
+  double aux = 0;  // GShard's auxiliary loss of the rank's routing (the reference sets it)
 };
 
 inline std::vector<std::pair<int, int>> dropped_of(const loom::moe_routing<double>& r) {
@@ -143,6 +144,7 @@ inline std::vector<rank_result> reference(const problem& p) {
     router_backward(p, r, R, std::span<const double>(dgate), o);
     o.dropped = dropped_of(R);
     o.capacity = R.capacity;
+    o.aux = loom::moe_aux_loss(R);
   }
   for (auto& o : out) o.dwe = dwe;
   return out;
@@ -340,6 +342,21 @@ class moe_stage {
   //! The capacity of every forward since the last `clear_capacities()`.
   const std::vector<long long>& capacities() const { return capacities_; }
   void clear_capacities() { capacities_.clear(); }
+  //! What the forward of microbatch `mb` gave last: the layer's output y (before the loss
+  //! weights), the dropped (token, choice) pairs and the auxiliary loss.
+  struct forward_record {
+    vec y;
+    std::vector<std::pair<int, int>> dropped;
+    double aux = 0;
+  };
+  const forward_record& record(int mb) const { return states_.at(static_cast<std::size_t>(mb)).rec; }
+  //! The microbatches this stage ran a forward of (since it was built).
+  std::vector<int> microbatches() const {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < states_.size(); ++i)
+      if (states_[i].ran) out.push_back(static_cast<int>(i));
+    return out;
+  }
 
   void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
     const problem& p = *p_;
@@ -370,7 +387,9 @@ class moe_stage {
     }
     const std::span<const double> c = weights(ctx.microbatch);
     for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
-    fb.output[y.size()] = p.lambda * loom::moe_aux_loss(st.R);
+    st.rec = {y, dropped_of(st.R), loom::moe_aux_loss(st.R)};
+    st.ran = true;
+    fb.output[y.size()] = p.lambda * st.rec.aux;
   }
 
   void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
@@ -427,6 +446,8 @@ class moe_stage {
     loom::moe_routing<double> R;
     vec xin, back;       // the rows at this rank's experts, the outputs back at their tokens
     vec drows, dlogits;  // what backward_input leaves for the weight gradients
+    forward_record rec;
+    bool ran = false;
   };
   state& state_of(int mb) {
     if (states_.size() <= static_cast<std::size_t>(mb)) states_.resize(static_cast<std::size_t>(mb) + 1);

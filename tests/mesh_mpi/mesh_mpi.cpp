@@ -211,13 +211,16 @@ int mode_moe_mesh(loom::mpi::comm& c) {
   for (const run_case& rc : cases) {
     const auto& entry = loom::default_registry().at(rc.family);
     const loom::schedule sched = entry.make(entry.resolve({rc.s.pp, rc.s.pp == 1 ? 1 : 2 * rc.s.pp, 0}));
-    const auto want = moe_test::mesh_reference(rc.s, sched.stages, sched.microbatches);
-    const auto got = moe_test::mesh_train_rank(c, rc.s, sched, want);
+    std::vector<std::vector<moe_test::rank_result>> last;
+    const auto want = moe_test::mesh_reference(rc.s, sched.stages, sched.microbatches, &last);
+    const auto got = moe_test::mesh_train_rank(c, rc.s, sched, want, &last);
     ++runs;
-    if (got.differing != 0 || got.compared == 0 || got.moved == 0 || got.volume_mismatches != 0) {
+    if (got.differing != 0 || got.compared == 0 || got.moved == 0 || got.volume_mismatches != 0 || got.forward_differing != 0) {
       ++failures;
-      std::printf("MISMATCH moe-mesh rank %d %s %s: %lld of %lld values differ, %lld moved, %d steps with other all-to-all bytes\n", c.rank(),
-                  moe_test::describe(rc.s).c_str(), rc.family, got.differing, got.compared, got.moved, got.volume_mismatches);
+      std::printf("MISMATCH moe-mesh rank %d %s %s: %lld of %lld values differ, %lld moved, %d steps with other all-to-all bytes, %lld of %lld "
+                  "forwards differ\n",
+                  c.rank(), moe_test::describe(rc.s).c_str(), rc.family, got.differing, got.compared, got.moved, got.volume_mismatches,
+                  got.forward_differing, got.forwards_compared);
     }
   }
   int bad = failures;
