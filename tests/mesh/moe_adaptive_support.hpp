@@ -168,11 +168,11 @@ inline std::vector<result> reference(const ffn_problem& p) {
 //! One rank of the expert-parallel group `comm` (W ranks) under degree `r`: its slice of one expert,
 //! gathered over its gather group, the adaptive exchange both ways, the reduce-scatter back.
 template <class C>
-result adaptive_run(const ffn_problem& p, C& comm, int r) {
+result adaptive_run(const ffn_problem& p, C& comm, int r, C* node = nullptr, C* cross = nullptr) {
   const loom::ep_adaptive a{p.W, p.E, r};
   auto [colour, key] = loom::ep_adaptive_split(a, comm.rank());
   C gather(comm.split(colour, key));
-  loom::ep_group<C> g{&comm};
+  loom::ep_group<C> g{&comm, node, cross};
   const int w = comm.rank(), S = p.S(), gs = a.group();
   const std::size_t h = p.h, H = p.H, E = static_cast<std::size_t>(p.E), k = static_cast<std::size_t>(p.o.top_k);
   const std::size_t slice = H / static_cast<std::size_t>(S) * h, hid = r == 0 ? H : H / static_cast<std::size_t>(r);
@@ -200,7 +200,7 @@ result adaptive_run(const ffn_problem& p, C& comm, int r) {
   const std::size_t blocks = r == 0 ? E : 1, per = rows / blocks;
   for (std::size_t b = 0; b < blocks; ++b)
     ffn(per, h, hid, xin.data() + b * per * h, w1g.data() + b * hid * h, w2g.data() + b * hid * h, eo.data() + b * per * h, z.data() + b * per * hid);
-  loom::ep_adaptive_from_experts(g, a, C_, h, std::span<const double>(eo), std::span<double>(scratch), std::span<double>(back));
+  loom::ep_adaptive_from_experts(g, a, C_, h, std::span<double>(eo), std::span<double>(scratch), std::span<double>(back));
   loom::moe_combine(R, std::span<const double>(back), std::span<double>(o.y), h);
   loom::moe_combine_backward(R, std::span<const double>(back), std::span<const double>(p.c[static_cast<std::size_t>(w)]), std::span<double>(dout),
                              std::span<double>(dgate), h);
@@ -208,7 +208,7 @@ result adaptive_run(const ffn_problem& p, C& comm, int r) {
   for (std::size_t b = 0; b < blocks; ++b)
     ffn_backward(per, h, hid, xin.data() + b * per * h, w1g.data() + b * hid * h, w2g.data() + b * hid * h, z.data() + b * per * hid,
                  drows.data() + b * per * h, din.data() + b * per * h, dw1g.data() + b * hid * h, dw2g.data() + b * hid * h);
-  loom::ep_adaptive_from_experts(g, a, C_, h, std::span<const double>(din), std::span<double>(scratch), std::span<double>(dslots));
+  loom::ep_adaptive_from_experts(g, a, C_, h, std::span<double>(din), std::span<double>(scratch), std::span<double>(dslots));
   loom::moe_dispatch_backward(R, std::span<const double>(dslots), std::span<double>(o.dx), h);
   router_backward(p, w, R, dgate, o);
   o.dw1.assign(slice, 0.0);

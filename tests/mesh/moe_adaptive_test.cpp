@@ -66,6 +66,45 @@ TEST_CASE("moe, adaptive r: every valid degree gives the reference's outputs and
   CHECK(cases == 48);
 }
 
+TEST_CASE("moe, adaptive r: the hierarchical all-to-all (2 nodes x 4, 4 x 2) gives the flat one's results bit for bit at every degree") {
+  int cases = 0;
+  for (auto [nodes, per_node] : {std::pair{2, 4}, std::pair{4, 2}})
+    for (int k : {1, 2}) {
+      const int W = nodes * per_node, E = 2;
+      const ffn_problem p = make_ffn(W, E, k, 1.0, static_cast<std::uint64_t>(900 + nodes * 10 + k));
+      for (int r : loom::ep_adaptive_degrees(E, W)) {
+        INFO("nodes=" << nodes << " per_node=" << per_node << " k=" << k << " r=" << r);
+        std::vector<result> flat(static_cast<std::size_t>(W)), hier(flat);
+        std::vector<loom::comm_counters> node_counts(static_cast<std::size_t>(W)), cross_counts(node_counts);
+        loom::run_threads(W, [&](loom::threads::comm& world) {
+          const auto u = static_cast<std::size_t>(world.rank());
+          loom::counted<loom::threads::comm> comm(world.split(0, world.rank()));
+          flat[u] = adaptive_run(p, comm, r);
+          const int w = world.rank(), L = per_node;
+          loom::counted<loom::threads::comm> node(world.split(w / L, w % L)), cross(world.split(w % L, w / L));
+          hier[u] = adaptive_run(p, comm, r, &node, &cross);
+          node_counts[u] = node.counters();
+          cross_counts[u] = cross.counters();
+        });
+        for (std::size_t u = 0; u < flat.size(); ++u) {
+          CAPTURE(u);
+          CHECK(hier[u].y == flat[u].y);
+          CHECK(hier[u].dx == flat[u].dx);
+          CHECK(hier[u].dwg == flat[u].dwg);
+          CHECK(hier[u].dw1 == flat[u].dw1);
+          CHECK(hier[u].dw2 == flat[u].dw2);
+          CHECK(hier[u].dropped == flat[u].dropped);
+          // r >= 1: the four exchanges on the node and across nodes, none on the flat group.
+          CHECK(hier[u].all_to_alls == 0u);
+          CHECK(node_counts[u][loom::comm_op::all_to_all].calls == (r == 0 ? 0u : 4u));
+          CHECK(cross_counts[u][loom::comm_op::all_to_all].calls == (r == 0 ? 0u : 4u));
+        }
+        ++cases;
+      }
+    }
+  CHECK(cases == 16);
+}
+
 TEST_CASE("moe, adaptive r: the rule takes the degree with the least volume, ties to the larger r, and follows Tutel's regimes") {
   // Large experts against few tokens: no gather at all (r = S, Tutel's model parallelism).
   CHECK(loom::ep_adaptive_choose(2, 8, 16, 1024, 2 * 4096 * 1024) == 4);

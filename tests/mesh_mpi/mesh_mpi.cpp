@@ -12,7 +12,7 @@
 //            top-2, capacity factors 0, 0.5 and 1.25, each process with its own tokens and
 //            experts (flat and hierarchical all-to-all, 2 nodes of 2, and overlapped in 3 pieces),
 //            and Pipeline MoE's layout, and Tutel's adaptive degree r (E in {1, 2} FFN experts,
-//            every valid r, within 1e-12: tests/mesh/moe_adaptive_support.hpp),
+//            every valid r, within 1e-12, flat and hierarchical: tests/mesh/moe_adaptive_support.hpp),
 //            against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
 //   moe-mesh - 4 processes: ep as a mesh dimension, linear stages and an MoE layer trained by
 //            loom::data_parallel over dp2 x ep2, pp2 x ep2 and ep2 x tp2 (1f1b, zb-h1, dualpipe,
@@ -182,6 +182,14 @@ int mode_moe(loom::mpi::comm& c) {
             at::far(got.dw1, dw1) != 0 || at::far(got.dw2, dw2) != 0) {
           ++failures;
           std::printf("MISMATCH moe adaptive rank %d E=%d f=%g r=%d\n", r0, E, f, r);
+        }
+        // The hierarchical all-to-all, as 2 nodes of 2: bit for bit the flat exchange's results.
+        loom::counted<loom::mpi::comm> node(c.split(r0 / 2, r0 % 2)), cross(c.split(r0 % 2, r0 / 2));
+        const auto hier = at::adaptive_run(p, comm, r, &node, &cross);
+        ++runs;
+        if (hier.y != got.y || hier.dx != got.dx || hier.dwg != got.dwg || hier.dw1 != got.dw1 || hier.dw2 != got.dw2 || hier.dropped != got.dropped) {
+          ++failures;
+          std::printf("MISMATCH moe adaptive hierarchical rank %d E=%d f=%g r=%d\n", r0, E, f, r);
         }
       }
     }

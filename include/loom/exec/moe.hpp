@@ -628,7 +628,8 @@ inline void check_adaptive(const ep_adaptive& a, int group_size, std::size_t cap
 //! Sends the slots (`[E][C][h]`: a dispatch buffer, or the combine's gradient) to the experts'
 //! ranks under `a` (see `ep_adaptive`): `rows` gets `[W][C/g][h]` (r >= 1: the chunk of every
 //! source, source-major; r = 0: the slots themselves, `[E][C][h]`). `scratch` holds `r E C h`
-//! elements. One all-to-all for r >= 1, none for r = 0.
+//! elements. One all-to-all for r >= 1, none for r = 0; hierarchical (Tutel's 2D) when `g` has
+//! `node` and `cross`.
 template <class C, class T>
 void ep_adaptive_to_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<const T> slots, std::span<T> scratch,
                             std::span<T> rows) {
@@ -644,21 +645,23 @@ void ep_adaptive_to_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t ca
     std::copy_n(slots.begin() + static_cast<std::ptrdiff_t>(e * capacity * h + part * chunk), chunk,
                 scratch.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(w) * chunk));
   }
-  g.comm->all_to_all(std::span<const T>(scratch), rows);
+  detail::ep_all_to_all(g, scratch, rows);
 }
 
 //! The way back: `rows` (`[W][C/g][h]`, this rank's partial outputs or input gradients per source;
 //! r = 0: `[E][C][h]`) to `slots` (`[E][C][h]`), each slot the sum of its r copies in copy order
-//! (`((c_0 + c_1) + ...)`). `scratch` holds `r E C h` elements. One all-to-all for r >= 1.
+//! (`((c_0 + c_1) + ...)`). `scratch` holds `r E C h` elements. One all-to-all for r >= 1,
+//! hierarchical when `g` has `node` and `cross`: then it clobbers `rows` (as the exchange clobbers
+//! its input; the flat one leaves `rows` as it was).
 template <class C, class T>
-void ep_adaptive_from_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<const T> rows, std::span<T> scratch,
+void ep_adaptive_from_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<T> rows, std::span<T> scratch,
                               std::span<T> slots) {
   detail::check_adaptive(a, g.size(), capacity);
   if (a.degree == 0) {
     std::copy(rows.begin(), rows.end(), slots.begin());
     return;
   }
-  g.comm->all_to_all(rows, scratch);  // chunk w: what rank w computed for this rank's slots
+  detail::ep_all_to_all(g, rows, scratch);  // chunk w: what rank w computed for this rank's slots
   const int S = a.shards(), gs = a.group();
   const std::size_t rows_per = capacity / static_cast<std::size_t>(gs), chunk = rows_per * h;
   for (int w = 0; w < a.ranks; ++w) {
