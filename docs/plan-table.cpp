@@ -6,7 +6,9 @@
 // 1F1B), and where the published (dp, tp, pp) lands in each ranking. The ranking tables are
 // exactly what `loom plan --top 5` prints (tools/loom/plan_io.hpp formats both). Then a GPT 70B
 // shape (docs/plan/gpt-70b.model.json) on 64 GPUs with three vocabularies, planned without and
-// with vocabulary parallelism.
+// with vocabulary parallelism. Last, a mixture of experts of Switch-Large's layer shape
+// (docs/plan/switch-large-moe.model.json) on the same 64 GPUs: `loom plan`'s table, and the best
+// configuration for each expert-parallel degree ep.
 //   g++ -std=c++20 -O2 -Iinclude -Itools/loom -DLOOM_SOURCE_DIR='"."' docs/plan-table.cpp -o /tmp/plan-table && /tmp/plan-table
 #include <cstdio>
 #include <string>
@@ -94,5 +96,31 @@ int main() {
     const loom::plan_report a = loom::plan(d, c.desc, without), b = loom::plan(d, c.desc, with);
     std::printf("| %lld | %s | %s | %+.1f%% |\n", vocab, cell(a.ranked.at(0)).c_str(), cell(b.ranked.at(0)).c_str(),
                 100 * (b.ranked.at(0).step_time / a.ranked.at(0).step_time - 1));
+  }
+  // Mixture of experts: the ranking, and the fastest configuration of each ep (the search's
+  // families narrowed to three, so that this program stays quick).
+  const auto moe = loom::plan_io::read_model(dir + "switch-large-moe.model.json");
+  loom::plan_options mo;
+  mo.families = {"1f1b", "zb-h1", "interleaved-1f1b"};
+  const loom::plan_report mrep = loom::plan(moe.desc, c.desc, mo);
+  std::printf("\n%s", loom::plan_io::table(mrep, 5).c_str());
+  std::printf("\n| ep | fastest (dp, tp, pp) | schedule | step (s) | dp all-reduce (s) | memory (GiB) | experts (GiB) | all-to-all (GiB per step) |\n"
+              "|---:|:--|:--|---:|---:|---:|---:|---:|\n");
+  for (long long ep = 1; ep <= moe.desc.experts; ep *= 2) {
+    const loom::plan_result* best = nullptr;
+    for (const auto& r : mrep.ranked)
+      if (r.config.ep == ep) {
+        best = &r;
+        break;
+      }
+    if (best == nullptr) {
+      std::printf("| %lld | nothing fits or divides | | | | | | |\n", ep);
+      continue;
+    }
+    const auto& k = best->config;
+    constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+    std::printf("| %lld | (%lld, %lld, %lld) | %s, recompute %s | %.3f | %.3f | %.1f | %.1f | %.2f |\n", ep, k.dp, k.tp, k.pp,
+                loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute), best->step_time, best->dp_time, best->memory_bytes / gib,
+                best->expert_bytes / gib, best->all_to_all_bytes / gib);
   }
 }

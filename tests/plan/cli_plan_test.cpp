@@ -146,7 +146,7 @@ TEST_CASE("loom plan --vocab-parallel adds the vocabulary-parallel families, and
 }
 
 TEST_CASE("the example files in docs/plan read cleanly") {
-  for (const char* m : {"gpt3-175b", "gpt-145b", "gpt-310b", "mt-nlg-530b", "gpt-1t", "gpt-70b"})
+  for (const char* m : {"gpt3-175b", "gpt-145b", "gpt-310b", "mt-nlg-530b", "gpt-1t", "gpt-70b", "switch-large-moe"})
     CHECK_NOTHROW(loom::plan_io::read_model(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + m + ".model.json"));
   for (const char* c : {"selene-64", "selene-1024", "selene-1536", "selene-1920", "selene-2520", "selene-3072"})
     CHECK_NOTHROW(loom::plan_io::read_cluster(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + c + ".cluster.json"));
@@ -160,6 +160,44 @@ TEST_CASE("a bad value in the model file exits 2 with one line naming the field"
   check_usage_error(run_with(true, "\"heads\": 16", "\"heads\": 7"), "field \"heads\" must divide \"hidden\"");
   check_usage_error(run_with(true, "\"vocab\": 32000,", ""), "field \"vocab\" is missing");
   check_usage_error(run_with(true, "\"layers\": 8", "\"layers\": 8, \"hiden\": 3"), "unknown field \"hiden\"");
+}
+
+TEST_CASE("loom plan with experts searches ep: the table shows ep, the experts' memory and the all-to-all volume, as loom::plan ranks them") {
+  const std::string with = "\"global_batch\": 64, \"experts\": 8, \"top_k\": 2, \"moe_every\": 2, \"capacity_factor\": 1.25";
+  result r = run_with(true, "\"global_batch\": 64", with);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("| rank | dp | ep | tp | pp |") != std::string::npos);
+  CHECK(r.out.find("| experts (GiB) | all-to-all (GiB per step) |") != std::string::npos);
+  r = run("plan --model " + tmp("m.json") + " --cluster " + tmp("c.json") + " --json --top 1000 --families 1f1b");
+  REQUIRE(r.status == 0);
+  const auto doc = nlohmann::json::parse(r.out);
+  loom::plan_options o;
+  o.families = {"1f1b"};
+  const auto rep = loom::plan(loom::plan_io::read_model(tmp("m.json")).desc, loom::plan_io::read_cluster(tmp("c.json")).desc, o);
+  REQUIRE(doc.at("ranking").size() == rep.ranked.size());
+  bool some_ep = false;
+  for (std::size_t i = 0; i < rep.ranked.size(); ++i) {
+    auto const& x = doc.at("ranking")[i];
+    auto const& y = rep.ranked[i];
+    CHECK(x.at("ep").get<long long>() == y.config.ep);
+    CHECK(x.at("all_to_all_bytes").get<double>() == doctest::Approx(y.all_to_all_bytes));
+    CHECK(x.at("expert_bytes").get<double>() == doctest::Approx(y.expert_bytes));
+    CHECK(8 % y.config.ep == 0);
+    some_ep = some_ep || y.config.ep > 1;
+  }
+  CHECK(some_ep);
+}
+
+TEST_CASE("bad expert fields in the model file exit 2 with one line naming the field") {
+  check_usage_error(run_with(true, "\"global_batch\": 64", "\"global_batch\": 64, \"top_k\": 2"),
+                    "field \"top_k\" describes the experts: it needs \"experts\" (got 2)");
+  check_usage_error(run_with(true, "\"global_batch\": 64", "\"global_batch\": 64, \"experts\": 4, \"top_k\": 5"),
+                    "field \"top_k\" must be at most \"experts\" 4 (got 5)");
+  check_usage_error(run_with(true, "\"global_batch\": 64", "\"global_batch\": 64, \"experts\": 0"), "field \"experts\" must be a positive integer (got 0)");
+  check_usage_error(run_with(true, "\"global_batch\": 64", "\"global_batch\": 64, \"experts\": 4, \"capacity_factor\": -1"),
+                    "field \"capacity_factor\" must be a number >= 0 (got -1)");
+  check_usage_error(run_with(true, "\"global_batch\": 64", "\"global_batch\": 64, \"experts\": 4, \"moe_every\": 0"),
+                    "field \"moe_every\" must be a positive integer (got 0)");
 }
 
 TEST_CASE("a bad value in the cluster file exits 2 with one line naming the field") {

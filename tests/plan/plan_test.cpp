@@ -8,6 +8,8 @@
 
 #include <loom/plan.hpp>
 
+#include "plan_support.hpp"
+
 #include <cmath>
 #include <string>
 
@@ -20,12 +22,8 @@ constexpr loom::model_desc tiny{.layers = 2, .hidden = 64, .heads = 4, .seq = 12
 
 constexpr loom::model_desc small{.layers = 8, .hidden = 1024, .heads = 16, .seq = 1024, .vocab = 32000, .micro_batch = 1, .global_batch = 64};
 
-loom::cluster_desc small_cluster(long long gpus, long long per_node, double gib) {
-  return {.gpus = gpus, .gpus_per_node = per_node, .memory_bytes = gib * (1LL << 30), .peak_flops = 100e12,
-          .achievable_fraction = 0.5, .intra = {.alpha = 5e-6, .beta = 1 / 200e9}, .inter = {.alpha = 1e-5, .beta = 1 / 20e9}};
-}
-
-bool close(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::fmax(std::fabs(a), std::fabs(b)); }
+using plan_test::close;
+using plan_test::small_cluster;
 
 }  // namespace
 

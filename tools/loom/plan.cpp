@@ -1,7 +1,7 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
 // `loom plan --model FILE --cluster FILE [--top N] [--json] [--families LIST] [--vocab-parallel]
-// [--recompute LIST] [--sp on|off|both]`: searches dp x tp x pp, Megatron sequence parallelism, activation
+// [--recompute LIST] [--sp on|off|both]`: searches dp x tp x pp (and ep with experts), Megatron sequence parallelism, activation
 // recomputation, schedule family and chunks for a GPT model on a GPU cluster (loom::plan), and
 // prints the fastest configurations that fit in memory as a markdown table (or one JSON object).
 // The files' format is in plan_io.hpp and docs/plan.md. While the search runs longer than a
@@ -133,7 +133,7 @@ void run_plan(const plan_text& t) {
 }
 
 loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = [](CLI::App& app) {
-  auto* sub = app.add_subcommand("plan", "search dp x tp x pp, SP, recomputation and schedule for a model on a cluster");
+  auto* sub = app.add_subcommand("plan", "search dp x tp x pp (and ep with experts), SP, recomputation and schedule for a model on a cluster");
   auto t = std::make_shared<plan_text>();
   sub->add_option("--model", t->model, "model file (JSON; see docs/plan.md)")->type_name("FILE");
   sub->add_option("--cluster", t->cluster, "cluster file (JSON; see docs/plan.md)")->type_name("FILE");

@@ -11,7 +11,8 @@
 //!
 //! Model file: `layers`, `hidden`, `heads`, `seq`, `vocab`, `global_batch` (positive integers),
 //! optional `micro_batch` (1), `bytes_per_element` (2), `state_bytes_per_param` (16), `name`,
-//! `comment`. Cluster file: `gpus`, `gpus_per_node` (positive integers), `memory_gib`,
+//! `comment`; for a mixture of experts `experts` (E), and with it optionally `top_k` (1),
+//! `moe_every` (1) and `capacity_factor` (1; 0: no dropping). Cluster file: `gpus`, `gpus_per_node` (positive integers), `memory_gib`,
 //! `peak_flops`, `achievable_fraction` (numbers > 0), `intra` and `inter` (objects with `alpha`
 //! in seconds and `beta` in seconds per byte), optional `reserved_gib` (0: memory the model cannot
 //! use), `name`, `comment`. Unknown fields are errors.
@@ -87,7 +88,7 @@ struct fields {
       if (fallback) return *fallback;
       throw config_error(where + ": field \"" + prefix + key + "\" is missing (a positive integer)");
     }
-    if (v->is_number_unsigned() && v->get<unsigned long long>() <= (1ULL << 53)) return v->get<long long>();
+    if (v->is_number_unsigned() && v->get<unsigned long long>() > 0 && v->get<unsigned long long>() <= (1ULL << 53)) return v->get<long long>();
     if (v->is_number_integer() && v->get<long long>() > 0 && v->get<long long>() <= (1LL << 53)) return v->get<long long>();
     fail(key, "must be a positive integer", *v);
   }
@@ -155,6 +156,15 @@ inline named<model_desc> read_model(const std::string& path) {
   if (bytes > 8) f.fail("bytes_per_element", "must be at most 8", j.at("bytes_per_element"));
   m.bytes_per_element = static_cast<int>(bytes);
   m.state_bytes_per_param = f.number("state_bytes_per_param", false, 16.0);
+  m.experts = f.positive_int("experts", 0);
+  const long long k = f.positive_int("top_k", 1);
+  m.moe_every = f.positive_int("moe_every", 1);
+  m.capacity_factor = f.number("capacity_factor", false, 1.0);
+  if (m.experts == 0)
+    for (const char* key : {"top_k", "moe_every", "capacity_factor"})
+      if (j.contains(key)) f.fail(key, "describes the experts: it needs \"experts\"", j.at(key));
+  if (k > m.experts && m.experts > 0) f.fail("top_k", "must be at most \"experts\" " + std::to_string(m.experts), j.at("top_k"));
+  m.top_k = static_cast<int>(k);
   f.done();
   if (auto rule = loom::detail::check_model_desc(m); !rule.empty()) throw config_error("model file " + path + ": " + rule);
   return out;
@@ -189,6 +199,25 @@ inline std::string schedule_label(const plan_config& k) {
 
 //! The markdown table `loom plan` prints: the first `top` ranked configurations.
 inline std::string table(const plan_report& rep, std::size_t top) {
+  if (rep.moe) {  // with experts: the ep degree, the all-to-all volume and the experts' state
+    std::string out =
+        "| rank | dp | ep | tp | pp | sp | recompute | schedule | chunks | microbatches | step (s) | pipeline (s) | dp all-reduce (s) "
+        "| bubble | memory (GiB) | experts (GiB) | all-to-all (GiB per step) | TFLOP/s per GPU |\n"
+        "|---:|---:|---:|---:|---:|:--|:--|:--|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    char buf[512];
+    constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+    for (std::size_t i = 0; i < rep.ranked.size() && i < top; ++i) {
+      const plan_result& r = rep.ranked[i];
+      const plan_config& k = r.config;
+      std::snprintf(buf, sizeof buf,
+                    "| %zu | %lld | %lld | %lld | %lld | %s | %s | %s | %d | %lld | %.2f | %.2f | %.3f | %.3f | %.1f | %.1f | %.1f | %.0f |\n", i + 1,
+                    k.dp, k.ep, k.tp, k.pp, k.sp ? "on" : "off", to_string(k.recompute), schedule_label(k).c_str(), k.chunks, k.microbatches,
+                    r.step_time, r.pipeline_time, r.dp_time, r.bubble, r.memory_bytes / gib, r.expert_bytes / gib, r.all_to_all_bytes / gib,
+                    r.flops_per_gpu / 1e12);
+      out += buf;
+    }
+    return out;
+  }
   std::string out =
       "| rank | dp | tp | pp | sp | recompute | schedule | chunks | microbatches | step (s) | pipeline (s) | dp all-reduce (s) "
       "| bubble | memory (GiB) | TFLOP/s per GPU |\n"
@@ -226,7 +255,10 @@ inline nlohmann::json to_json(const plan_result& r, std::size_t rank) {
           {"memory_bytes", r.memory_bytes},
           {"state_bytes", r.state_bytes},
           {"activation_bytes", r.activation_bytes},
-          {"flops_per_gpu", r.flops_per_gpu}};
+          {"flops_per_gpu", r.flops_per_gpu},
+          {"ep", k.ep},
+          {"expert_bytes", r.expert_bytes},
+          {"all_to_all_bytes", r.all_to_all_bytes}};
 }
 
 }  // namespace loom::plan_io

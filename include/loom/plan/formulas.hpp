@@ -10,7 +10,8 @@
 //! Model: a decoder-only transformer of `layers` identical layers (attention + a 4h MLP), as in
 //! Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
 //! Megatron-LM" (SC'21), §5.1 and appendix: `12 h^2 + 13 h` parameters per layer, a `V x h`
-//! word embedding tied with the output projection, an `s x h` position embedding. Everything is
+//! word embedding tied with the output projection, an `s x h` position embedding. Optionally a
+//! mixture of experts in every `moe_every`-th layer (`model_desc::experts`). Everything is
 //! constexpr: a model's numbers can be checked in a `static_assert`.
 //!
 //! Units: FLOPs, bytes, seconds.
@@ -34,6 +35,14 @@ struct model_desc {
   //! Bytes of model state per parameter: 16 for mixed-precision Adam without ZeRO (fp16 weight
   //! and gradient, fp32 master weight, momentum and variance; Rajbhandari et al., "ZeRO", SC'20, §3.1).
   double state_bytes_per_param = 16;
+  //! Mixture of experts (`E`, 0: a dense model): every `moe_every`-th layer (layers
+  //! `moe_every - 1, 2 moe_every - 1, ...`) replaces its MLP by a router and `E` experts, each an
+  //! MLP of the dense one's shape (`8 h^2 + 5 h` parameters), as Switch and GShard do (Fedus et
+  //! al., JMLR 2022, §2; Lepikhin et al., ICLR 2021, §2).
+  long long experts = 0;
+  int top_k = 1;                 //!< `k`: experts per token, 1..E
+  long long moe_every = 1;       //!< see `experts`: 1 every layer, 2 every other layer
+  double capacity_factor = 1.0;  //!< Tutel's `f` (docs/moe.md): the capacity `k floor(f ceil(n / E))`; 0: no dropping
   friend constexpr bool operator==(const model_desc&, const model_desc&) = default;
 };
 
@@ -81,8 +90,95 @@ constexpr double embedding_params(const model_desc& m) {
   return static_cast<double>(m.vocab) * m.hidden + static_cast<double>(m.seq) * m.hidden;
 }
 
-//! All parameters: `l (12 h^2 + 13 h) + V h + s h` (the final layer norm's `2h` left out).
-constexpr double total_params(const model_desc& m) { return m.layers * layer_params(m) + embedding_params(m); }
+//! True when layer `i` (0-based) is an MoE layer (see `model_desc::experts`).
+constexpr bool is_moe_layer(const model_desc& m, long long i) { return m.experts > 0 && (i + 1) % m.moe_every == 0; }
+
+//! MoE layers among layers `[first, first + count)`.
+constexpr long long moe_layers_in(const model_desc& m, long long first, long long count) {
+  if (m.experts <= 0) return 0;
+  return (first + count) / m.moe_every - first / m.moe_every;
+}
+
+//! Parameters of one expert: the dense MLP's `8 h^2 + 5 h` (two `h x 4h` matrices and their biases).
+constexpr double expert_params(const model_desc& m) {
+  const double h = static_cast<double>(m.hidden);
+  return 8 * h * h + 5 * h;
+}
+
+//! Parameters of an MoE layer outside its experts: the dense layer's without its MLP, plus the
+//! router's `h E`: `4 h^2 + 8 h + h E`.
+constexpr double moe_layer_dense_params(const model_desc& m) {
+  return layer_params(m) - expert_params(m) + static_cast<double>(m.hidden) * static_cast<double>(m.experts);
+}
+
+//! All parameters: `l (12 h^2 + 13 h) + V h + s h` (the final layer norm's `2h` left out); an MoE
+//! layer counts `moe_layer_dense_params + E expert_params` instead of `12 h^2 + 13 h`.
+constexpr double total_params(const model_desc& m) {
+  const double moe = static_cast<double>(moe_layers_in(m, 0, m.layers));
+  return (static_cast<double>(m.layers) - moe) * layer_params(m) +
+         moe * (moe_layer_dense_params(m) + static_cast<double>(m.experts) * expert_params(m)) + embedding_params(m);
+}
+
+//! Tokens an MoE layer routes per microbatch on one GPU: `s b / t`. With tensor parallelism the
+//! tokens are split over the `t` ranks before the router (Megatron-core with sequence
+//! parallelism; loom's `ep` with `tp`, docs/moe.md), and every tp rank holds its `ep` rank's experts whole.
+constexpr double moe_tokens(const model_desc& m, long long t) {
+  return static_cast<double>(m.seq) * static_cast<double>(m.micro_batch) / static_cast<double>(t);
+}
+
+//! Slots per expert of one MoE layer and microbatch on one GPU (loom's routing contract,
+//! docs/moe.md, as `loom::moe_capacity`): `k floor(f ceil(n / E))` for `n = moe_tokens(m, t)`.
+//! With `f = 0` (no dropping) the capacity is the largest load, which a plan cannot know: it is
+//! taken as the balanced load `k ceil(n / E)`.
+constexpr double moe_capacity(const model_desc& m, long long t) {
+  const auto n = static_cast<long long>(moe_tokens(m, t));
+  const long long per_expert = (n + m.experts - 1) / m.experts;
+  if (m.capacity_factor == 0) return static_cast<double>(m.top_k) * static_cast<double>(per_expert);
+  return static_cast<double>(m.top_k) * static_cast<double>(static_cast<long long>(m.capacity_factor * static_cast<double>(per_expert)));
+}
+
+//! Bytes of one of the MoE layer's all-to-alls on one GPU: its whole dispatch buffer `E C h`
+//! (`(ep - 1) / ep` of it leaves the GPU). Four per layer and microbatch: dispatch and combine,
+//! forward and backward, as loom's counters show (docs/moe.md).
+constexpr double moe_all_to_all_bytes(const model_desc& m, long long t) {
+  return static_cast<double>(m.experts) * moe_capacity(m, t) * static_cast<double>(m.hidden) * m.bytes_per_element;
+}
+
+//! Forward FLOPs of the experts of one MoE layer on one GPU and microbatch: every slot of the
+//! `E C` the GPU receives runs through its expert's MLP, padding included (`16 h^2` per row),
+//! plus the router's `2 n h E`. The input- and the weight-gradient backward each take the
+//! experts' part again.
+constexpr double moe_expert_forward_flops(const model_desc& m, long long t) {
+  const double h = static_cast<double>(m.hidden), E = static_cast<double>(m.experts);
+  return 16 * h * h * E * moe_capacity(m, t) + 2 * moe_tokens(m, t) * h * E;
+}
+
+//! Activation bytes the experts of one MoE layer keep per microbatch on one GPU: the dense MLP's
+//! `19` values per row and feature (Korthikanti et al. 2022, §4.1: the input, both `4h` activations
+//! and the dropout mask) on the `E C` rows, plus the router's fp32 probabilities `4 n E`.
+constexpr double moe_expert_activation_bytes(const model_desc& m, long long t) {
+  return 19.0 * static_cast<double>(m.experts) * moe_capacity(m, t) * static_cast<double>(m.hidden) * (m.bytes_per_element / 2.0) +
+         4.0 * moe_tokens(m, t) * static_cast<double>(m.experts);
+}
+
+//! The dense MLP's share of `layer_activation_bytes` (no recomputation or selective):
+//! `19 s b h / t` with sequence parallelism, `s b h (3 + 16 / t)` with tensor parallelism alone
+//! (its input and dropout mask replicated; Korthikanti et al. 2022, §4.2). An MoE layer keeps
+//! `moe_expert_activation_bytes` instead.
+constexpr double mlp_activation_bytes(const model_desc& m, long long t, bool sp) {
+  const double sbh = static_cast<double>(m.seq) * static_cast<double>(m.micro_batch) * static_cast<double>(m.hidden) * (m.bytes_per_element / 2.0);
+  const double T = static_cast<double>(t);
+  return sp ? 19 * sbh / T : sbh * (3 + 16 / T);
+}
+
+//! Time of an all-to-all of `bytes` per GPU (its whole buffer) over `n` GPUs on link `l`, as
+//! pairwise exchanges: `(n - 1)` steps of `alpha` and `(n - 1) / n x bytes` through each GPU's
+//! link. 0 for `n = 1`.
+constexpr double all_to_all_time(double bytes, long long n, const link_cost& l) {
+  if (n <= 1) return 0;
+  const double N = static_cast<double>(n);
+  return (N - 1) * l.alpha + (N - 1) / N * bytes * l.beta;
+}
 
 //! FLOPs of one optimizer step as Narayanan et al. 2021 count them (§5.1, eq. (3)):
 //! `96 B s l h^2 (1 + s / (6h) + V / (16 l h))`. It includes one recomputed forward of every

@@ -38,6 +38,16 @@
 //! embedding and the output layer over every pipeline rank (`plan_config::vocab`; the cost model's
 //! `vocab_s`, `vocab_t`, `vocab_e` and the tables' parameters on every rank; docs/plan.md).
 //!
+//! Mixture of experts (`model_desc::experts` > 0): the search adds the expert-parallel degree
+//! `ep` (a divisor of E; `plan_config::ep`), the world being `dp x ep x tp x pp` with loom's mesh
+//! semantics (docs/moe.md): ranks that differ in `ep` hold different experts and different tokens,
+//! so the microbatches per step are `global_batch / (dp ep micro_batch)`, the dense parameters are
+//! reduced over `dp x ep` and the experts over `dp`. Rank order: tp innermost, then ep, dp, pp.
+//! Each GPU holds `E / ep` experts of every MoE layer of its stages, whole (the tokens, not the
+//! experts, split over tp), and its MoE layers add four all-to-alls per microbatch
+//! (`plan_formulas::moe_all_to_all_bytes`; six with full recomputation) on the ep group's link,
+//! not overlapped, and the experts' FLOPs on the `E C` slots it receives, padding included.
+//!
 //! "SP" here is Megatron-LM sequence parallelism (Korthikanti et al. 2022, §4.2.2): it reuses the
 //! tensor-parallel group, so it adds no degree to the mesh; it divides activations (and the
 //! pipeline message) by `tp`. Ulysses / context parallelism is not modelled.
@@ -73,6 +83,7 @@ struct plan_config {
   //! Vocabulary parallelism (`1f1b-vocab-*`, `v-half-vocab-*`): 0 none (the embedding on the first
   //! stage, the output layer on the last), 1 or 2 the algorithm (the layers split over every rank).
   int vocab = 0;
+  long long ep = 1;  //!< expert-parallel degree (MoE models; see the file comment)
   friend bool operator==(const plan_config&, const plan_config&) = default;
 };
 
@@ -87,8 +98,12 @@ struct plan_result {
   double state_bytes = 0;       //!< model state (parameters, gradients, optimizer) on that GPU
   double activation_bytes = 0;  //!< peak live activations on that GPU (and the recompute working set)
   bool fits = false;            //!< memory_bytes <= the cluster's usable memory per GPU (`cluster_desc::usable_bytes`)
-  //! FLOP/s per GPU by Narayanan et al.'s eq. (3) (the numbers their Table 1 reports).
+  //! FLOP/s per GPU by Narayanan et al.'s eq. (3) (the numbers their Table 1 reports); for an
+  //! MoE model the FLOPs the stages run (recomputation and capacity padding included).
   double flops_per_gpu = 0;
+  //! MoE: bytes of the all-to-alls on ep of the GPU with the most per step (whole buffers; `(ep - 1) / ep` leaves the GPU; 0 for ep = 1).
+  double all_to_all_bytes = 0;
+  double expert_bytes = 0;  //!< MoE: the experts' model state on the GPU of `memory_bytes`
 };
 
 //! What to search (defaults: everything `plan` knows).
@@ -114,8 +129,9 @@ struct plan_report {
   std::vector<plan_result> ranked;  //!< configurations that fit, fastest first (dominated variants removed)
   std::size_t evaluated = 0;        //!< configurations simulated
   std::size_t over_memory = 0;      //!< configurations (simulated or pruned by model state alone) over the memory limit
-  std::size_t layouts = 0;          //!< (dp, tp, pp) layouts that divide the cluster and the model
+  std::size_t layouts = 0;          //!< (dp, ep, tp, pp) layouts that divide the cluster and the model
   long long cells = 0;              //!< forward passes (ranks x microbatches x chunks) of the configurations simulated
+  bool moe = false;                 //!< the model has experts (the table shows ep, the all-to-all volume and the expert memory)
 };
 
 namespace detail {
@@ -137,6 +153,14 @@ inline std::string check_model_desc(const model_desc& m) {
            std::to_string(m.micro_batch) + ")";
   if (!(std::isfinite(m.state_bytes_per_param) && m.state_bytes_per_param >= 0))
     return "field \"state_bytes_per_param\" must be a finite number >= 0";
+  if (m.experts < 0) return "field \"experts\" must be >= 0 (got " + std::to_string(m.experts) + "; 0: a dense model)";
+  if (m.experts > 0) {
+    if (m.top_k < 1 || m.top_k > m.experts)
+      return "field \"top_k\" must be between 1 and \"experts\" " + std::to_string(m.experts) + " (got " + std::to_string(m.top_k) + ")";
+    if (m.moe_every < 1) return "field \"moe_every\" must be a positive integer (got " + std::to_string(m.moe_every) + ")";
+    if (!(std::isfinite(m.capacity_factor) && m.capacity_factor >= 0))
+      return "field \"capacity_factor\" must be a finite number >= 0 (0: no dropping; got " + std::string(detail::real_text(m.capacity_factor)) + ")";
+  }
   return {};
 }
 
@@ -178,11 +202,18 @@ constexpr double plan_mem_w_ratio(const model_desc& m, recompute_kind r) {
 //! parallelism (`vocab` != 0) only the position embedding stays on stage 0: the word embedding and
 //! the (untied) output projection are `vocab_params_per_rank` on every rank.
 constexpr double stage_params(const model_desc& m, int st, int S, int vocab = 0) {
-  double p = static_cast<double>(m.layers / S) * plan_formulas::layer_params(m);
+  const long long L = m.layers / S, q = plan_formulas::moe_layers_in(m, st * L, L);
+  double p = static_cast<double>(L - q) * plan_formulas::layer_params(m) + static_cast<double>(q) * plan_formulas::moe_layer_dense_params(m);
   if (vocab != 0) return st == 0 ? p + static_cast<double>(m.seq) * m.hidden : p;
   if (st == 0) p += plan_formulas::embedding_params(m);
   if (st == S - 1) p += static_cast<double>(m.vocab) * m.hidden;
   return p;
+}
+
+//! The experts of virtual stage `st` of `S`, all `E` of each of its MoE layers (a GPU holds `1 / ep` of them).
+constexpr double stage_expert_params(const model_desc& m, int st, int S) {
+  const long long L = m.layers / S;
+  return static_cast<double>(plan_formulas::moe_layers_in(m, st * L, L)) * static_cast<double>(m.experts) * plan_formulas::expert_params(m);
 }
 
 //! Vocabulary parallelism over `pp` pipeline ranks: the word embedding's and the output
@@ -234,10 +265,44 @@ inline schedule make_plan_vocab_family(const plan_vocab_family& f, const shape& 
   return f.vocab == 1 ? generate(v_half_vocab_1{}, s) : generate(v_half_vocab_2{}, s);
 }
 
-//! Pipeline ranks per node for `cost_model::ranks_per_node` (Megatron rank order: tp, dp, pp).
+//! Pipeline ranks per node for `cost_model::ranks_per_node` (Megatron rank order: tp, ep, dp, pp).
 constexpr int pipeline_ranks_per_node(const cluster_desc& c, const plan_config& k) {
-  const long long inner = k.tp * k.dp;
+  const long long inner = k.tp * k.ep * k.dp;
   return inner >= c.gpus_per_node ? 1 : static_cast<int>(c.gpus_per_node / inner);
+}
+
+//! FLOPs one GPU runs for virtual stage `st` of `S` on one microbatch under `k`: the forward,
+//! the input-gradient backward with what it recomputes, and the weight-gradient backward. The
+//! dense part splits over tp; an MoE layer's MLP is replaced by its experts on the `E C` slots the
+//! GPU receives (`plan_formulas::moe_expert_forward_flops`, once more in `b` under full recomputation).
+struct stage_flops {
+  double f = 0, b = 0, w = 0;
+};
+inline stage_flops stage_gpu_flops(const model_desc& m, const plan_config& k, int st, int S) {
+  namespace pf = plan_formulas;
+  const long long per = m.layers / S;
+  const auto L = static_cast<double>(per), q = static_cast<double>(pf::moe_layers_in(m, st * per, per));
+  const double mlp = 16.0 * m.micro_batch * m.seq * m.hidden * m.hidden, T = static_cast<double>(k.tp);
+  const bool full = k.recompute == recompute_kind::full;
+  stage_flops x;
+  x.f = L * pf::layer_forward_flops(m) - q * mlp;
+  x.b = L * (pf::layer_input_grad_flops(m) + pf::layer_recompute_flops(m, k.recompute)) - q * mlp * (full ? 2 : 1);
+  x.w = L * pf::layer_weight_grad_flops(m) - q * mlp;
+  if (st == S - 1 && k.vocab == 0) {
+    x.f += pf::logit_forward_flops(m);
+    x.b += pf::logit_forward_flops(m);
+    x.w += pf::logit_forward_flops(m);
+  }
+  x.f /= T;
+  x.b /= T;
+  x.w /= T;
+  if (q > 0) {
+    const double e = q * pf::moe_expert_forward_flops(m, k.tp);
+    x.f += e;
+    x.b += full ? 2 * e : e;
+    x.w += e;
+  }
+  return x;
 }
 
 }  // namespace detail
@@ -250,8 +315,15 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
   const int S = static_cast<int>(k.pp * k.chunks);
   if (S < 1 || m.layers % S != 0)
     throw config_error("plan: " + std::to_string(m.layers) + " layers cannot be split into " + std::to_string(S) + " stages");
+  if (k.ep < 1 || (k.ep > 1 && (m.experts <= 0 || m.experts % k.ep != 0)))
+    throw config_error("plan: " + std::to_string(m.experts) + " experts do not split over " + std::to_string(k.ep) + " expert-parallel ranks");
   const double L = static_cast<double>(m.layers / S);
-  const double rate = static_cast<double>(k.tp) * c.peak_flops * c.achievable_fraction;
+  // The all-to-alls of an MoE layer on the ep group's link (it leaves the node when tp x ep does).
+  const double a2a = m.experts > 0 ? pf::all_to_all_time(pf::moe_all_to_all_bytes(m, k.tp), k.ep, k.tp * k.ep > c.gpus_per_node ? c.inter : c.intra) : 0;
+  const double moe_act = m.experts > 0 && k.recompute != recompute_kind::full
+                             ? pf::moe_expert_activation_bytes(m, k.tp) - pf::mlp_activation_bytes(m, k.tp, k.sp)
+                             : 0;
+  const double rate = c.peak_flops * c.achievable_fraction;  // one GPU's
   const double coll = pf::ring_allreduce_time(pf::tp_collective_bytes(m), k.tp, c.intra);
   const double act_layer = pf::layer_activation_bytes(m, k.tp, k.sp, k.recompute);
   const double bwd_colls = k.recompute == recompute_kind::full ? 4 : 2;
@@ -259,22 +331,18 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
   out.stages.resize(static_cast<std::size_t>(S));
   for (int st = 0; st < S; ++st) {
     stage_cost& x = out.stages[static_cast<std::size_t>(st)];
-    double f = L * pf::layer_forward_flops(m);
-    double b = L * (pf::layer_input_grad_flops(m) + pf::layer_recompute_flops(m, k.recompute));
-    double w = L * pf::layer_weight_grad_flops(m);
-    double act = L * act_layer;
-    if (st == S - 1 && k.vocab == 0) {
-      f += pf::logit_forward_flops(m);
-      b += pf::logit_forward_flops(m);
-      w += pf::logit_forward_flops(m);
-      act += pf::logit_activation_bytes(m, k.tp);
-    }
-    x.f = f / rate + L * 2 * coll;
-    x.b = b / rate + L * bwd_colls * coll;
-    x.w = w / rate;
+    const detail::stage_flops fl = detail::stage_gpu_flops(m, k, st, S);
+    const auto q = static_cast<double>(pf::moe_layers_in(m, st * (m.layers / S), m.layers / S));
+    double act = L * act_layer + q * moe_act;
+    if (st == S - 1 && k.vocab == 0) act += pf::logit_activation_bytes(m, k.tp);
+    x.f = fl.f / rate + L * 2 * coll + q * 2 * a2a;
+    x.b = fl.b / rate + L * bwd_colls * coll + q * (k.recompute == recompute_kind::full ? 4 : 2) * a2a;
+    x.w = fl.w / rate;
     x.activation = act;
     x.message_bytes = pf::p2p_message_bytes(m, k.tp, k.sp);
-    x.param_bytes = detail::stage_params(m, st, S, k.vocab) * m.bytes_per_element / static_cast<double>(k.tp);
+    x.param_bytes = (detail::stage_params(m, st, S, k.vocab) / static_cast<double>(k.tp) +
+                     detail::stage_expert_params(m, st, S) / static_cast<double>(k.ep)) *
+                    m.bytes_per_element;
   }
   out.intra = c.intra;
   out.inter = c.inter;
@@ -290,7 +358,7 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     // lookups are memory-bound and left out).
     const double P = static_cast<double>(k.pp);
     const link_cost& l = out.ranks_per_node >= k.pp ? c.intra : c.inter;
-    const double gemm = pf::logit_forward_flops(m) / P / rate, x = pf::tp_collective_bytes(m);
+    const double gemm = pf::logit_forward_flops(m) / P / (static_cast<double>(k.tp) * rate), x = pf::tp_collective_bytes(m);
     const double stats = 3.0 * 4 * static_cast<double>(m.seq) * m.micro_batch;
     out.vocab_s = (k.vocab == 1 ? 1 : 2) * gemm + detail::broadcast_time(x, k.pp, l) + pf::ring_allreduce_time(stats, k.pp, l) +
                   (k.vocab == 2 ? pf::ring_allreduce_time(x, k.pp, l) : 0);
@@ -312,34 +380,54 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   r.config = k;
   r.pipeline_time = sim.makespan;
   r.bubble = sim.bubble_ratio;
-  // Per rank: the parameters of its stages (direction 0 of the placement).
-  std::vector<double> params(static_cast<std::size_t>(s.ranks), 0.0);
-  for (int st = 0; st < s.stages; ++st)
-    params[static_cast<std::size_t>(s.stage_to_rank[static_cast<std::size_t>(st)])] += detail::stage_params(m, st, s.stages, k.vocab);
+  // Per rank: the parameters of its stages (direction 0 of the placement), dense and experts
+  // (all E; a GPU holds 1 / ep of them), its MoE layers and the FLOPs of its stages.
+  std::vector<double> params(static_cast<std::size_t>(s.ranks), 0.0), experts(params), moe_layers(params);
+  double stage_flops = 0;  // all stages, per GPU and microbatch
+  for (int st = 0; st < s.stages; ++st) {
+    const auto rk = static_cast<std::size_t>(s.stage_to_rank[static_cast<std::size_t>(st)]);
+    params[rk] += detail::stage_params(m, st, s.stages, k.vocab);
+    experts[rk] += detail::stage_expert_params(m, st, s.stages);
+    moe_layers[rk] += static_cast<double>(pf::moe_layers_in(m, st * (m.layers / s.stages), m.layers / s.stages));
+    const detail::stage_flops fl = detail::stage_gpu_flops(m, k, st, s.stages);
+    stage_flops += fl.f + fl.b + fl.w;
+  }
   if (k.vocab != 0)
     for (double& p : params) p += detail::vocab_params_per_rank(m, k.pp);
   const double transient = (k.recompute == recompute_kind::full
                                 ? pf::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
                                 : 0) +
                            (k.vocab != 0 ? detail::vocab_stash_bytes(m, k.tp, k.pp) : 0);
-  double max_params = 0;
+  double max_params = 0, max_experts = 0, max_moe = 0;
   for (int rk = 0; rk < s.ranks; ++rk) {
-    const double p = params[static_cast<std::size_t>(rk)] * s.param_copies;
+    const auto u = static_cast<std::size_t>(rk);
+    const double p = params[u] * s.param_copies, e = experts[u] * s.param_copies / static_cast<double>(k.ep);
     max_params = std::max(max_params, p);
-    const double state = p * m.state_bytes_per_param / static_cast<double>(k.tp);
-    const double act = sim.peak_activation[static_cast<std::size_t>(rk)] + transient;
+    max_experts = std::max(max_experts, e);
+    max_moe = std::max(max_moe, moe_layers[u] * s.param_copies);
+    const double expert_state = e * m.state_bytes_per_param;
+    const double state = p * m.state_bytes_per_param / static_cast<double>(k.tp) + expert_state;
+    const double act = sim.peak_activation[u] + transient;
     if (state + act > r.memory_bytes) {
       r.memory_bytes = state + act;
       r.state_bytes = state;
       r.activation_bytes = act;
+      r.expert_bytes = expert_state;
     }
   }
-  const bool dp_leaves_node = k.tp * k.dp > c.gpus_per_node;
-  r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / static_cast<double>(k.tp), k.dp,
-                                      dp_leaves_node ? c.inter : c.intra);
+  // The dense gradients over dp x ep, the experts' over dp (Megatron rank order: tp, ep, dp, pp).
+  const link_cost& dp_link = k.tp * k.ep * k.dp > c.gpus_per_node ? c.inter : c.intra;
+  r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / static_cast<double>(k.tp), k.dp * k.ep, dp_link) +
+              (max_experts > 0 ? pf::ring_allreduce_time(max_experts * m.bytes_per_element, k.dp, dp_link) : 0);
   r.step_time = r.pipeline_time + r.dp_time;
   r.fits = r.memory_bytes <= c.usable_bytes();
-  r.flops_per_gpu = pf::narayanan_step_flops(m) / (r.step_time * static_cast<double>(c.gpus));
+  if (m.experts > 0) {
+    if (k.ep > 1)  // one ep rank exchanges nothing
+      r.all_to_all_bytes = max_moe * static_cast<double>(k.microbatches) * (k.recompute == recompute_kind::full ? 6 : 4) * pf::moe_all_to_all_bytes(m, k.tp);
+    r.flops_per_gpu = stage_flops * static_cast<double>(k.microbatches) / static_cast<double>(k.pp) / r.step_time;
+  } else {
+    r.flops_per_gpu = pf::narayanan_step_flops(m) / (r.step_time * static_cast<double>(c.gpus));
+  }
   return r;
 }
 
@@ -351,7 +439,8 @@ inline constexpr long long max_search_cells = 1LL << 25;
 
 //! Searches every configuration of `m` on `c` that `o` allows and ranks those that fit (see the
 //! file comment). Layouts: `tp` divides `gpus_per_node`, `heads` and `hidden`; `pp` divides
-//! `layers`; `dp = gpus / (tp x pp)` is an integer and divides `global_batch / micro_batch`.
+//! `layers`; `ep` divides `experts` (1 for a dense model); `dp = gpus / (tp x pp x ep)` is an
+//! integer and `dp x ep` divides `global_batch / micro_batch`.
 //! Within one (dp, tp, pp, family, chunks), a variant (sp, recompute) that is no faster and uses
 //! no less memory than one ranked before it is left out. Throws `config_error` for a model or
 //! cluster that breaks a rule (the message names the field).
@@ -359,6 +448,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
   if (auto r = detail::check_model_desc(m); !r.empty()) throw config_error(r);
   if (auto r = detail::check_cluster_desc(c); !r.empty()) throw config_error(r);
   plan_report rep;
+  rep.moe = m.experts > 0;
   for (const std::string& name : o.families)
     if (const family_entry* e = default_registry().find(name); e != nullptr && e->multi_step)
       throw config_error("plan: '" + name +
@@ -375,64 +465,73 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     if (c.gpus_per_node % tp != 0 || m.heads % tp != 0 || m.hidden % tp != 0) continue;
     for (long long pp = 1; pp <= m.layers && tp * pp <= c.gpus; ++pp) {
       if (m.layers % pp != 0 || c.gpus % (tp * pp) != 0) continue;
-      const long long dp = c.gpus / (tp * pp);
-      if ((m.global_batch / m.micro_batch) % dp != 0) continue;
-      if (pp > max_ranks) continue;
-      const long long mb = m.global_batch / (dp * m.micro_batch);
-      if (pp * mb > max_shape_cells) continue;  // no family runs it (loom/schedule/shape.hpp's limit)
-      ++rep.layouts;
-      // Model state of the layers alone already over the limit: nothing of this layout fits.
-      const double min_state = static_cast<double>(m.layers / pp) * plan_formulas::layer_params(m) *
-                               m.state_bytes_per_param / static_cast<double>(tp);
-      const long long per_rank = m.layers / pp;
-      for (bool sp : {false, true}) {
-        if (sp && tp == 1) continue;
-        if (tp > 1 && !(sp ? o.sp_on : o.sp_off)) continue;
-        for (recompute_kind rc : o.recompute) {
-          plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb};
-          for (const std::string& name : o.families) {
-            if (const detail::plan_vocab_family* vf = detail::find_plan_vocab_family(name); vf != nullptr) {
-              const shape sh{.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = vf->chunks};
-              if (per_rank % vf->chunks != 0 || !detail::check_plan_vocab_family(*vf, sh).empty()) continue;
-              plan_config k = base;
-              k.family = name;
-              k.chunks = vf->chunks;
-              k.v_placement = vf->chunks == 2;
-              k.vocab = vf->vocab;
-              if (min_state > c.usable_bytes()) {
-                ++rep.over_memory;
+      // Expert parallelism (MoE models): ep divides the experts; ranks that differ in ep hold other tokens.
+      for (long long ep = 1; ep <= std::max<long long>(1, m.experts) && tp * pp * ep <= c.gpus; ++ep) {
+        if ((ep > 1 && m.experts % ep != 0) || c.gpus % (tp * pp * ep) != 0) continue;
+        const long long dp = c.gpus / (tp * pp * ep);
+        if ((m.global_batch / m.micro_batch) % (dp * ep) != 0) continue;
+        if (pp > max_ranks) continue;
+        const long long mb = m.global_batch / (dp * ep * m.micro_batch);
+        if (pp * mb > max_shape_cells) continue;  // no family runs it (loom/schedule/shape.hpp's limit)
+        ++rep.layouts;
+        // Model state of the layers alone already over the limit: nothing of this layout fits (a
+        // rank's layers/pp layers hold at least floor(layers / (pp moe_every)) MoE layers).
+        const long long per_rank_moe = m.experts > 0 ? m.layers / pp / m.moe_every : 0;
+        const double min_state = (static_cast<double>(m.layers / pp - per_rank_moe) * plan_formulas::layer_params(m) +
+                                  static_cast<double>(per_rank_moe) * plan_formulas::moe_layer_dense_params(m)) *
+                                     m.state_bytes_per_param / static_cast<double>(tp) +
+                                 static_cast<double>(per_rank_moe) * static_cast<double>(m.experts / ep) * plan_formulas::expert_params(m) *
+                                     m.state_bytes_per_param;
+        const long long per_rank = m.layers / pp;
+        for (bool sp : {false, true}) {
+          if (sp && tp == 1) continue;
+          if (tp > 1 && !(sp ? o.sp_on : o.sp_off)) continue;
+          for (recompute_kind rc : o.recompute) {
+            plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb, .ep = ep};
+            for (const std::string& name : o.families) {
+              if (const detail::plan_vocab_family* vf = detail::find_plan_vocab_family(name); vf != nullptr) {
+                const shape sh{.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = vf->chunks};
+                if (per_rank % vf->chunks != 0 || !detail::check_plan_vocab_family(*vf, sh).empty()) continue;
+                plan_config k = base;
+                k.family = name;
+                k.chunks = vf->chunks;
+                k.v_placement = vf->chunks == 2;
+                k.vocab = vf->vocab;
+                if (min_state > c.usable_bytes()) {
+                  ++rep.over_memory;
+                  continue;
+                }
+                todo.push_back({k, nullptr, vf});
                 continue;
               }
-              todo.push_back({k, nullptr, vf});
-              continue;
-            }
-            const family_entry* e = reg.find(name);
-            if (e == nullptr) throw config_error("plan: unknown schedule family '" + name + "'");
-            std::vector<std::pair<int, bool>> variants;  // chunks, v placement
-            if (e->cost_aware) {
-              variants.push_back({1, false});
-              variants.push_back({2, true});
-            } else if (e->default_chunks == 1) {
-              variants.push_back({1, false});
-            } else if (name == "interleaved-1f1b") {
-              for (int v = 2; v <= o.max_chunks; ++v) variants.push_back({v, false});
-            } else {
-              variants.push_back({e->default_chunks, e->default_chunks == 2});
-            }
-            for (auto [v, vee] : variants) {
-              if (per_rank % v != 0) continue;
-              if (pp == 1 && v > 1 && !vee) continue;  // interleaving needs a pipeline
-              if (e->cost_aware && o.max_auto_cells > 0 && pp * mb > o.max_auto_cells) continue;
-              if (!e->check({.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = v}).empty()) continue;
-              plan_config k = base;
-              k.family = name;
-              k.chunks = v;
-              k.v_placement = vee;
-              if (min_state > c.usable_bytes()) {
-                ++rep.over_memory;
-                continue;
+              const family_entry* e = reg.find(name);
+              if (e == nullptr) throw config_error("plan: unknown schedule family '" + name + "'");
+              std::vector<std::pair<int, bool>> variants;  // chunks, v placement
+              if (e->cost_aware) {
+                variants.push_back({1, false});
+                variants.push_back({2, true});
+              } else if (e->default_chunks == 1) {
+                variants.push_back({1, false});
+              } else if (name == "interleaved-1f1b") {
+                for (int v = 2; v <= o.max_chunks; ++v) variants.push_back({v, false});
+              } else {
+                variants.push_back({e->default_chunks, e->default_chunks == 2});
               }
-              todo.push_back({k, e, nullptr});
+              for (auto [v, vee] : variants) {
+                if (per_rank % v != 0) continue;
+                if (pp == 1 && v > 1 && !vee) continue;  // interleaving needs a pipeline
+                if (e->cost_aware && o.max_auto_cells > 0 && pp * mb > o.max_auto_cells) continue;
+                if (!e->check({.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = v}).empty()) continue;
+                plan_config k = base;
+                k.family = name;
+                k.chunks = v;
+                k.v_placement = vee;
+                if (min_state > c.usable_bytes()) {
+                  ++rep.over_memory;
+                  continue;
+                }
+                todo.push_back({k, e, nullptr});
+              }
             }
           }
         }
@@ -489,18 +588,20 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
       act /= P;
       // The parameters of the rank holding the most (loop: stages r, r + P, ...; V: r and 2P-1-r).
       const int S = static_cast<int>(cm.stages.size()), Pi = static_cast<int>(k.pp);
+      // (Here: its model state, the dense part over tp and its share of the experts.)
       for (int rk = 0; rk < Pi; ++rk) {
         double here = 0;
         for (int j = 0; j < k.chunks; ++j) {
           const int st = k.v_placement ? (j == 0 ? rk : 2 * Pi - 1 - rk) : rk + j * Pi;
-          here += detail::stage_params(m, st, S);
+          here += (detail::stage_params(m, st, S) / static_cast<double>(k.tp) + detail::stage_expert_params(m, st, S) / static_cast<double>(k.ep)) *
+                  m.state_bytes_per_param;
         }
         max_params = std::max(max_params, here);
       }
       const double transient = k.recompute == recompute_kind::full
                                    ? plan_formulas::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
                                    : 0;
-      const double room = c.usable_bytes() - max_params * m.state_bytes_per_param / static_cast<double>(k.tp) - transient;
+      const double room = c.usable_bytes() - max_params - transient;
       const double limit = act > 0 ? std::floor(room / act) : 0;
       if (limit < 1) {
         ++rep.over_memory;
@@ -528,7 +629,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     if (o.progress) o.progress(++done, todo.size());
   }
   auto label = [](const plan_config& k) {
-    return std::make_tuple(k.dp, k.tp, k.pp, k.family, k.chunks, k.v_placement, k.sp, static_cast<int>(k.recompute));
+    return std::make_tuple(k.dp, k.ep, k.tp, k.pp, k.family, k.chunks, k.v_placement, k.sp, static_cast<int>(k.recompute));
   };
   // A total order (the label tells configurations apart), so std::sort is deterministic
   // (libstdc++ 12's std::stable_sort warns under clang: deprecated get_temporary_buffer).
@@ -537,9 +638,9 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     if (a.memory_bytes != b.memory_bytes) return a.memory_bytes < b.memory_bytes;
     return label(a.config) < label(b.config);
   });
-  std::map<std::tuple<long long, long long, long long, std::string, int, bool>, double> least_memory;
+  std::map<std::tuple<long long, long long, long long, long long, std::string, int, bool>, double> least_memory;
   for (const plan_result& r : all) {
-    auto g = std::make_tuple(r.config.dp, r.config.tp, r.config.pp, r.config.family, r.config.chunks, r.config.v_placement);
+    auto g = std::make_tuple(r.config.dp, r.config.ep, r.config.tp, r.config.pp, r.config.family, r.config.chunks, r.config.v_placement);
     auto it = least_memory.find(g);
     if (it != least_memory.end() && it->second <= r.memory_bytes) continue;  // dominated by a faster variant
     least_memory[g] = r.memory_bytes;
