@@ -8,7 +8,8 @@
 // in `mesh_gpu`), checked against the float reference of the same kernels and against the double
 // one within a bound. Exit status: 0 when the result equals the reference (bitwise with
 // --deterministic; otherwise within 1e-12 relative, 1e-9 with Adam; fp32: 1e-5, Adam's step
-// bound), 1 when it differs, 2 on a bad option.
+// bound), 1 when it differs, 2 on a bad option. With --experts E it trains an MoE model (linear
+// stages, then E experts over --ep ranks) on a dp x pp x ep x tp mesh instead (moe_train.hpp).
 //
 //   mesh --dp 2 --pp 2 --tp 2 --schedule zb-h1 --microbatches 4 --deterministic
 //   mpiexec -n 8 mesh --backend mpi --dp 2 --pp 2 --tp 2 --zero
@@ -44,6 +45,7 @@
 #include <loom/cudasim/sim.hpp>
 #endif
 
+#include "moe_train.hpp"
 #include "train.hpp"
 
 namespace {
@@ -76,7 +78,52 @@ struct options {
   std::string costs_out;
   long long seed = 1;  // the simulator's seed (device backends under loom's CUDA simulator)
   model_spec model;
+  // --experts E: the MoE model (moe_model.hpp) instead of the transformer.
+  int experts = 0;
+  int top_k = 1;
+  double capacity_factor = 1.0;
+  int ep = 1;
+  std::string moe_layout = "ep";
+  int moe_chunks = 1;
 };
+
+//! The MoE model's run of `o` (--experts).
+moe::mesh_setup moe_setup(const options& o) {
+  moe::mesh_setup s;
+  s.dp = o.layout.dp;
+  s.pp = o.layout.pp;
+  s.ep = o.ep;
+  s.tp = o.layout.tp;
+  s.E = o.experts;
+  s.k = o.top_k;
+  s.f = o.capacity_factor;
+  s.steps = o.steps;
+  s.det = o.deterministic;
+  s.zero = o.zero_stage > 0 ? o.zero_stage : o.zero ? 2 : 0;
+  s.local_steps = o.local_steps;
+  s.pipeline_moe = o.moe_layout == "tp";
+  s.bucket_bytes = o.bucket_bytes;
+  s.chunks = o.moe_chunks;
+  return s;
+}
+
+//! The --experts mode's refusals beyond `configure`'s: the transformer's options, in one line.
+std::string moe_rule(const options& o, const CLI::App& app) {
+  if (o.experts == 0) {
+    for (const char* name : {"--top-k", "--capacity-factor", "--ep", "--moe-layout", "--moe-chunks"})
+      if (app.count(name) > 0) return std::string(name) + " sets the MoE model: it needs --experts E";
+    return {};
+  }
+  if (o.experts < 0) return "--experts " + std::to_string(o.experts) + " is negative";
+  for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--sync-after-step",
+                           "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--seed", "--adam-lr"})
+    if (app.count(name) > 0) return std::string(name) + " applies to the transformer: the MoE model (--experts) has linear stages of width 4";
+  if (o.backend != "threads" && o.backend != "mpi") return "--experts runs on threads and mpi (the MoE layer's device kernels are not built yet)";
+  if (o.optimizer != "sgd") return "--experts trains with SGD (the reference's optimizer)";
+  if (o.zero_stage == 3) return "--experts: ZeRO stage 3 needs stages that release their parameters between steps; the MoE model's do not";
+  if (o.one_shot) return "--one-shot: the MoE model averages local SGD's replicas every --local-steps H";
+  return {};
+}
 
 run_options run(const options& o) {
   return {.layout = o.layout, .microbatches = o.microbatches, .steps = o.steps, .deterministic = o.deterministic,
@@ -115,6 +162,52 @@ std::string configure(options& o) {
                          {"--hidden", o.model.hidden}, {"--heads", o.model.heads}, {"--ffn", o.model.ffn}, {"--blocks", o.model.blocks}})
     if (v < 1) return std::string(name) + " " + std::to_string(v) + " must be at least 1";
   return s.rule(o.model);
+}
+
+//! The --experts mode on threads or MPI processes; the exit status.
+int run_moe(const options& o, const loom::schedule& sched, int argc, char** argv) {
+  const moe::mesh_setup s = moe_setup(o);
+  if (std::string rule = moe_setup_rule(s); !rule.empty()) throw loom::config_error(rule);
+  const int world = s.dp * s.pp * s.ep * s.tp;
+  auto banner = [&](const char* backend) {
+    const std::string local = s.local_steps == 0 ? "" : ", local SGD, averaged every " + std::to_string(s.local_steps) + " steps";
+    std::printf("loom mesh: MoE model, dp %d x pp %d x ep %d x tp %d (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s%s%s\n",
+                s.dp, s.pp, s.ep, s.tp, world, backend, sched.name.c_str(), sched.microbatches, sched.stages, s.det ? ", deterministic" : "",
+                s.zero > 0 ? (", ZeRO-" + std::to_string(s.zero)).c_str() : "", local.c_str());
+    std::printf("MoE layer: %d experts over %s, top-%d, capacity factor %g%s%s; %d linear stage(s) before it; 10 tokens of width 4 per "
+                "microbatch and rank\n",
+                s.E, s.pipeline_moe ? "tp (Pipeline MoE)" : "ep", s.k, s.f, s.f == 0 ? " (no dropping)" : "",
+                s.chunks > 1 ? (", the exchange overlapped in " + std::to_string(s.chunks) + " pieces").c_str() : "", sched.stages - 1);
+    std::fflush(stdout);
+  };
+  if (o.backend == "threads") {
+    banner("threads");
+    int rc = 0;
+    loom::run_threads(world, [&](loom::threads::comm& c) {
+      const long long bad = train_moe(c, s, sched, true);
+      if (c.rank() == 0) rc = bad == 0 ? 0 : 1;
+    });
+    return rc;
+  }
+#if defined(LOOM_HAS_MPI)
+  loom::mpi::environment env(argc, argv);
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (std::string rule = moe_world_rule(s, size); !rule.empty()) {
+    if (rank == 0) std::cerr << "mesh: " << rule << "\n";
+    return 2;
+  }
+  if (rank == 0) banner("MPI processes");
+  int rc = 0;
+  loom::run_mpi([&](loom::mpi::comm& c) { rc = train_moe(c, s, sched, true) == 0 ? 0 : 1; });
+  return rc;
+#else
+  (void)argc;
+  (void)argv;
+  std::cerr << "mesh: this build has no MPI (install libopenmpi-dev and reconfigure)\n";
+  return 2;
+#endif
 }
 
 }  // namespace
@@ -166,11 +259,24 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.model.heads, "attention heads");
   app.add_option("--ffn", o.model.ffn, "MLP hidden features");
   app.add_option("--blocks", o.model.blocks, "transformer blocks (at least one per virtual stage)");
+  app.add_option("--experts", o.experts,
+                 "train the MoE model instead of the transformer: linear stages, then a layer of E experts (docs/moe.md; 0: the transformer)");
+  app.add_option("--top-k", o.top_k, "with --experts: the experts each token goes to (1..E)");
+  app.add_option("--capacity-factor", o.capacity_factor, "with --experts: Tutel's capacity factor f >= 0 (0: no dropping; default 1)");
+  app.add_option("--ep", o.ep, "with --experts: expert-parallel ranks (the experts and the tokens split over them)");
+  app.add_option("--moe-layout", o.moe_layout, "with --experts: ep (experts over the ep ranks) or tp (Pipeline MoE: experts over the tp ranks)")
+      ->check(CLI::IsMember({"ep", "tp"}));
+  app.add_option("--moe-chunks", o.moe_chunks,
+                 "with --experts: overlap the all-to-alls with the experts in this many pieces of the capacity (FSMoE; 1: no overlap)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::cerr << "mesh: " << e.what() << "\n";
+    return 2;
+  }
+  if (std::string why = moe_rule(o, app); !why.empty()) {
+    std::cerr << "mesh: " << why << "\n";
     return 2;
   }
   if (std::string why = configure(o); !why.empty()) {
@@ -183,6 +289,8 @@ int main(int argc, char** argv) {
 #endif
   try {
     auto const& family = loom::default_registry().at(o.schedule);
+    if (o.experts > 0 && family.multi_step)
+      throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the transformer; --experts flushes every step");
     // An asynchronous family runs the --steps as one run without a flush (pp x tp, SGD, on the host).
     if (family.multi_step)
       if (std::string why = mesh_example::async_rule_of(run(o), o.backend == "cuda_local" || o.backend == "nccl"); !why.empty())
@@ -193,6 +301,7 @@ int main(int argc, char** argv) {
       if (!plan.ok) throw loom::config_error("--offload-chunks " + std::to_string(o.offload_chunks) + ": " + std::string(plan.error));
       sched = loom::with_offload(sched, plan);
     }
+    if (o.experts > 0) return run_moe(o, sched, argc, argv);
     model_spec m = o.model;
     m.blocks = std::max(m.blocks, sched.stages);
     auto banner = [&](const char* backend) {

@@ -1,8 +1,9 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
-// Expert parallelism's test support (tests/mesh/moe_ep_test.cpp on threads, tests/mesh_mpi on MPI):
-// a small MoE layer with linear experts, the single-process reference holding every expert, and
-// one rank's expert-parallel run over any counted communicator.
+// A small MoE layer with linear experts (h = 4, 10 tokens per rank), the single-process reference
+// holding every expert, one rank's expert-parallel run over any counted communicator, and the
+// layer as a pipeline stage (`moe_stage`). Used by the example's --experts mode (moe_model.hpp)
+// and by the tests (tests/mesh/moe_ep_test.cpp on threads, tests/mesh_mpi on MPI).
 #pragma once
 
 #include <algorithm>
@@ -17,7 +18,7 @@
 #include "loom/exec/tensor_parallel.hpp"
 #include "loom/stage/stage.hpp"
 
-namespace moe_test {
+namespace mesh_example::moe {
 
 using vec = std::vector<double>;
 
@@ -61,6 +62,7 @@ struct rank_result {
   vec y, dx, dwg;
   vec dwe;  // its experts' gradients ([E/ep][h][h] with ep; all E in the reference)
   std::vector<std::pair<int, int>> dropped;
+  std::vector<long long> dropped_per_expert;  // [E] (the reference sets it)
   long long capacity = 0;
   double aux = 0;  // GShard's auxiliary loss of the rank's routing (the reference sets it)
 };
@@ -145,6 +147,7 @@ inline std::vector<rank_result> reference(const problem& p) {
     o.dropped = dropped_of(R);
     o.capacity = R.capacity;
     o.aux = loom::moe_aux_loss(R);
+    o.dropped_per_expert = R.dropped_per_expert();
   }
   for (auto& o : out) o.dwe = dwe;
   return out;
@@ -307,16 +310,20 @@ rank_result ep_run_overlapped(const problem& p, C& comm, loom::comm_counters& co
 // after microbatch. `partial` names the dimensions whose ranks hold other tokens besides dp and ep
 // (tp when the tokens are split over it), for both ranges. With `experts_over` (Pipeline MoE's
 // layout) the experts spread over that group instead, whose ranks hold the same tokens: dispatch
-// by slicing, combine and the backward's sums by all-reduce (`comm` then has one rank). A split
-// stage: `backward_input` leaves what the weight gradients need.
+// by slicing, combine and the backward's sums by all-reduce (`comm` then has one rank). With
+// `chunks` > 1 the exchange overlaps with the experts FSMoE-style (`loom::ep_overlapped`, both
+// ways), with the unchunked exchange's results bit for bit. A split stage: `backward_input`
+// leaves what the weight gradients need.
 template <class C>
 class moe_stage {
  public:
   using value_type = double;
-  moe_stage(const problem& p, C* comm, const vec* c, loom::dim_set partial = {}, C* experts_over = nullptr)
-      : p_(&p), g_{comm}, tpg_{experts_over}, c_(c) {
+  moe_stage(const problem& p, C* comm, const vec* c, loom::dim_set partial = {}, C* experts_over = nullptr, int chunks = 1)
+      : p_(&p), g_{comm}, tpg_{experts_over}, c_(c), chunks_(chunks) {
     const int ep = g_.size();
     if (std::string rule = loom::ep_rule(p.E, ep); !rule.empty()) throw loom::config_error(rule);
+    if (chunks < 1) throw loom::config_error("moe: the overlap needs >= 1 chunk (got " + std::to_string(chunks) + ")");
+    if (chunks > 1 && experts_over != nullptr) throw loom::config_error("moe: Pipeline MoE has no all-to-all to overlap (chunks must be 1)");
     el_ = p.E / ep;
     int first = g_.rank() * el_;
     if (experts_over != nullptr) {
@@ -343,11 +350,12 @@ class moe_stage {
   const std::vector<long long>& capacities() const { return capacities_; }
   void clear_capacities() { capacities_.clear(); }
   //! What the forward of microbatch `mb` gave last: the layer's output y (before the loss
-  //! weights), the dropped (token, choice) pairs and the auxiliary loss.
+  //! weights), the dropped (token, choice) pairs, the auxiliary loss and the drops per expert.
   struct forward_record {
     vec y;
     std::vector<std::pair<int, int>> dropped;
     double aux = 0;
+    std::vector<long long> dropped_per_expert;  // [E]
   };
   const forward_record& record(int mb) const { return states_.at(static_cast<std::size_t>(mb)).rec; }
   //! The microbatches this stage ran a forward of (since it was built).
@@ -374,20 +382,29 @@ class moe_stage {
     st.back.assign(all, 0.0);
     vec eo(all), y(p.n * p.h, 0.0);
     loom::moe_dispatch(st.R, fb.input, std::span<double>(pipeline_moe() ? st.xin : slots), p.h, held_);
-    if (!pipeline_moe()) loom::ep_to_experts(g_, p.E, std::span<const double>(slots), std::span<double>(scratch), std::span<double>(st.xin));
-    for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
-      loom::linear_kernel::forward(std::span<const double>(st.xin).subspan(at, rows * p.h), weight(e), std::span<const double>{},
-                                   std::span<double>(pipeline_moe() ? st.back : eo).subspan(at, rows * p.h), rows, p.h, p.h);
-    });
-    if (pipeline_moe()) {
-      loom::tp_moe_combine(tpg_, st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
-    } else {
-      loom::ep_from_experts(g_, p.E, std::span<const double>(eo), std::span<double>(scratch), std::span<double>(st.back));
+    if (chunks_ > 1) {  // dispatch, the experts and combine overlapped; st.xin as ep_to_experts leaves it
+      vec pieces(4 * all);
+      loom::ep_overlapped(g_, p.E, cap, p.h, chunks_, std::span<const double>(slots), std::span<double>(st.back), std::span<double>(st.xin),
+                          std::span<double>(eo), std::span<double>(pieces), [&](int e, std::span<const double> in, std::span<double> out, std::size_t rows) {
+                            loom::linear_kernel::forward(in, weight(e), std::span<const double>{}, out, rows, p.h, p.h);
+                          });
       loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+    } else {
+      if (!pipeline_moe()) loom::ep_to_experts(g_, p.E, std::span<const double>(slots), std::span<double>(scratch), std::span<double>(st.xin));
+      for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
+        loom::linear_kernel::forward(std::span<const double>(st.xin).subspan(at, rows * p.h), weight(e), std::span<const double>{},
+                                     std::span<double>(pipeline_moe() ? st.back : eo).subspan(at, rows * p.h), rows, p.h, p.h);
+      });
+      if (pipeline_moe()) {
+        loom::tp_moe_combine(tpg_, st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+      } else {
+        loom::ep_from_experts(g_, p.E, std::span<const double>(eo), std::span<double>(scratch), std::span<double>(st.back));
+        loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+      }
     }
     const std::span<const double> c = weights(ctx.microbatch);
     for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
-    st.rec = {y, dropped_of(st.R), loom::moe_aux_loss(st.R)};
+    st.rec = {y, dropped_of(st.R), loom::moe_aux_loss(st.R), st.R.dropped_per_expert()};
     st.ran = true;
     fb.output[y.size()] = p.lambda * st.rec.aux;
   }
@@ -404,18 +421,27 @@ class moe_stage {
     loom::moe_combine_backward(st.R, std::span<const double>(st.back), std::span<const double>(dy), std::span<double>(dout),
                                std::span<double>(dgate), p.h, held_);
     st.drows.assign(all, 0.0);
-    if (pipeline_moe()) st.drows = dout;
-    else loom::ep_to_experts(g_, p.E, std::span<const double>(dout), std::span<double>(scratch), std::span<double>(st.drows));
-    for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
-      loom::linear_kernel::backward_input(std::span<const double>(st.drows).subspan(at, rows * p.h), weight(e),
-                                          std::span<double>(din).subspan(at, rows * p.h), rows, p.h, p.h);
-    });
-    if (pipeline_moe()) {
-      loom::moe_dispatch_backward(st.R, std::span<const double>(din), std::span<double>(dx), p.h, held_);
-      loom::tp_moe_backward_sum(tpg_, std::span<double>(dx), std::span<double>(dgate));
-    } else {
-      loom::ep_from_experts(g_, p.E, std::span<const double>(din), std::span<double>(scratch), std::span<double>(dslots));
+    if (chunks_ > 1) {  // the same overlap on the way back; st.drows as ep_to_experts leaves it
+      vec pieces(4 * all);
+      loom::ep_overlapped(g_, p.E, cap, p.h, chunks_, std::span<const double>(dout), std::span<double>(dslots), std::span<double>(st.drows),
+                          std::span<double>(din), std::span<double>(pieces), [&](int e, std::span<const double> in, std::span<double> out, std::size_t rows) {
+                            loom::linear_kernel::backward_input(in, weight(e), out, rows, p.h, p.h);
+                          });
       loom::moe_dispatch_backward(st.R, std::span<const double>(dslots), std::span<double>(dx), p.h);
+    } else {
+      if (pipeline_moe()) st.drows = dout;
+      else loom::ep_to_experts(g_, p.E, std::span<const double>(dout), std::span<double>(scratch), std::span<double>(st.drows));
+      for_experts(cap, [&](int e, std::size_t at, std::size_t rows) {
+        loom::linear_kernel::backward_input(std::span<const double>(st.drows).subspan(at, rows * p.h), weight(e),
+                                            std::span<double>(din).subspan(at, rows * p.h), rows, p.h, p.h);
+      });
+      if (pipeline_moe()) {
+        loom::moe_dispatch_backward(st.R, std::span<const double>(din), std::span<double>(dx), p.h, held_);
+        loom::tp_moe_backward_sum(tpg_, std::span<double>(dx), std::span<double>(dgate));
+      } else {
+        loom::ep_from_experts(g_, p.E, std::span<const double>(din), std::span<double>(scratch), std::span<double>(dslots));
+        loom::moe_dispatch_backward(st.R, std::span<const double>(dslots), std::span<double>(dx), p.h);
+      }
     }
     st.dlogits.assign(p.n * E, 0.0);
     loom::moe_route_backward(st.R, p.o, std::span<const double>(dgate), daux, std::span<double>(st.dlogits));
@@ -469,10 +495,11 @@ class moe_stage {
   loom::ep_group<C> tpg_;      // Pipeline MoE: the group the experts spread over (null: expert parallel over g_)
   loom::moe_experts held_{};   // the experts this rank holds (all of them by default: the slot functions' full range)
   const vec* c_;
+  int chunks_ = 1;  // > 1: the exchange overlapped with the experts (ep_overlapped)
   int el_ = 0;
   vec params_, grad_;
   std::vector<loom::grad_range> ranges_;
   std::vector<state> states_;
   std::vector<long long> capacities_;
 };
-}  // namespace moe_test
+}  // namespace mesh_example::moe

@@ -1,9 +1,10 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
-// ep as a mesh dimension, test support (tests/mesh/moe_mesh_test.cpp on threads, tests/mesh_mpi on
-// MPI): a pipeline of linear stages ending in an MoE layer with its loss, trained by
-// loom::data_parallel over dp x pp x ep (ep innermost), and the single-process reference holding
-// every expert.
+// ep as a mesh dimension: a pipeline of linear stages ending in an MoE layer with its loss,
+// trained by loom::data_parallel over dp x pp x ep x tp (tp innermost), the single-process
+// reference holding every expert, and one rank's training run checked against it. The example's
+// --experts mode (moe_train.hpp) and the tests (tests/mesh/moe_mesh_test.cpp on threads,
+// tests/mesh_mpi on MPI) run it.
 #pragma once
 
 #include <algorithm>
@@ -18,10 +19,11 @@
 #include "loom/exec/data_parallel.hpp"
 #include "loom/exec/pipeline.hpp"
 #include "loom/mesh.hpp"
+#include "loom/plan/formulas.hpp"
 #include "loom/schedule.hpp"
-#include "moe_support.hpp"
+#include "moe_layer.hpp"
 
-namespace moe_test {
+namespace mesh_example::moe {
 
 inline constexpr double mesh_lr = 0.1;  //!< SGD's learning rate
 
@@ -43,14 +45,14 @@ template <class C>
 class model_stage {
  public:
   using value_type = double;
-  model_stage(const problem& p, C* ep, C* tp, const vec* c, int index, int stages, bool pipeline_moe = false)
+  model_stage(const problem& p, C* ep, C* tp, const vec* c, int index, int stages, bool pipeline_moe = false, int chunks = 1)
       : n_(p.n), h_(p.h), index_(index), tp_(tp), T_(tp == nullptr ? 1 : tp->size()), t_(tp == nullptr ? 0 : tp->rank()), pmoe_(pipeline_moe) {
     if (index == stages - 1) {
       auto part = std::make_shared<problem>(p);
       part->n = n_ / static_cast<std::size_t>(parts());
       part_ = part;
       if (pmoe_) moe_.emplace(*part_, ep, c, loom::dim_set{}, tp);
-      else moe_.emplace(*part_, ep, c, T_ > 1 ? loom::dim_set{loom::dim::tp} : loom::dim_set{});
+      else moe_.emplace(*part_, ep, c, T_ > 1 ? loom::dim_set{loom::dim::tp} : loom::dim_set{}, nullptr, chunks);
     } else {
       const vec all = linear_init(p.h, index);
       const std::size_t rows = h_ / static_cast<std::size_t>(T_);
@@ -144,10 +146,13 @@ struct mesh_setup {
   //! Pipeline MoE's layout over tp (ep = 1): the MoE layer's experts over the tp ranks, which hold
   //! every token, instead of the tokens split over them.
   bool pipeline_moe = false;
+  std::size_t bucket_bytes = 0;  //!< the reducer's buckets; 0: 96 bytes with ZeRO (several buckets), else 25 MB
+  int chunks = 1;                //!< > 1: the MoE exchange overlapped with the experts in this many pieces (FSMoE)
 };
 
 inline std::string describe(const mesh_setup& s) {
   return "dp" + std::to_string(s.dp) + " x pp" + std::to_string(s.pp) + " x ep" + std::to_string(s.ep) + " x tp" + std::to_string(s.tp) +
+         (s.chunks > 1 ? " chunks=" + std::to_string(s.chunks) : std::string()) +
          " E=" + std::to_string(s.E) +
          " k=" + std::to_string(s.k) + " f=" + std::to_string(s.f) + (s.det ? " deterministic" : "") + " zero=" + std::to_string(s.zero) +
          " H=" + std::to_string(s.local_steps);
@@ -173,7 +178,7 @@ inline void fold(vec& acc, const vec& g, bool first) {
 }
 
 //! The reference, per replica. Each (d, e, j) goes through the linear stages; replica d's
-//! microbatch j through `moe_test::reference` once per tp rank t (its ep ranks together, every
+//! microbatch j through `mesh_example::moe::reference` once per tp rank t (its ep ranks together, every
 //! expert held, on the token rows t of each), then back through the linear stages, whose input
 //! gradient adds the tp ranks' column blocks' partial sums in tp order. Per rank the microbatches'
 //! gradients fold from zero in microbatch order (the pipeline's deterministic fold). Synchronous:
@@ -182,8 +187,10 @@ inline void fold(vec& acc, const vec& g, bool first) {
 //! the same inside each replica (dp left out), and every H steps the replicas' weights averaged
 //! (summed in replica order, times 1/dp). Scaled by 1/(dp ep), then SGD.
 //! With `last`, also the MoE layer's forward in the last step, per rank `(d ep + e) tp + t` and
-//! microbatch: its output, dropped pairs and auxiliary loss (`t` = 0 alone under Pipeline MoE).
-inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int M, std::vector<std::vector<rank_result>>* last = nullptr) {
+//! microbatch: its output, dropped pairs and auxiliary loss (`t` = 0 alone under Pipeline MoE);
+//! with `every`, the same for every step (`[step][rank][microbatch]`).
+inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int M, std::vector<std::vector<rank_result>>* last = nullptr,
+                                                std::vector<std::vector<std::vector<rank_result>>>* every = nullptr) {
   const problem p0 = mesh_data(s, M, 0);
   const std::size_t h = p0.h, n = p0.n, D = static_cast<std::size_t>(s.dp), EP = static_cast<std::size_t>(s.ep), L = static_cast<std::size_t>(S - 1);
   const std::size_t T = static_cast<std::size_t>(s.tp), k = h / T;
@@ -192,6 +199,8 @@ inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int 
   for (int l = 0; l + 1 < S; ++l) init.linear.push_back(linear_init(h, l));
   std::vector<mesh_weights> w(D, init);
   if (last != nullptr) last->assign(D * EP * T, std::vector<rank_result>(static_cast<std::size_t>(M)));
+  if (every != nullptr)
+    every->assign(static_cast<std::size_t>(s.steps), std::vector<std::vector<rank_result>>(D * EP * T, std::vector<rank_result>(static_cast<std::size_t>(M))));
   const double scale = 1.0 / (s.dp * s.ep);
   auto sgd = [&](vec& x, const vec& g) {
     for (std::size_t i = 0; i < x.size(); ++i) x[i] -= mesh_lr * (g[i] * scale);
@@ -231,6 +240,8 @@ inline std::vector<mesh_weights> mesh_reference(const mesh_setup& s, int S, int 
           const auto want = reference(pd);
           if (last != nullptr && st + 1 == s.steps)
             for (std::size_t e = 0; e < EP; ++e) (*last)[(d * EP + e) * T + t][static_cast<std::size_t>(j)] = want[e];
+          if (every != nullptr)
+            for (std::size_t e = 0; e < EP; ++e) (*every)[static_cast<std::size_t>(st)][(d * EP + e) * T + t][static_cast<std::size_t>(j)] = want[e];
           for (std::size_t e = 0; e < EP; ++e) {
             mesh_weights& a = acc[(d * EP + e) * T + t];
             for (std::size_t i = 0; i < a.router.size(); ++i) a.router[i] += want[e].dwg[i];
@@ -312,10 +323,25 @@ inline long long value_differences(std::span<const double> got, std::span<const 
   return bad;
 }
 
+//! One step on one rank: what its MoE forwards dropped and lost, and what it communicated.
+struct moe_step_report {
+  //! Dropped (token, choice) pairs per expert (`[E]`), summed over this rank's MoE forwards of the
+  //! step; empty on a rank without the MoE stage, and on tp ranks > 0 under Pipeline MoE (their
+  //! tokens are tp rank 0's), so that a sum over the world counts every token once.
+  std::vector<long long> dropped;
+  double aux = 0;          //!< the sum of those forwards' auxiliary losses
+  long long forwards = 0;  //!< how many forwards that is
+  std::uint64_t formula_bytes = 0;  //!< all-to-all bytes on ep by the formula `4 E h sum_j C_j x 8`
+  //! This rank's communicators in the step (pp, ep, tp, dp, the dense group dp x ep, world).
+  std::vector<std::pair<std::string, loom::comm_counters>> counts;
+};
+
 //! What one rank's run gives: its weights' differences from the reference's, how many values it
 //! compared, the reducer's buckets, and the steps whose all-to-all bytes on `ep` differed from
-//! the formula `4 E h sum_j C_j x 8` (the rank's MoE microbatches j; 0 with one ep rank).
+//! the formula `4 E h sum_j C_j x 8` (the rank's MoE microbatches j; 0 with one ep rank) or, with
+//! f > 0, from `loom plan`'s (`plan_formulas::moe_all_to_all_bytes`).
 struct mesh_rank_result {
+  std::vector<moe_step_report> steps;  //!< per step
   long long differing = 0, compared = 0, moved = 0;  // moved: values that differ from the initial weights
   std::vector<loom::bucket_report> buckets;
   int volume_mismatches = 0;
@@ -337,19 +363,26 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
   const problem p0 = mesh_data(s, M, 0);
   const std::size_t hh = p0.h * p0.h, El = static_cast<std::size_t>(s.E / s.ep), nh = p0.n * p0.h;
   const auto d = static_cast<std::size_t>(g.coord(loom::dim::dp)), e = static_cast<std::size_t>(g.coord(loom::dim::ep));
-  const loom::data_parallel_options o{.bucket_bytes = s.zero != 0 ? 96 : std::size_t{25} << 20, .zero_stage = s.zero, .local_steps = s.local_steps,
+  const loom::data_parallel_options o{.bucket_bytes = s.bucket_bytes != 0 ? s.bucket_bytes : s.zero != 0 ? 96 : std::size_t{25} << 20, .zero_stage = s.zero, .local_steps = s.local_steps,
                                       .deterministic = s.det, .grad_scale = 1.0 / (s.dp * s.ep)};
   const auto T = static_cast<std::size_t>(s.tp), t = static_cast<std::size_t>(g.coord(loom::dim::tp)), rows = p0.h / T;
   const std::size_t parts = s.pipeline_moe ? 1 : T;  // the MoE layer's token parts
   const std::size_t mine = nh / parts;               // this tp rank's token rows of a microbatch
   vec weights(static_cast<std::size_t>(M) * mine);  // their loss weights, this step's microbatches
   loom::data_parallel<decltype(g), model_stage<C>> sync(g, o, loom::sgd{.lr = mesh_lr});
-  loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) { return model_stage<C>(p0, &g.ep(), &g.tp(), &weights, id.stage, S, s.pipeline_moe); },
+  loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) { return model_stage<C>(p0, &g.ep(), &g.tp(), &weights, id.stage, S, s.pipeline_moe, s.chunks); },
                     {.deterministic = s.det, .scaling = loom::loss_scaling::sum, .observer = &sync});
   sync.attach(pl);
   mesh_rank_result out;
+  // The communicators whose counts each step reports (ep is reset each step; the others differenced).
+  std::vector<std::pair<std::string, const loom::comm_counters*>> comms{
+      {"pp", &g.pp().counters()}, {"ep", &g.ep().counters()}, {"tp", &g.tp().counters()}, {"dp", &g.dp().counters()}};
+  if (s.ep > 1) comms.push_back({"dp x ep", &g.group(loom::dim::dp | loom::dim::ep).counters()});
+  comms.push_back({"world", &g.world().counters()});
   for (int st = 0; st < s.steps; ++st) {
     g.ep().reset_counters();
+    std::vector<loom::comm_counters> before;
+    for (auto& c : comms) before.push_back(*c.second);
     for (auto& stg : pl.stages())
       if (stg.moe() != nullptr) stg.moe_mut()->clear_capacities();
     const problem p = mesh_data(s, M, st);
@@ -362,16 +395,41 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
     pl.step(inputs);
     // The step's all-to-alls on ep: dispatch and combine, forward and backward, E C_j h each.
     std::uint64_t want_bytes = 0, want_calls = 0;
+    long long forwards = 0;
     for (const auto& stg : pl.stages())
       if (const auto* m = stg.moe())
         for (long long cap : m->capacities()) {
           ++out.moe_microbatches;
+          ++forwards;
           if (s.ep == 1) continue;
-          want_calls += 4;
+          // Overlapped: each of the four exchanges in min(chunks, C) pieces of the same bytes in all.
+          want_calls += 4 * static_cast<std::uint64_t>(std::min<long long>(s.chunks, std::max<long long>(cap, 1)));
           want_bytes += 4 * static_cast<std::uint64_t>(s.E) * static_cast<std::uint64_t>(cap) * p0.h * sizeof(double);
         }
     const auto& a2a = g.ep().counters()[loom::comm_op::all_to_all];
     if (a2a.calls != want_calls || a2a.bytes != want_bytes) ++out.volume_mismatches;
+    // With f > 0 the capacity does not depend on the routing: the bytes are also `loom plan`'s,
+    // four all-to-alls of plan_formulas::moe_all_to_all_bytes per MoE forward.
+    if (s.f > 0 && !s.pipeline_moe && s.ep > 1) {
+      const loom::model_desc md{.hidden = static_cast<long long>(p0.h), .seq = static_cast<long long>(p0.n),
+                                .bytes_per_element = static_cast<int>(sizeof(double)), .micro_batch = 1, .experts = s.E, .top_k = s.k,
+                                .capacity_factor = s.f};
+      const double planned = 4.0 * static_cast<double>(forwards) * loom::plan_formulas::moe_all_to_all_bytes(md, s.tp);
+      if (static_cast<double>(a2a.bytes) != planned) ++out.volume_mismatches;
+    }
+    moe_step_report& rep = out.steps.emplace_back();
+    rep.formula_bytes = want_bytes;
+    for (std::size_t i = 0; i < comms.size(); ++i) rep.counts.push_back({comms[i].first, comms[i].second->since(before[i])});
+    if (parts == 1 && t > 0) continue;  // Pipeline MoE: tp rank 0 reports the tokens they share
+    for (const auto& stg : pl.stages())
+      if (const auto* m = stg.moe())
+        for (int mb : m->microbatches()) {
+          const auto& r = m->record(mb);
+          if (rep.dropped.empty()) rep.dropped.assign(r.dropped_per_expert.size(), 0);
+          for (std::size_t x = 0; x < rep.dropped.size(); ++x) rep.dropped[x] += r.dropped_per_expert[x];
+          rep.aux += r.aux;
+          ++rep.forwards;
+        }
   }
   sync.finish();
   out.buckets = sync.report();
@@ -408,4 +466,4 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
   return out;
 }
 
-}  // namespace moe_test
+}  // namespace mesh_example::moe

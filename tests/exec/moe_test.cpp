@@ -6,6 +6,7 @@
 // against central finite differences.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <span>
@@ -205,6 +206,15 @@ TEST_CASE("moe: dispatch, the experts and combine equal the per-token layer bit 
       L.loss(&r, &y);
       if (f == 0.0) CHECK(r.dropped() == 0);
       if (f == 0.5) CHECK(r.dropped() > 0);
+      // Per expert: the slots 0 .. load - 1 are taken, so load - C of them are dropped when positive.
+      const auto per = r.dropped_per_expert();
+      REQUIRE(per.size() == 4);
+      long long sum = 0;
+      for (std::size_t e = 0; e < 4; ++e) {
+        CHECK(per[e] == std::max(0LL, r.load[e] - r.capacity));
+        sum += per[e];
+      }
+      CHECK(sum == static_cast<long long>(r.dropped()));
       // Per token: y[t] = sum over its kept choices of g W_e x[t], with the same sums in the same order.
       const std::size_t h = L.h;
       for (std::size_t t = 0; t < L.n; ++t) {

@@ -16,11 +16,11 @@
 #include "loom/comm/counting.hpp"
 #include "loom/exec/moe.hpp"
 #include "loom/exec/tensor_parallel.hpp"
-#include "moe_support.hpp"
+#include "../../examples/03_mesh/moe_layer.hpp"
 
 namespace moe_adaptive_test {
 
-using moe_test::val;
+using mesh_example::moe::val;
 using vec = std::vector<double>;
 
 struct ffn_problem {
@@ -115,7 +115,7 @@ inline loom::moe_routing<double> route(const ffn_problem& p, int r) {
   return loom::moe_route(p.o, std::span<const double>(logits));
 }
 
-//! The router's backward and the input gradient's second part (as moe_test::router_backward).
+//! The router's backward and the input gradient's second part (as mesh_example::moe::router_backward).
 inline void router_backward(const ffn_problem& p, int r, const loom::moe_routing<double>& R, const vec& dgate, result& out) {
   const auto E = static_cast<std::size_t>(p.E);
   vec dlogits(p.n * E), dxr(p.n * p.h);
@@ -157,7 +157,7 @@ inline std::vector<result> reference(const ffn_problem& p) {
                    dslots.data() + e * C * h, dw1.data() + e * H * h, dw2.data() + e * H * h);
     loom::moe_dispatch_backward(R, std::span<const double>(dslots), std::span<double>(o.dx), h);
     router_backward(p, r, R, dgate, o);
-    o.dropped = moe_test::dropped_of(R);
+    o.dropped = mesh_example::moe::dropped_of(R);
     o.capacity = R.capacity;
   }
   out[0].dw1 = dw1;
@@ -215,7 +215,7 @@ result adaptive_run(const ffn_problem& p, C& comm, int r, C* node = nullptr, C* 
   o.dw2.assign(slice, 0.0);
   gather.reduce_scatter(std::span<const double>(dw1g), std::span<double>(o.dw1), loom::reduce_op::sum);
   gather.reduce_scatter(std::span<const double>(dw2g), std::span<double>(o.dw2), loom::reduce_op::sum);
-  o.dropped = moe_test::dropped_of(R);
+  o.dropped = mesh_example::moe::dropped_of(R);
   o.capacity = R.capacity;
   const auto& cg = gather.counters();
   const auto& ce = comm.counters();

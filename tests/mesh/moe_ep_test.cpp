@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "loom/comm/threads.hpp"
-#include "moe_support.hpp"
+#include "../../examples/03_mesh/moe_layer.hpp"
 
-using namespace moe_test;
+using namespace mesh_example::moe;
 
 TEST_CASE("moe, expert parallel: ep ranks with their own tokens equal one process holding every expert, bit for bit, and move 4 E C h per rank") {
   int cases = 0;

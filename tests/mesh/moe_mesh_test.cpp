@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // ep as a mesh dimension (issue 26), on threads: a pipeline of linear stages ending in an MoE layer,
 // trained by loom::data_parallel over dp x pp x ep, equals the single-process reference holding
-// every expert (tests/mesh/moe_mesh_support.hpp). Dense weights are reduced over dp x ep, experts
+// every expert (examples/03_mesh/moe_model.hpp). Dense weights are reduced over dp x ep, experts
 // over dp alone; bitwise in deterministic mode (the reference adds in the mesh's documented
 // order), within 1e-12 otherwise; several pipeline families, ZeRO and local SGD too. Every step's
 // all-to-all bytes on ep equal 4 E h sum_j C_j x 8 bytes on every rank; the last step's MoE outputs,
@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "loom/comm/threads.hpp"
-#include "moe_mesh_support.hpp"
+#include "../../examples/03_mesh/moe_model.hpp"
 
 namespace {
 
-using namespace moe_test;
+using namespace mesh_example::moe;
 
 //! Trains `s` with `family` on threads; every rank's result.
 std::vector<mesh_rank_result> train(const mesh_setup& s, const char* family) {
@@ -137,6 +137,18 @@ TEST_CASE("ep mesh: ep with tp (the tokens split over tp before the router, colu
   CHECK(runs == 14);
   check({.dp = 2, .ep = 2, .det = true, .zero = 2, .tp = 2});
   check({.dp = 2, .ep = 2, .steps = 3, .det = true, .local_steps = 2, .tp = 2});
+}
+
+TEST_CASE("ep mesh: the MoE exchange overlapped with the experts (FSMoE, 2, 3 and 5 pieces) trains to the reference bit for bit, with 4 x pieces all-to-alls") {
+  int runs = 0;
+  for (int chunks : {2, 3, 5})
+    for (const char* family : {"1f1b", "zb-h1", "dualpipe"}) {
+      check({.dp = 2, .pp = 2, .ep = 2, .det = true, .chunks = chunks}, family);
+      ++runs;
+    }
+  CHECK(runs == 9);
+  check({.ep = 2, .f = 0.0, .det = false, .tp = 2, .chunks = 3});  // no dropping, with tp, 1e-12
+  check({.dp = 2, .ep = 2, .det = true, .zero = 2, .chunks = 2});
 }
 
 TEST_CASE("ep mesh: Pipeline MoE's layout (the experts over tp, every token on each tp rank) composes with dp and the pipeline families") {

@@ -13,11 +13,11 @@
 //            experts (flat and hierarchical all-to-all, 2 nodes of 2, and overlapped in 3 pieces),
 //            and Pipeline MoE's layout, and Tutel's adaptive degree r (E in {1, 2} FFN experts,
 //            every valid r, within 1e-12, flat and hierarchical: tests/mesh/moe_adaptive_support.hpp),
-//            against the single-process reference (tests/mesh/moe_support.hpp), bit for bit.
+//            against the single-process reference (examples/03_mesh/moe_layer.hpp), bit for bit.
 //   moe-mesh - 4 processes: ep as a mesh dimension, linear stages and an MoE layer trained by
 //            loom::data_parallel over dp2 x ep2, pp2 x ep2 and ep2 x tp2 (1f1b, zb-h1, dualpipe,
 //            ZeRO-2, local SGD), and Pipeline MoE's layout over pp2 x tp2 (zb-h1), against the
-//            reference of tests/mesh/moe_mesh_support.hpp.
+//            reference of examples/03_mesh/moe_model.hpp.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,8 +28,8 @@
 
 #include "../mesh/mesh_support.hpp"
 #include "../mesh/moe_adaptive_support.hpp"
-#include "../mesh/moe_mesh_support.hpp"
-#include "../mesh/moe_support.hpp"
+#include "../../examples/03_mesh/moe_model.hpp"
+#include "../../examples/03_mesh/moe_layer.hpp"
 
 namespace {
 
@@ -127,11 +127,11 @@ int mode_moe(loom::mpi::comm& c) {
     for (int k : {1, 2})
       for (double f : {0.0, 0.5, 1.25}) {
         if (E % ep != 0) continue;
-        const auto p = moe_test::make(E, ep, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10) + static_cast<std::uint64_t>(f * 4));
-        const auto want = moe_test::reference(p);
+        const auto p = mesh_example::moe::make(E, ep, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10) + static_cast<std::uint64_t>(f * 4));
+        const auto want = mesh_example::moe::reference(p);
         loom::comm_counters counts;
-        const auto got = moe_test::ep_run(p, comm, counts);
-        const auto d = moe_test::differences(p, comm.rank(), ep, got, want[static_cast<std::size_t>(comm.rank())], counts);
+        const auto got = mesh_example::moe::ep_run(p, comm, counts);
+        const auto d = mesh_example::moe::differences(p, comm.rank(), ep, got, want[static_cast<std::size_t>(comm.rank())], counts);
         ++runs;
         if (!d.empty()) {
           ++failures;
@@ -140,25 +140,25 @@ int mode_moe(loom::mpi::comm& c) {
         // The hierarchical all-to-all, as 2 nodes of 2: the same results.
         const int r = comm.rank();
         loom::counted<loom::mpi::comm> node(c.split(r / 2, r % 2)), cross(c.split(r % 2, r / 2));
-        const auto hier = moe_test::ep_run(p, comm, counts, &node, &cross);
+        const auto hier = mesh_example::moe::ep_run(p, comm, counts, &node, &cross);
         ++runs;
         if (hier.y != got.y || hier.dx != got.dx || hier.dwe != got.dwe || hier.dwg != got.dwg) {
           ++failures;
           std::printf("MISMATCH moe hierarchical rank %d E=%d k=%d f=%g\n", r, E, k, f);
         }
         // FSMoE-style overlap, 3 pieces of non-blocking all-to-alls: the same results.
-        const auto over = moe_test::ep_run_overlapped(p, comm, counts, 3);
+        const auto over = mesh_example::moe::ep_run_overlapped(p, comm, counts, 3);
         ++runs;
         if (over.y != got.y || over.dx != got.dx || over.dwe != got.dwe || over.dwg != got.dwg) {
           ++failures;
           std::printf("MISMATCH moe overlapped rank %d E=%d k=%d f=%g\n", r, E, k, f);
         }
         // Pipeline MoE: the same tokens on every rank, the experts over them, one all-reduce forward.
-        const auto one = moe_test::make(E, 1, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10 + 5) + static_cast<std::uint64_t>(f * 4));
-        const auto ref = moe_test::reference(one)[0];
-        const auto tp = moe_test::tp_run(one, comm, counts);
+        const auto one = mesh_example::moe::make(E, 1, k, f, static_cast<std::uint64_t>(ep * 1000 + E * 100 + k * 10 + 5) + static_cast<std::uint64_t>(f * 4));
+        const auto ref = mesh_example::moe::reference(one)[0];
+        const auto tp = mesh_example::moe::tp_run(one, comm, counts);
         ++runs;
-        if (!moe_test::result_differences(one, r, ep, tp, ref).empty() || counts[loom::comm_op::all_reduce].calls != 3) {
+        if (!mesh_example::moe::result_differences(one, r, ep, tp, ref).empty() || counts[loom::comm_op::all_reduce].calls != 3) {
           ++failures;
           std::printf("MISMATCH pipeline moe rank %d E=%d k=%d f=%g\n", r, E, k, f);
         }
@@ -200,10 +200,10 @@ int mode_moe(loom::mpi::comm& c) {
 }
 
 // ep as a mesh dimension: linear stages and an MoE layer over dp x pp x ep on 4 processes,
-// trained by loom::data_parallel, equal the single-process reference (tests/mesh/moe_mesh_support.hpp).
+// trained by loom::data_parallel, equal the single-process reference (examples/03_mesh/moe_model.hpp).
 int mode_moe_mesh(loom::mpi::comm& c) {
   struct run_case {
-    moe_test::mesh_setup s;
+    mesh_example::moe::mesh_setup s;
     const char* family;
   };
   std::vector<run_case> cases;
@@ -216,18 +216,19 @@ int mode_moe_mesh(loom::mpi::comm& c) {
     cases.push_back({{.pp = 2, .ep = 1, .det = det, .tp = 2, .pipeline_moe = true}, "zb-h1"});
   }
   cases.push_back({{.dp = 2, .ep = 2, .steps = 3, .local_steps = 2}, "1f1b"});
+  cases.push_back({{.pp = 2, .ep = 2, .det = true, .chunks = 3}, "zb-h1"});  // the exchange overlapped (FSMoE)
   for (const run_case& rc : cases) {
     const auto& entry = loom::default_registry().at(rc.family);
     const loom::schedule sched = entry.make(entry.resolve({rc.s.pp, rc.s.pp == 1 ? 1 : 2 * rc.s.pp, 0}));
-    std::vector<std::vector<moe_test::rank_result>> last;
-    const auto want = moe_test::mesh_reference(rc.s, sched.stages, sched.microbatches, &last);
-    const auto got = moe_test::mesh_train_rank(c, rc.s, sched, want, &last);
+    std::vector<std::vector<mesh_example::moe::rank_result>> last;
+    const auto want = mesh_example::moe::mesh_reference(rc.s, sched.stages, sched.microbatches, &last);
+    const auto got = mesh_example::moe::mesh_train_rank(c, rc.s, sched, want, &last);
     ++runs;
     if (got.differing != 0 || got.compared == 0 || got.moved == 0 || got.volume_mismatches != 0 || got.forward_differing != 0) {
       ++failures;
       std::printf("MISMATCH moe-mesh rank %d %s %s: %lld of %lld values differ, %lld moved, %d steps with other all-to-all bytes, %lld of %lld "
                   "forwards differ\n",
-                  c.rank(), moe_test::describe(rc.s).c_str(), rc.family, got.differing, got.compared, got.moved, got.volume_mismatches,
+                  c.rank(), mesh_example::moe::describe(rc.s).c_str(), rc.family, got.differing, got.compared, got.moved, got.volume_mismatches,
                   got.forward_differing, got.forwards_compared);
     }
   }

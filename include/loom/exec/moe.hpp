@@ -105,6 +105,14 @@ struct moe_routing {
       for (int j = 0; j < top_k; ++j) d += kept(t, j) ? 0 : 1;
     return d;
   }
+  //! Dropped (token, choice) pairs per expert (`[E]`, summing to `dropped()`).
+  std::vector<long long> dropped_per_expert() const {
+    std::vector<long long> d(static_cast<std::size_t>(experts), 0);
+    for (std::size_t t = 0; t < tokens; ++t)
+      for (int j = 0; j < top_k; ++j)
+        if (!kept(t, j)) ++d[static_cast<std::size_t>(expert[t * static_cast<std::size_t>(top_k) + static_cast<std::size_t>(j)])];
+    return d;
+  }
 };
 
 //! The capacity for `n` tokens under `o`; `group_max_load` is the largest expert load over the
