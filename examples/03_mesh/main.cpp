@@ -85,6 +85,7 @@ struct options {
   int ep = 1;
   std::string moe_layout = "ep";
   int moe_chunks = 1;
+  int moe_node_size = 0;
 };
 
 //! The MoE model's run of `o` (--experts).
@@ -104,13 +105,14 @@ moe::mesh_setup moe_setup(const options& o) {
   s.pipeline_moe = o.moe_layout == "tp";
   s.bucket_bytes = o.bucket_bytes;
   s.chunks = o.moe_chunks;
+  s.node_size = o.moe_node_size;
   return s;
 }
 
 //! The --experts mode's refusals beyond `configure`'s: the transformer's options, in one line.
 std::string moe_rule(const options& o, const CLI::App& app) {
   if (o.experts == 0) {
-    for (const char* name : {"--top-k", "--capacity-factor", "--ep", "--moe-layout", "--moe-chunks"})
+    for (const char* name : {"--top-k", "--capacity-factor", "--ep", "--moe-layout", "--moe-chunks", "--moe-node-size"})
       if (app.count(name) > 0) return std::string(name) + " sets the MoE model: it needs --experts E";
     return {};
   }
@@ -177,7 +179,10 @@ int run_moe(const options& o, const loom::schedule& sched, int argc, char** argv
     std::printf("MoE layer: %d experts over %s, top-%d, capacity factor %g%s%s; %d linear stage(s) before it; 10 tokens of width 4 per "
                 "microbatch and rank\n",
                 s.E, s.pipeline_moe ? "tp (Pipeline MoE)" : "ep", s.k, s.f, s.f == 0 ? " (no dropping)" : "",
-                s.chunks > 1 ? (", the exchange overlapped in " + std::to_string(s.chunks) + " pieces").c_str() : "", sched.stages - 1);
+                s.chunks > 1       ? (", the exchange overlapped in " + std::to_string(s.chunks) + " pieces").c_str()
+                : s.node_size > 0 ? (", the exchange hierarchical over nodes of " + std::to_string(s.node_size) + " ep ranks").c_str()
+                                  : "",
+                sched.stages - 1);
     std::fflush(stdout);
   };
   if (o.backend == "threads") {
@@ -268,6 +273,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ep", "tp"}));
   app.add_option("--moe-chunks", o.moe_chunks,
                  "with --experts: overlap the all-to-alls with the experts in this many pieces of the capacity (FSMoE; 1: no overlap)");
+  app.add_option("--moe-node-size", o.moe_node_size,
+                 "with --experts: Tutel's hierarchical all-to-all over nodes of this many ep ranks (a divisor of --ep; 0: flat)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

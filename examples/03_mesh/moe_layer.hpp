@@ -312,14 +312,16 @@ rank_result ep_run_overlapped(const problem& p, C& comm, loom::comm_counters& co
 // layout) the experts spread over that group instead, whose ranks hold the same tokens: dispatch
 // by slicing, combine and the backward's sums by all-reduce (`comm` then has one rank). With
 // `chunks` > 1 the exchange overlaps with the experts FSMoE-style (`loom::ep_overlapped`, both
-// ways), with the unchunked exchange's results bit for bit. A split stage: `backward_input`
-// leaves what the weight gradients need.
+// ways), with the unchunked exchange's results bit for bit. With `node` and `cross` (the ep
+// group's ranks on this rank's node and those with its index on every node) the exchange is
+// Tutel's 2D hierarchical one. A split stage: `backward_input` leaves what the weight gradients need.
 template <class C>
 class moe_stage {
  public:
   using value_type = double;
-  moe_stage(const problem& p, C* comm, const vec* c, loom::dim_set partial = {}, C* experts_over = nullptr, int chunks = 1)
-      : p_(&p), g_{comm}, tpg_{experts_over}, c_(c), chunks_(chunks) {
+  moe_stage(const problem& p, C* comm, const vec* c, loom::dim_set partial = {}, C* experts_over = nullptr, int chunks = 1, C* node = nullptr,
+            C* cross = nullptr)
+      : p_(&p), g_{comm, node, cross}, tpg_{experts_over}, c_(c), chunks_(chunks) {
     const int ep = g_.size();
     if (std::string rule = loom::ep_rule(p.E, ep); !rule.empty()) throw loom::config_error(rule);
     if (chunks < 1) throw loom::config_error("moe: the overlap needs >= 1 chunk (got " + std::to_string(chunks) + ")");

@@ -45,14 +45,15 @@ template <class C>
 class model_stage {
  public:
   using value_type = double;
-  model_stage(const problem& p, C* ep, C* tp, const vec* c, int index, int stages, bool pipeline_moe = false, int chunks = 1)
+  model_stage(const problem& p, C* ep, C* tp, const vec* c, int index, int stages, bool pipeline_moe = false, int chunks = 1, C* node = nullptr,
+              C* cross = nullptr)
       : n_(p.n), h_(p.h), index_(index), tp_(tp), T_(tp == nullptr ? 1 : tp->size()), t_(tp == nullptr ? 0 : tp->rank()), pmoe_(pipeline_moe) {
     if (index == stages - 1) {
       auto part = std::make_shared<problem>(p);
       part->n = n_ / static_cast<std::size_t>(parts());
       part_ = part;
       if (pmoe_) moe_.emplace(*part_, ep, c, loom::dim_set{}, tp);
-      else moe_.emplace(*part_, ep, c, T_ > 1 ? loom::dim_set{loom::dim::tp} : loom::dim_set{}, nullptr, chunks);
+      else moe_.emplace(*part_, ep, c, T_ > 1 ? loom::dim_set{loom::dim::tp} : loom::dim_set{}, nullptr, chunks, node, cross);
     } else {
       const vec all = linear_init(p.h, index);
       const std::size_t rows = h_ / static_cast<std::size_t>(T_);
@@ -148,11 +149,14 @@ struct mesh_setup {
   bool pipeline_moe = false;
   std::size_t bucket_bytes = 0;  //!< the reducer's buckets; 0: 96 bytes with ZeRO (several buckets), else 25 MB
   int chunks = 1;                //!< > 1: the MoE exchange overlapped with the experts in this many pieces (FSMoE)
+  //! > 0: the MoE exchange hierarchical (Tutel's 2D) over nodes of this many ep ranks (a divisor of ep).
+  int node_size = 0;
 };
 
 inline std::string describe(const mesh_setup& s) {
   return "dp" + std::to_string(s.dp) + " x pp" + std::to_string(s.pp) + " x ep" + std::to_string(s.ep) + " x tp" + std::to_string(s.tp) +
          (s.chunks > 1 ? " chunks=" + std::to_string(s.chunks) : std::string()) +
+         (s.node_size > 0 ? " nodes of " + std::to_string(s.node_size) : std::string()) +
          " E=" + std::to_string(s.E) +
          " k=" + std::to_string(s.k) + " f=" + std::to_string(s.f) + (s.det ? " deterministic" : "") + " zero=" + std::to_string(s.zero) +
          " H=" + std::to_string(s.local_steps);
@@ -332,7 +336,8 @@ struct moe_step_report {
   double aux = 0;          //!< the sum of those forwards' auxiliary losses
   long long forwards = 0;  //!< how many forwards that is
   std::uint64_t formula_bytes = 0;  //!< all-to-all bytes on ep by the formula `4 E h sum_j C_j x 8`
-  //! This rank's communicators in the step (pp, ep, tp, dp, the dense group dp x ep, world).
+  //! This rank's communicators in the step (pp, ep, tp, dp, with a hierarchical exchange its node
+  //! and cross groups, the dense group dp x ep, world).
   std::vector<std::pair<std::string, loom::comm_counters>> counts;
 };
 
@@ -369,18 +374,35 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
   const std::size_t parts = s.pipeline_moe ? 1 : T;  // the MoE layer's token parts
   const std::size_t mine = nh / parts;               // this tp rank's token rows of a microbatch
   vec weights(static_cast<std::size_t>(M) * mine);  // their loss weights, this step's microbatches
+  // Tutel's 2D exchange: the ep group's ranks on this rank's node, and those with its index on every node.
+  std::unique_ptr<C> node, cross;
+  if (s.node_size > 0) {
+    const int L = s.node_size, ei = static_cast<int>(e);
+    node = std::make_unique<C>(g.ep().split(ei / L, ei % L));
+    cross = std::make_unique<C>(g.ep().split(ei % L, ei / L));
+  }
   loom::data_parallel<decltype(g), model_stage<C>> sync(g, o, loom::sgd{.lr = mesh_lr});
-  loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) { return model_stage<C>(p0, &g.ep(), &g.tp(), &weights, id.stage, S, s.pipeline_moe, s.chunks); },
+  loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) {
+                      return model_stage<C>(p0, &g.ep(), &g.tp(), &weights, id.stage, S, s.pipeline_moe, s.chunks, node.get(), cross.get());
+                    },
                     {.deterministic = s.det, .scaling = loom::loss_scaling::sum, .observer = &sync});
   sync.attach(pl);
   mesh_rank_result out;
   // The communicators whose counts each step reports (ep is reset each step; the others differenced).
   std::vector<std::pair<std::string, const loom::comm_counters*>> comms{
       {"pp", &g.pp().counters()}, {"ep", &g.ep().counters()}, {"tp", &g.tp().counters()}, {"dp", &g.dp().counters()}};
+  if (node) {
+    comms.push_back({"ep (node)", &node->counters()});
+    comms.push_back({"ep (cross)", &cross->counters()});
+  }
   if (s.ep > 1) comms.push_back({"dp x ep", &g.group(loom::dim::dp | loom::dim::ep).counters()});
   comms.push_back({"world", &g.world().counters()});
   for (int st = 0; st < s.steps; ++st) {
     g.ep().reset_counters();
+    if (node) {
+      node->reset_counters();
+      cross->reset_counters();
+    }
     std::vector<loom::comm_counters> before;
     for (auto& c : comms) before.push_back(*c.second);
     for (auto& stg : pl.stages())
@@ -406,8 +428,12 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
           want_calls += 4 * static_cast<std::uint64_t>(std::min<long long>(s.chunks, std::max<long long>(cap, 1)));
           want_bytes += 4 * static_cast<std::uint64_t>(s.E) * static_cast<std::uint64_t>(cap) * p0.h * sizeof(double);
         }
-    const auto& a2a = g.ep().counters()[loom::comm_op::all_to_all];
+    // Hierarchical: no flat all-to-all; the same exchanges on the node and across nodes, each of the whole buffer.
+    const auto a2a = (node ? node->counters() : g.ep().counters())[loom::comm_op::all_to_all];
     if (a2a.calls != want_calls || a2a.bytes != want_bytes) ++out.volume_mismatches;
+    if (node && (g.ep().counters()[loom::comm_op::all_to_all].calls != 0 || cross->counters()[loom::comm_op::all_to_all].calls != want_calls ||
+                 cross->counters()[loom::comm_op::all_to_all].bytes != want_bytes))
+      ++out.volume_mismatches;
     // With f > 0 the capacity does not depend on the routing: the bytes are also `loom plan`'s,
     // four all-to-alls of plan_formulas::moe_all_to_all_bytes per MoE forward.
     if (s.f > 0 && !s.pipeline_moe && s.ep > 1) {

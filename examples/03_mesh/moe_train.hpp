@@ -36,6 +36,10 @@ inline std::string moe_setup_rule(const moe::mesh_setup& s) {
   if (s.tp > 2) return "--experts: the MoE model's 10 tokens and width 4 split over --tp 1 or 2 (got " + std::to_string(s.tp) + ")";
   if (s.chunks < 1) return "--moe-chunks " + std::to_string(s.chunks) + " must be at least 1";
   if (s.chunks > 1 && s.pipeline_moe) return "--moe-chunks overlaps the all-to-alls on ep: Pipeline MoE (--moe-layout tp) has none";
+  if (s.node_size < 0 || (s.node_size > 0 && s.ep % s.node_size != 0))
+    return "--moe-node-size " + std::to_string(s.node_size) + " must divide --ep " + std::to_string(s.ep);
+  if (s.node_size > 0 && s.chunks > 1) return "--moe-node-size and --moe-chunks: the overlapped exchange is flat";
+  if (s.node_size > 0 && s.pipeline_moe) return "--moe-node-size: Pipeline MoE (--moe-layout tp) has no all-to-all";
   if (s.pipeline_moe) {
     if (s.ep != 1 || s.tp < 2) return "--moe-layout tp (Pipeline MoE) spreads the experts over tp: it needs --ep 1 and --tp 2";
     return loom::ep_rule(s.E, s.tp);
@@ -62,8 +66,8 @@ long long train_moe(World& world, const moe::mesh_setup& s, const loom::schedule
     std::vector<long long> sums(E + 3, 0);
     for (std::size_t e = 0; e < r.dropped.size(); ++e) sums[e] = r.dropped[e];
     sums[E] = r.forwards;
-    for (const auto& [name, c] : r.counts)
-      if (name == "ep") sums[E + 1] = static_cast<long long>(c[loom::comm_op::all_to_all].bytes);
+    for (const auto& [name, c] : r.counts)  // the flat exchange, or the hierarchical one's node level (each level moves the whole buffer)
+      if (name == "ep" || name == "ep (node)") sums[E + 1] += static_cast<long long>(c[loom::comm_op::all_to_all].bytes);
     sums[E + 2] = static_cast<long long>(r.formula_bytes);
     double aux = r.aux;
     world.all_reduce(std::span<long long>(sums), loom::reduce_op::sum);

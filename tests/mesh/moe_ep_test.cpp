@@ -181,4 +181,12 @@ TEST_CASE("moe, expert parallel: FSMoE-style overlap in 1, 2, 3 and 5 chunks of 
   CHECK_THROWS_WITH_AS(loom::ep_overlapped(alone, 4, 2, 1, 0, std::span<const double>(none), std::span<double>(none), std::span<double>(none),
                                            std::span<double>(none), std::span<double>(none), [](int, std::span<const double>, std::span<double>, std::size_t) {}),
                        "moe: the overlap needs >= 1 chunk (got 0)", loom::config_error);
+  // The overlap is flat: a hierarchical group is refused, not run flat in silence.
+  loom::run_threads(2, [&](loom::threads::comm& world) {
+    loom::threads::comm node(world.split(world.rank(), 0)), cross(world.split(0, world.rank()));
+    loom::ep_group<loom::threads::comm> two{&world, &node, &cross};
+    CHECK_THROWS_WITH_AS(loom::ep_overlapped(two, 4, 2, 1, 2, std::span<const double>(none), std::span<double>(none), std::span<double>(none),
+                                             std::span<double>(none), std::span<double>(none), [](int, std::span<const double>, std::span<double>, std::size_t) {}),
+                         doctest::Contains("moe: the overlapped exchange is flat"), loom::config_error);
+  });
 }

@@ -151,6 +151,20 @@ TEST_CASE("ep mesh: the MoE exchange overlapped with the experts (FSMoE, 2, 3 an
   check({.dp = 2, .ep = 2, .det = true, .zero = 2, .chunks = 2});
 }
 
+TEST_CASE("ep mesh: Tutel's hierarchical exchange (nodes of 1, 2 and 4 ep ranks) trains to the reference bit for bit, with no flat all-to-all") {
+  int runs = 0;
+  for (const char* family : {"1f1b", "zb-h1", "dualpipe"}) {
+    check({.pp = 2, .ep = 4, .det = true, .node_size = 2}, family);
+    ++runs;
+  }
+  for (int L : {1, 4}) {
+    check({.dp = 2, .ep = 4, .det = true, .node_size = L});
+    ++runs;
+  }
+  check({.ep = 4, .f = 0.0, .det = false, .tp = 2, .node_size = 2});  // no dropping, with tp, 1e-12
+  CHECK(runs == 5);
+}
+
 TEST_CASE("ep mesh: Pipeline MoE's layout (the experts over tp, every token on each tp rank) composes with dp and the pipeline families") {
   int runs = 0;
   for (const char* family : {"1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "chimera", "dualpipe"})

@@ -474,13 +474,16 @@ void tp_moe_backward_sum(ep_group<C>& g, std::span<T> dx, std::span<T> dgate) {
 //! (`[E/ep][ep][C][h]`) hold what the local experts read and wrote, as `ep_to_experts` /
 //! `ep_from_experts` lay them out, so the results equal the unchunked exchange bit for bit.
 //! `scratch` holds `4 E C h` elements (the pieces' send and receive buffers, both ways). Every
-//! rank of the group posts the same collectives in the same order; 2 x chunks all-to-alls.
+//! rank of the group posts the same collectives in the same order; 2 x chunks all-to-alls, flat
+//! (a group with `node` and `cross` is refused).
 template <class C, class T, class Expert>
 void ep_overlapped(ep_group<C>& g, int experts, std::size_t capacity, std::size_t h, int chunks, std::span<const T> slots, std::span<T> back,
                    std::span<T> rows_in, std::span<T> rows_out, std::span<T> scratch, Expert&& expert) {
   const int ep = g.size();
   if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
   if (chunks < 1) throw config_error("moe: the overlap needs >= 1 chunk (got " + std::to_string(chunks) + ")");
+  if (g.node != nullptr || g.cross != nullptr)
+    throw config_error("moe: the overlapped exchange is flat (one non-blocking all-to-all per piece): give it a group without node and cross");
   const int El = experts / ep;
   const std::size_t E = static_cast<std::size_t>(experts), all = E * capacity * h, P = static_cast<std::size_t>(ep);
   const auto L = static_cast<std::size_t>(El);
