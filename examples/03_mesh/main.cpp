@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <loom/comm/threads.hpp>
 #include <loom/schedule.hpp>
@@ -86,6 +87,7 @@ struct options {
   std::string moe_layout = "ep";
   int moe_chunks = 1;
   int moe_node_size = 0;
+  std::vector<int> adaptive_r;
 };
 
 //! The MoE model's run of `o` (--experts).
@@ -106,13 +108,14 @@ moe::mesh_setup moe_setup(const options& o) {
   s.bucket_bytes = o.bucket_bytes;
   s.chunks = o.moe_chunks;
   s.node_size = o.moe_node_size;
+  s.adaptive = o.adaptive_r;
   return s;
 }
 
 //! The --experts mode's refusals beyond `configure`'s: the transformer's options, in one line.
 std::string moe_rule(const options& o, const CLI::App& app) {
   if (o.experts == 0) {
-    for (const char* name : {"--top-k", "--capacity-factor", "--ep", "--moe-layout", "--moe-chunks", "--moe-node-size"})
+    for (const char* name : {"--top-k", "--capacity-factor", "--ep", "--moe-layout", "--moe-chunks", "--moe-node-size", "--adaptive-r"})
       if (app.count(name) > 0) return std::string(name) + " sets the MoE model: it needs --experts E";
     return {};
   }
@@ -166,6 +169,16 @@ std::string configure(options& o) {
   return s.rule(o.model);
 }
 
+//! `v` as "a, b, c".
+std::string adaptive_list(const std::vector<int>& v) {
+  std::string out;
+  for (int r : v) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(r);
+  }
+  return out;
+}
+
 //! The --experts mode on threads or MPI processes; the exit status.
 int run_moe(const options& o, const loom::schedule& sched, int argc, char** argv) {
   const moe::mesh_setup s = moe_setup(o);
@@ -181,7 +194,9 @@ int run_moe(const options& o, const loom::schedule& sched, int argc, char** argv
                 s.E, s.pipeline_moe ? "tp (Pipeline MoE)" : "ep", s.k, s.f, s.f == 0 ? " (no dropping)" : "",
                 s.chunks > 1       ? (", the exchange overlapped in " + std::to_string(s.chunks) + " pieces").c_str()
                 : s.node_size > 0 ? (", the exchange hierarchical over nodes of " + std::to_string(s.node_size) + " ep ranks").c_str()
-                                  : "",
+                : !s.adaptive.empty() ? (", Tutel's adaptive parallelism (" + std::to_string(s.ep / s.E) + " ranks per expert, r per step: " +
+                                         adaptive_list(s.adaptive) + ")").c_str()
+                                      : "",
                 sched.stages - 1);
     std::fflush(stdout);
   };
@@ -275,6 +290,9 @@ int main(int argc, char** argv) {
                  "with --experts: overlap the all-to-alls with the experts in this many pieces of the capacity (FSMoE; 1: no overlap)");
   app.add_option("--moe-node-size", o.moe_node_size,
                  "with --experts: Tutel's hierarchical all-to-all over nodes of this many ep ranks (a divisor of --ep; 0: flat)");
+  app.add_option("--adaptive-r", o.adaptive_r,
+                 "with --experts E below --ep: Tutel's adaptive degree r of each step, cycled (0 or divisors of ep / E; e.g. 2,0,1)")
+      ->delimiter(',');
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -315,14 +315,41 @@ rank_result ep_run_overlapped(const problem& p, C& comm, loom::comm_counters& co
 // ways), with the unchunked exchange's results bit for bit. With `node` and `cross` (the ep
 // group's ranks on this rank's node and those with its index on every node) the exchange is
 // Tutel's 2D hierarchical one. A split stage: `backward_input` leaves what the weight gradients need.
+//! Tutel's adaptive parallelism inside the stage (`moe_stage`'s adaptive mode): the gather group
+//! of every valid degree r (`loom::ep_adaptive_split` of the ep group), and the degree the next
+//! step runs, which may change from step to step without moving a parameter.
+template <class C>
+struct moe_adaptive_groups {
+  std::vector<std::pair<int, C*>> gather;  //!< (r, the gather group of r)
+  int degree = 0;                          //!< the current r
+  //! The gather group of `r`.
+  C& of(int r) const {
+    for (auto [d, c] : gather)
+      if (d == r) return *c;
+    throw loom::config_error("moe: no gather group for the adaptive degree " + std::to_string(r));
+  }
+};
+
 template <class C>
 class moe_stage {
  public:
   using value_type = double;
   moe_stage(const problem& p, C* comm, const vec* c, loom::dim_set partial = {}, C* experts_over = nullptr, int chunks = 1, C* node = nullptr,
-            C* cross = nullptr)
-      : p_(&p), g_{comm, node, cross}, tpg_{experts_over}, c_(c), chunks_(chunks) {
+            C* cross = nullptr, const moe_adaptive_groups<C>* adaptive = nullptr)
+      : p_(&p), g_{comm, node, cross}, tpg_{experts_over}, c_(c), chunks_(chunks), ad_(adaptive) {
     const int ep = g_.size();
+    if (ad_ != nullptr) {  // Tutel's layout: rank w holds columns [j h/S, (j+1) h/S) of expert w / S, j = w % S
+      if (std::string rule = loom::ep_adaptive_rule({ep, p.E, 0}); !rule.empty()) throw loom::config_error(rule);
+      const auto S = static_cast<std::size_t>(ep / p.E), w = static_cast<std::size_t>(g_.rank());
+      if (p.h % S != 0) throw loom::config_error("moe: the width " + std::to_string(p.h) + " does not split over " + std::to_string(S) + " ranks per expert");
+      const std::size_t hs = p.h / S, router = static_cast<std::size_t>(p.E) * p.h;
+      params_.assign(p.wg.begin(), p.wg.end());
+      for (std::size_t o = 0; o < p.h; ++o)
+        for (std::size_t i = 0; i < hs; ++i) params_.push_back(p.we[(w / S) * p.h * p.h + o * p.h + (w % S) * hs + i]);
+      grad_.assign(params_.size(), 0.0);
+      ranges_ = {loom::grad_range{0, router, partial}, loom::grad_range{router, p.h * hs, partial, true}};
+      return;
+    }
     if (std::string rule = loom::ep_rule(p.E, ep); !rule.empty()) throw loom::config_error(rule);
     if (chunks < 1) throw loom::config_error("moe: the overlap needs >= 1 chunk (got " + std::to_string(chunks) + ")");
     if (chunks > 1 && experts_over != nullptr) throw loom::config_error("moe: Pipeline MoE has no all-to-all to overlap (chunks must be 1)");
@@ -378,6 +405,7 @@ class moe_stage {
     if (pipeline_moe()) loom::set_capacity(st.R, p.o, st.R.max_load());  // the same tokens on every rank: no communication
     else loom::set_capacity(g_, st.R, p.o);
     capacities_.push_back(st.R.capacity);
+    if (ad_ != nullptr) return adaptive_forward(ctx, fb, st);
     const auto cap = static_cast<std::size_t>(st.R.capacity), all = (pipeline_moe() ? static_cast<std::size_t>(el_) : E) * cap * p.h;
     vec slots(all), scratch(all);
     st.xin.assign(all, 0.0);
@@ -415,7 +443,8 @@ class moe_stage {
     const problem& p = *p_;
     const auto E = static_cast<std::size_t>(p.E), k = static_cast<std::size_t>(p.o.top_k);
     state& st = state_of(ctx.microbatch);
-    const auto cap = static_cast<std::size_t>(st.R.capacity), all = st.xin.size(), nh = p.n * p.h;
+    const auto cap = static_cast<std::size_t>(st.R.capacity), nh = p.n * p.h;
+    const std::size_t all = ad_ != nullptr ? E * cap * p.h : st.xin.size();  // [E][C][h] (adaptive: st.xin holds the rows at this rank)
     vec dy(nh), dout(all), din(all, 0.0), dslots(all), scratch(all), dgate(p.n * k), dx(nh, 0.0), dxr(nh);
     const std::span<const double> c = weights(ctx.microbatch);
     for (std::size_t i = 0; i < nh; ++i) dy[i] = bb.output_grad[i] * c[i];
@@ -423,7 +452,10 @@ class moe_stage {
     loom::moe_combine_backward(st.R, std::span<const double>(st.back), std::span<const double>(dy), std::span<double>(dout),
                                std::span<double>(dgate), p.h, held_);
     st.drows.assign(all, 0.0);
-    if (chunks_ > 1) {  // the same overlap on the way back; st.drows as ep_to_experts leaves it
+    if (ad_ != nullptr) {
+      adaptive_backward_input(st, dout, dslots);
+      loom::moe_dispatch_backward(st.R, std::span<const double>(dslots), std::span<double>(dx), p.h);
+    } else if (chunks_ > 1) {  // the same overlap on the way back; st.drows as ep_to_experts leaves it
       vec pieces(4 * all);
       loom::ep_overlapped(g_, p.E, cap, p.h, chunks_, std::span<const double>(dout), std::span<double>(dslots), std::span<double>(st.drows),
                           std::span<double>(din), std::span<double>(pieces), [&](int e, std::span<const double> in, std::span<double> out, std::size_t rows) {
@@ -456,11 +488,14 @@ class moe_stage {
     const auto E = static_cast<std::size_t>(p.E);
     state& st = state_of(ctx.microbatch);
     const std::size_t hh = p.h * p.h, router_size = router().size();
-    for_experts(static_cast<std::size_t>(st.R.capacity), [&](int e, std::size_t at, std::size_t rows) {
-      loom::linear_kernel::backward_weight(std::span<const double>(st.xin).subspan(at, rows * p.h), std::span<const double>(st.drows).subspan(at, rows * p.h),
-                                           wb.weight_grad.subspan(router_size + static_cast<std::size_t>(e) * hh, hh), std::span<double>{}, rows, p.h,
-                                           p.h);
-    });
+    if (ad_ != nullptr) adaptive_backward_weight(st, wb.weight_grad.subspan(router_size));
+    else
+      for_experts(static_cast<std::size_t>(st.R.capacity), [&](int e, std::size_t at, std::size_t rows) {
+        loom::linear_kernel::backward_weight(std::span<const double>(st.xin).subspan(at, rows * p.h),
+                                             std::span<const double>(st.drows).subspan(at, rows * p.h),
+                                             wb.weight_grad.subspan(router_size + static_cast<std::size_t>(e) * hh, hh), std::span<double>{}, rows, p.h,
+                                             p.h);
+      });
     loom::linear_kernel::backward_weight(wb.input, std::span<const double>(st.dlogits), wb.weight_grad.first(router_size), std::span<double>{}, p.n,
                                          p.h, E);
   }
@@ -474,6 +509,8 @@ class moe_stage {
     loom::moe_routing<double> R;
     vec xin, back;       // the rows at this rank's experts, the outputs back at their tokens
     vec drows, dlogits;  // what backward_input leaves for the weight gradients
+    int degree = 0;      // adaptive: the forward's r, and its gathered weights ([h][h/r], or r = 0: every expert [E][h][h])
+    vec gathered;
     forward_record rec;
     bool ran = false;
   };
@@ -492,12 +529,122 @@ class moe_stage {
 
   bool pipeline_moe() const { return tpg_.comm != nullptr; }
 
+  // Adaptive mode (Tutel's degree r; see loom::ep_adaptive). The gather group's slices into this
+  // rank's columns: [h][h/r] for r >= 1 (columns [q h/r, (q+1) h/r) of its expert, q = its group),
+  // every expert whole ([E][h][h]) for r = 0.
+  loom::ep_adaptive adaptive() const { return {g_.size(), p_->E, ad_->degree}; }
+  std::size_t slice_width() const { return p_->h / static_cast<std::size_t>(g_.size() / p_->E); }
+  void gather_weights(state& st) {
+    const loom::ep_adaptive a = adaptive();
+    const std::size_t h = p_->h, hs = slice_width(), gs = static_cast<std::size_t>(a.group());
+    vec all(gs * h * hs);
+    ad_->of(a.degree).all_gather(experts(), std::span<double>(all));  // [gs][h][hs]
+    st.degree = a.degree;
+    if (a.degree == 0) {  // rank u = e S + j holds columns j of expert e
+      const auto S = static_cast<std::size_t>(a.shards());
+      st.gathered.assign(static_cast<std::size_t>(p_->E) * h * h, 0.0);
+      for (std::size_t u = 0; u < gs; ++u)
+        for (std::size_t o = 0; o < h; ++o)
+          std::copy_n(all.data() + (u * h + o) * hs, hs, st.gathered.data() + (u / S) * h * h + o * h + (u % S) * hs);
+    } else {
+      st.gathered.assign(h * hs * gs, 0.0);
+      for (std::size_t u = 0; u < gs; ++u)
+        for (std::size_t o = 0; o < h; ++o) std::copy_n(all.data() + (u * h + o) * hs, hs, st.gathered.data() + o * hs * gs + u * hs);
+    }
+  }
+  // The first column this rank's gathered block covers (r >= 1).
+  std::size_t first_column() const {
+    const loom::ep_adaptive a = adaptive();
+    return static_cast<std::size_t>(g_.rank() % a.shards() / a.group() * a.group()) * slice_width();
+  }
+  void adaptive_forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb, state& st) {
+    const problem& p = *p_;
+    const loom::ep_adaptive a = adaptive();
+    const auto cap = static_cast<std::size_t>(st.R.capacity), E = static_cast<std::size_t>(p.E), all = E * cap * p.h;
+    gather_weights(st);
+    vec slots(all), scratch(all * static_cast<std::size_t>(std::max(a.degree, 1))), y(p.n * p.h, 0.0);
+    loom::moe_dispatch(st.R, fb.input, std::span<double>(slots), p.h);
+    const std::size_t rows = a.degree == 0 ? E * cap : static_cast<std::size_t>(a.ranks) * (cap / static_cast<std::size_t>(a.group()));
+    st.xin.assign(rows * p.h, 0.0);
+    vec out(rows * p.h, 0.0);
+    st.back.assign(all, 0.0);
+    loom::ep_adaptive_to_experts(g_, a, cap, p.h, std::span<const double>(slots), std::span<double>(scratch), std::span<double>(st.xin));
+    if (a.degree == 0) {
+      for (std::size_t e = 0; e < E; ++e)
+        loom::linear_kernel::forward(std::span<const double>(st.xin).subspan(e * cap * p.h, cap * p.h),
+                                     std::span<const double>(st.gathered).subspan(e * p.h * p.h, p.h * p.h), std::span<const double>{},
+                                     std::span<double>(out).subspan(e * cap * p.h, cap * p.h), cap, p.h, p.h);
+    } else {  // the partial product over this rank's h/r columns
+      const std::size_t w = p.h / static_cast<std::size_t>(a.degree), c0 = first_column();
+      vec xc(rows * w);
+      for (std::size_t t = 0; t < rows; ++t) std::copy_n(st.xin.data() + t * p.h + c0, w, xc.data() + t * w);
+      loom::linear_kernel::forward(std::span<const double>(xc), std::span<const double>(st.gathered), std::span<const double>{}, std::span<double>(out),
+                                   rows, w, p.h);
+    }
+    loom::ep_adaptive_from_experts(g_, a, cap, p.h, std::span<double>(out), std::span<double>(scratch), std::span<double>(st.back));
+    loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
+    const std::span<const double> c = weights(ctx.microbatch);
+    for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
+    st.rec = {y, dropped_of(st.R), loom::moe_aux_loss(st.R), st.R.dropped_per_expert()};
+    st.ran = true;
+    fb.output[y.size()] = p.lambda * st.rec.aux;
+  }
+  void adaptive_backward_input(state& st, const vec& dout, vec& dslots) {
+    const problem& p = *p_;
+    const loom::ep_adaptive a{g_.size(), p.E, st.degree};
+    const auto cap = static_cast<std::size_t>(st.R.capacity), E = static_cast<std::size_t>(p.E), rows = st.xin.size() / p.h;
+    vec scratch(E * cap * p.h * static_cast<std::size_t>(std::max(a.degree, 1))), din(rows * p.h, 0.0);
+    st.drows.assign(rows * p.h, 0.0);
+    loom::ep_adaptive_to_experts(g_, a, cap, p.h, std::span<const double>(dout), std::span<double>(scratch), std::span<double>(st.drows));
+    if (a.degree == 0) {
+      for (std::size_t e = 0; e < E; ++e)
+        loom::linear_kernel::backward_input(std::span<const double>(st.drows).subspan(e * cap * p.h, cap * p.h),
+                                            std::span<const double>(st.gathered).subspan(e * p.h * p.h, p.h * p.h),
+                                            std::span<double>(din).subspan(e * cap * p.h, cap * p.h), cap, p.h, p.h);
+    } else {  // this rank's columns of the input gradient; the other copies hold the rest
+      const std::size_t w = p.h / static_cast<std::size_t>(a.degree), c0 = first_column();
+      vec dxc(rows * w);
+      loom::linear_kernel::backward_input(std::span<const double>(st.drows), std::span<const double>(st.gathered), std::span<double>(dxc), rows, w, p.h);
+      for (std::size_t t = 0; t < rows; ++t) std::copy_n(dxc.data() + t * w, w, din.data() + t * p.h + c0);
+    }
+    loom::ep_adaptive_from_experts(g_, a, cap, p.h, std::span<double>(din), std::span<double>(scratch), std::span<double>(dslots));
+  }
+  // The gathered weights' gradient, reduce-scattered over the gather group into this rank's slice.
+  void adaptive_backward_weight(state& st, std::span<double> slice_grad) {
+    const problem& p = *p_;
+    const loom::ep_adaptive a{g_.size(), p.E, st.degree};
+    const auto cap = static_cast<std::size_t>(st.R.capacity), E = static_cast<std::size_t>(p.E), rows = st.xin.size() / p.h;
+    const std::size_t hs = slice_width(), gs = static_cast<std::size_t>(a.group());
+    vec send(gs * p.h * hs, 0.0), mine(p.h * hs);
+    if (a.degree == 0) {
+      vec gw(E * p.h * p.h, 0.0);
+      for (std::size_t e = 0; e < E; ++e)
+        loom::linear_kernel::backward_weight(std::span<const double>(st.xin).subspan(e * cap * p.h, cap * p.h),
+                                             std::span<const double>(st.drows).subspan(e * cap * p.h, cap * p.h),
+                                             std::span<double>(gw).subspan(e * p.h * p.h, p.h * p.h), std::span<double>{}, cap, p.h, p.h);
+      const auto S = static_cast<std::size_t>(a.shards());
+      for (std::size_t u = 0; u < gs; ++u)
+        for (std::size_t o = 0; o < p.h; ++o) std::copy_n(gw.data() + (u / S) * p.h * p.h + o * p.h + (u % S) * hs, hs, send.data() + (u * p.h + o) * hs);
+    } else {
+      const std::size_t w = p.h / static_cast<std::size_t>(a.degree), c0 = first_column();
+      vec xc(rows * w), gw(p.h * w, 0.0);
+      for (std::size_t t = 0; t < rows; ++t) std::copy_n(st.xin.data() + t * p.h + c0, w, xc.data() + t * w);
+      loom::linear_kernel::backward_weight(std::span<const double>(xc), std::span<const double>(st.drows), std::span<double>(gw), std::span<double>{}, rows, w,
+                                           p.h);
+      for (std::size_t u = 0; u < gs; ++u)
+        for (std::size_t o = 0; o < p.h; ++o) std::copy_n(gw.data() + o * w + u * hs, hs, send.data() + (u * p.h + o) * hs);
+    }
+    ad_->of(a.degree).reduce_scatter(std::span<const double>(send), std::span<double>(mine), loom::reduce_op::sum);
+    for (std::size_t i = 0; i < mine.size(); ++i) slice_grad[i] += mine[i];
+  }
+
   const problem* p_;
   loom::ep_group<C> g_;
   loom::ep_group<C> tpg_;      // Pipeline MoE: the group the experts spread over (null: expert parallel over g_)
   loom::moe_experts held_{};   // the experts this rank holds (all of them by default: the slot functions' full range)
   const vec* c_;
   int chunks_ = 1;  // > 1: the exchange overlapped with the experts (ep_overlapped)
+  const moe_adaptive_groups<C>* ad_ = nullptr;  // Tutel's adaptive parallelism (null: E/ep experts per rank)
   int el_ = 0;
   vec params_, grad_;
   std::vector<loom::grad_range> ranges_;

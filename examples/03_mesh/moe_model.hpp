@@ -46,14 +46,14 @@ class model_stage {
  public:
   using value_type = double;
   model_stage(const problem& p, C* ep, C* tp, const vec* c, int index, int stages, bool pipeline_moe = false, int chunks = 1, C* node = nullptr,
-              C* cross = nullptr)
+              C* cross = nullptr, const moe_adaptive_groups<C>* adaptive = nullptr)
       : n_(p.n), h_(p.h), index_(index), tp_(tp), T_(tp == nullptr ? 1 : tp->size()), t_(tp == nullptr ? 0 : tp->rank()), pmoe_(pipeline_moe) {
     if (index == stages - 1) {
       auto part = std::make_shared<problem>(p);
       part->n = n_ / static_cast<std::size_t>(parts());
       part_ = part;
       if (pmoe_) moe_.emplace(*part_, ep, c, loom::dim_set{}, tp);
-      else moe_.emplace(*part_, ep, c, T_ > 1 ? loom::dim_set{loom::dim::tp} : loom::dim_set{}, nullptr, chunks, node, cross);
+      else moe_.emplace(*part_, ep, c, T_ > 1 ? loom::dim_set{loom::dim::tp} : loom::dim_set{}, nullptr, chunks, node, cross, adaptive);
     } else {
       const vec all = linear_init(p.h, index);
       const std::size_t rows = h_ / static_cast<std::size_t>(T_);
@@ -151,12 +151,23 @@ struct mesh_setup {
   int chunks = 1;                //!< > 1: the MoE exchange overlapped with the experts in this many pieces (FSMoE)
   //! > 0: the MoE exchange hierarchical (Tutel's 2D) over nodes of this many ep ranks (a divisor of ep).
   int node_size = 0;
+  //! Tutel's adaptive parallelism (E < ep, each expert over S = ep / E ranks, a slice of its input
+  //! columns each): step `i` runs degree `adaptive[i % size]`; empty: E / ep experts per rank.
+  std::vector<int> adaptive{};
 };
 
 inline std::string describe(const mesh_setup& s) {
   return "dp" + std::to_string(s.dp) + " x pp" + std::to_string(s.pp) + " x ep" + std::to_string(s.ep) + " x tp" + std::to_string(s.tp) +
          (s.chunks > 1 ? " chunks=" + std::to_string(s.chunks) : std::string()) +
          (s.node_size > 0 ? " nodes of " + std::to_string(s.node_size) : std::string()) +
+         (s.adaptive.empty() ? std::string() : " adaptive r=" + [&] {
+           std::string r;
+           for (int d : s.adaptive) {
+             if (!r.empty()) r += ',';
+             r += std::to_string(d);
+           }
+           return r;
+         }()) +
          " E=" + std::to_string(s.E) +
          " k=" + std::to_string(s.k) + " f=" + std::to_string(s.f) + (s.det ? " deterministic" : "") + " zero=" + std::to_string(s.zero) +
          " H=" + std::to_string(s.local_steps);
@@ -171,7 +182,9 @@ struct mesh_weights {
 //! Step `st`'s data: token set `(d ep + e) M + j` is microbatch `j` of replica `d`'s ep rank `e`.
 //! Step 0's router and experts are the initial ones.
 inline problem mesh_data(const mesh_setup& s, int M, int st) {
-  return make(s.E, s.dp * s.ep * M, s.k, s.f, 5151 + static_cast<std::uint64_t>(st) * 31);
+  problem p = make(s.E, s.dp * s.ep * M, s.k, s.f, 5151 + static_cast<std::uint64_t>(st) * 31);
+  if (!s.adaptive.empty()) p.o.alignment = s.ep / s.E;  // the capacity splits over every gather group (Tutel's alignment = S)
+  return p;
 }
 
 //! `acc = g` the first time, else `acc += g`: the rank-ordered fold of loom::ordered_all_reduce.
@@ -337,7 +350,8 @@ struct moe_step_report {
   long long forwards = 0;  //!< how many forwards that is
   std::uint64_t formula_bytes = 0;  //!< all-to-all bytes on ep by the formula `4 E h sum_j C_j x 8`
   //! This rank's communicators in the step (pp, ep, tp, dp, with a hierarchical exchange its node
-  //! and cross groups, the dense group dp x ep, world).
+  //! and cross groups, with adaptive parallelism the gather group of each degree, the dense group
+  //! dp x ep, world).
   std::vector<std::pair<std::string, loom::comm_counters>> counts;
 };
 
@@ -381,9 +395,19 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
     node = std::make_unique<C>(g.ep().split(ei / L, ei % L));
     cross = std::make_unique<C>(g.ep().split(ei % L, ei / L));
   }
+  // Tutel's adaptive parallelism: the gather group of every valid degree, split once.
+  std::vector<std::unique_ptr<C>> gathers;
+  moe_adaptive_groups<C> adaptive;
+  if (!s.adaptive.empty())
+    for (int r : loom::ep_adaptive_degrees(s.E, s.ep)) {
+      auto [colour, key] = loom::ep_adaptive_split({s.ep, s.E, r}, static_cast<int>(e));
+      gathers.push_back(std::make_unique<C>(g.ep().split(colour, key)));
+      adaptive.gather.emplace_back(r, gathers.back().get());
+    }
   loom::data_parallel<decltype(g), model_stage<C>> sync(g, o, loom::sgd{.lr = mesh_lr});
   loom::pipeline pl(sched, g.pp(), [&](loom::stage_id id) {
-                      return model_stage<C>(p0, &g.ep(), &g.tp(), &weights, id.stage, S, s.pipeline_moe, s.chunks, node.get(), cross.get());
+                      return model_stage<C>(p0, &g.ep(), &g.tp(), &weights, id.stage, S, s.pipeline_moe, s.chunks, node.get(), cross.get(),
+                                            s.adaptive.empty() ? nullptr : &adaptive);
                     },
                     {.deterministic = s.det, .scaling = loom::loss_scaling::sum, .observer = &sync});
   sync.attach(pl);
@@ -395,10 +419,14 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
     comms.push_back({"ep (node)", &node->counters()});
     comms.push_back({"ep (cross)", &cross->counters()});
   }
+  std::vector<std::string> gather_names;  // stable storage for the names below
+  for (auto [r, c] : adaptive.gather) gather_names.push_back("ep gather (r = " + std::to_string(r) + ")");
+  for (std::size_t i = 0; i < adaptive.gather.size(); ++i) comms.push_back({gather_names[i], &adaptive.gather[i].second->counters()});
   if (s.ep > 1) comms.push_back({"dp x ep", &g.group(loom::dim::dp | loom::dim::ep).counters()});
   comms.push_back({"world", &g.world().counters()});
   for (int st = 0; st < s.steps; ++st) {
     g.ep().reset_counters();
+    if (!s.adaptive.empty()) adaptive.degree = s.adaptive[static_cast<std::size_t>(st) % s.adaptive.size()];
     if (node) {
       node->reset_counters();
       cross->reset_counters();
@@ -424,6 +452,13 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
           ++out.moe_microbatches;
           ++forwards;
           if (s.ep == 1) continue;
+          if (!s.adaptive.empty()) {  // four exchanges of r E C h elements, none for r = 0
+            if (adaptive.degree == 0) continue;
+            want_calls += 4;
+            want_bytes += 4 * static_cast<std::uint64_t>(adaptive.degree) * static_cast<std::uint64_t>(s.E) * static_cast<std::uint64_t>(cap) * p0.h *
+                          sizeof(double);
+            continue;
+          }
           // Overlapped: each of the four exchanges in min(chunks, C) pieces of the same bytes in all.
           want_calls += 4 * static_cast<std::uint64_t>(std::min<long long>(s.chunks, std::max<long long>(cap, 1)));
           want_bytes += 4 * static_cast<std::uint64_t>(s.E) * static_cast<std::uint64_t>(cap) * p0.h * sizeof(double);
@@ -436,7 +471,7 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
       ++out.volume_mismatches;
     // With f > 0 the capacity does not depend on the routing: the bytes are also `loom plan`'s,
     // four all-to-alls of plan_formulas::moe_all_to_all_bytes per MoE forward.
-    if (s.f > 0 && !s.pipeline_moe && s.ep > 1) {
+    if (s.f > 0 && !s.pipeline_moe && s.ep > 1 && s.adaptive.empty()) {
       const loom::model_desc md{.hidden = static_cast<long long>(p0.h), .seq = static_cast<long long>(p0.n),
                                 .bytes_per_element = static_cast<int>(sizeof(double)), .micro_batch = 1, .experts = s.E, .top_k = s.k,
                                 .capacity_factor = s.f};
@@ -459,8 +494,10 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
   }
   sync.finish();
   out.buckets = sync.report();
+  // The adaptive degrees r >= 2 reassociate the experts' sums: 1e-12 then, even in deterministic mode.
+  const bool bitwise = s.det && s.adaptive.empty();
   auto compare = [&](std::span<const double> got, std::span<const double> ref, std::span<const double> initial) {
-    out.differing += value_differences(got, ref, s.det);
+    out.differing += value_differences(got, ref, bitwise);
     out.compared += static_cast<long long>(ref.size());
     out.moved += value_differences(got, initial, true);
   };
@@ -472,13 +509,25 @@ mesh_rank_result mesh_train_rank(World& world, const mesh_setup& s, const loom::
         const auto& got = m->record(mb);
         const rank_result& r = ref[static_cast<std::size_t>(mb)];
         ++out.forwards_compared;
-        const bool same = value_differences(got.y, r.y, s.det) == 0 && got.dropped == r.dropped &&
-                          value_differences(std::span<const double>(&got.aux, 1), std::span<const double>(&r.aux, 1), s.det) == 0;
+        const bool same = value_differences(got.y, r.y, bitwise) == 0 && got.dropped == r.dropped &&
+                          value_differences(std::span<const double>(&got.aux, 1), std::span<const double>(&r.aux, 1), bitwise) == 0;
         if (!same) ++out.forward_differing;
       }
     }
     if (const auto* m = stg.moe()) {
       compare(m->router(), w.router, p0.wg);
+      if (!s.adaptive.empty()) {  // this rank's slice: columns [j h/S, (j+1) h/S) of expert e / S, j = e % S
+        const std::size_t S = static_cast<std::size_t>(s.ep / s.E), h = p0.h, hs = h / S;
+        vec ref, initial;
+        for (std::size_t o = 0; o < h; ++o)
+          for (std::size_t i = 0; i < hs; ++i) {
+            const std::size_t at = (e / S) * hh + o * h + (e % S) * hs + i;
+            ref.push_back(w.experts[at]);
+            initial.push_back(p0.we[at]);
+          }
+        compare(m->experts(), ref, initial);
+        continue;
+      }
       // This rank's experts: E/ep by its ep index, or under Pipeline MoE E/tp by its tp index.
       const std::size_t held = s.pipeline_moe ? static_cast<std::size_t>(s.E / s.tp) : El, first = (s.pipeline_moe ? t : e) * held * hh;
       compare(m->experts(), std::span<const double>(w.experts).subspan(first, held * hh), std::span<const double>(p0.we).subspan(first, held * hh));

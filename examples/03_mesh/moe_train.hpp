@@ -40,6 +40,15 @@ inline std::string moe_setup_rule(const moe::mesh_setup& s) {
     return "--moe-node-size " + std::to_string(s.node_size) + " must divide --ep " + std::to_string(s.ep);
   if (s.node_size > 0 && s.chunks > 1) return "--moe-node-size and --moe-chunks: the overlapped exchange is flat";
   if (s.node_size > 0 && s.pipeline_moe) return "--moe-node-size: Pipeline MoE (--moe-layout tp) has no all-to-all";
+  if (!s.adaptive.empty()) {  // Tutel's adaptive parallelism: E < ep, each expert over S = ep / E ranks
+    if (s.pipeline_moe || s.chunks > 1 || s.node_size > 0 || s.tp > 1)
+      return "--adaptive-r runs the flat exchange over ep alone: not with --moe-layout tp, --moe-chunks, --moe-node-size or --tp";
+    for (int r : s.adaptive)
+      if (std::string rule = loom::ep_adaptive_rule({s.ep, s.E, r}); !rule.empty()) return rule;
+    if (4 % (s.ep / s.E) != 0)
+      return "--adaptive-r: the MoE model's width 4 splits over " + std::to_string(s.ep / s.E) + " ranks per expert only if that divides 4";
+    return {};
+  }
   if (s.pipeline_moe) {
     if (s.ep != 1 || s.tp < 2) return "--moe-layout tp (Pipeline MoE) spreads the experts over tp: it needs --ep 1 and --tp 2";
     return loom::ep_rule(s.E, s.tp);
@@ -109,7 +118,7 @@ long long train_moe(World& world, const moe::mesh_setup& s, const loom::schedule
   if (root && print)
     std::printf("reference check (%s): %lld of %lld parameter values, %lld of %lld MoE forward records of the last step (outputs, dropped pairs, "
                 "auxiliary losses), %lld rank-steps' all-to-all volumes and %lld steps' drops and auxiliary losses differ -> %s\n",
-                s.det ? "bitwise" : "1e-12 relative", totals[0], totals[1], totals[2], totals[3], totals[4], steps_differing, bad == 0 ? "MATCH" : "DIFFERENT");
+                s.det && s.adaptive.empty() ? "bitwise" : "1e-12 relative", totals[0], totals[1], totals[2], totals[3], totals[4], steps_differing, bad == 0 ? "MATCH" : "DIFFERENT");
   return bad;
 }
 

@@ -165,6 +165,23 @@ TEST_CASE("ep mesh: Tutel's hierarchical exchange (nodes of 1, 2 and 4 ep ranks)
   CHECK(runs == 5);
 }
 
+TEST_CASE("ep mesh: Tutel's adaptive degree r inside the stage (E < ep, a slice per rank), every valid r and r switched per step, trains to the reference within 1e-12") {
+  int runs = 0;
+  for (auto [ep, E] : {std::pair{4, 1}, std::pair{4, 2}})
+    for (int k : {1, 2})
+      for (double f : {0.0, 1.0}) {
+        if (k > E) continue;
+        for (int r : loom::ep_adaptive_degrees(E, ep)) {
+          check({.ep = ep, .E = E, .k = k, .f = f, .det = true, .adaptive = {r}});
+          ++runs;
+        }
+        check({.ep = ep, .E = E, .k = k, .steps = 3, .f = f, .det = true, .adaptive = loom::ep_adaptive_degrees(E, ep)});  // r switched per step
+        ++runs;
+      }
+  CHECK(runs == 26);  // E = 1: top-1, r in {0, 1, 2, 4} and switched; E = 2: top-1 and top-2, r in {0, 1, 2} and switched; f in {0, 1}
+  for (const char* family : {"1f1b", "zb-h1", "dualpipe"}) check({.dp = 2, .pp = 2, .ep = 4, .E = 2, .det = true, .adaptive = {2, 0, 1}}, family);
+}
+
 TEST_CASE("ep mesh: Pipeline MoE's layout (the experts over tp, every token on each tp rank) composes with dp and the pipeline families") {
   int runs = 0;
   for (const char* family : {"1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "chimera", "dualpipe"})

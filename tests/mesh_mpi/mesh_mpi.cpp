@@ -218,6 +218,7 @@ int mode_moe_mesh(loom::mpi::comm& c) {
   cases.push_back({{.dp = 2, .ep = 2, .steps = 3, .local_steps = 2}, "1f1b"});
   cases.push_back({{.pp = 2, .ep = 2, .det = true, .chunks = 3}, "zb-h1"});  // the exchange overlapped (FSMoE)
   cases.push_back({{.ep = 4, .det = true, .node_size = 2}, "1f1b"});          // Tutel's 2D exchange, 2 nodes of 2
+  cases.push_back({{.ep = 4, .E = 2, .steps = 3, .det = true, .adaptive = {2, 0, 1}}, "1f1b"});  // Tutel's degree r, switched per step
   for (const run_case& rc : cases) {
     const auto& entry = loom::default_registry().at(rc.family);
     const loom::schedule sched = entry.make(entry.resolve({rc.s.pp, rc.s.pp == 1 ? 1 : 2 * rc.s.pp, 0}));
