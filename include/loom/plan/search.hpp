@@ -197,12 +197,18 @@ constexpr double plan_mem_w_ratio(const model_desc& m, recompute_kind r) {
   return 32 / (34 + attn);
 }
 
+//! MoE layers of virtual stage `st` of `S` (its `layers / S` consecutive layers).
+constexpr long long stage_moe_layers(const model_desc& m, int st, int S) {
+  const long long L = m.layers / S;
+  return plan_formulas::moe_layers_in(m, st * L, L);
+}
+
 //! Parameters of virtual stage `st` of `S` (layers split evenly; embeddings on stage 0; the
 //! tied output projection on stage S - 1: Megatron-LM keeps a copy there). With vocabulary
 //! parallelism (`vocab` != 0) only the position embedding stays on stage 0: the word embedding and
 //! the (untied) output projection are `vocab_params_per_rank` on every rank.
 constexpr double stage_params(const model_desc& m, int st, int S, int vocab = 0) {
-  const long long L = m.layers / S, q = plan_formulas::moe_layers_in(m, st * L, L);
+  const long long L = m.layers / S, q = stage_moe_layers(m, st, S);
   double p = static_cast<double>(L - q) * plan_formulas::layer_params(m) + static_cast<double>(q) * plan_formulas::moe_layer_dense_params(m);
   if (vocab != 0) return st == 0 ? p + static_cast<double>(m.seq) * m.hidden : p;
   if (st == 0) p += plan_formulas::embedding_params(m);
@@ -212,8 +218,7 @@ constexpr double stage_params(const model_desc& m, int st, int S, int vocab = 0)
 
 //! The experts of virtual stage `st` of `S`, all `E` of each of its MoE layers (a GPU holds `1 / ep` of them).
 constexpr double stage_expert_params(const model_desc& m, int st, int S) {
-  const long long L = m.layers / S;
-  return static_cast<double>(plan_formulas::moe_layers_in(m, st * L, L)) * static_cast<double>(m.experts) * plan_formulas::expert_params(m);
+  return static_cast<double>(stage_moe_layers(m, st, S)) * static_cast<double>(m.experts) * plan_formulas::expert_params(m);
 }
 
 //! Vocabulary parallelism over `pp` pipeline ranks: the word embedding's and the output
@@ -280,8 +285,7 @@ struct stage_flops {
 };
 inline stage_flops stage_gpu_flops(const model_desc& m, const plan_config& k, int st, int S) {
   namespace pf = plan_formulas;
-  const long long per = m.layers / S;
-  const auto L = static_cast<double>(per), q = static_cast<double>(pf::moe_layers_in(m, st * per, per));
+  const auto L = static_cast<double>(m.layers / S), q = static_cast<double>(stage_moe_layers(m, st, S));
   const double mlp = 16.0 * m.micro_batch * m.seq * m.hidden * m.hidden, T = static_cast<double>(k.tp);
   const bool full = k.recompute == recompute_kind::full;
   stage_flops x;
@@ -332,7 +336,7 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
   for (int st = 0; st < S; ++st) {
     stage_cost& x = out.stages[static_cast<std::size_t>(st)];
     const detail::stage_flops fl = detail::stage_gpu_flops(m, k, st, S);
-    const auto q = static_cast<double>(pf::moe_layers_in(m, st * (m.layers / S), m.layers / S));
+    const auto q = static_cast<double>(detail::stage_moe_layers(m, st, S));
     double act = L * act_layer + q * moe_act;
     if (st == S - 1 && k.vocab == 0) act += pf::logit_activation_bytes(m, k.tp);
     x.f = fl.f / rate + L * 2 * coll + q * 2 * a2a;
@@ -383,14 +387,14 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   // Per rank: the parameters of its stages (direction 0 of the placement), dense and experts
   // (all E; a GPU holds 1 / ep of them), its MoE layers and the FLOPs of its stages.
   std::vector<double> params(static_cast<std::size_t>(s.ranks), 0.0), experts(params), moe_layers(params);
-  double stage_flops = 0;  // all stages, per GPU and microbatch
+  double flops = 0;  // all stages, per GPU and microbatch
   for (int st = 0; st < s.stages; ++st) {
     const auto rk = static_cast<std::size_t>(s.stage_to_rank[static_cast<std::size_t>(st)]);
     params[rk] += detail::stage_params(m, st, s.stages, k.vocab);
     experts[rk] += detail::stage_expert_params(m, st, s.stages);
-    moe_layers[rk] += static_cast<double>(pf::moe_layers_in(m, st * (m.layers / s.stages), m.layers / s.stages));
+    moe_layers[rk] += static_cast<double>(detail::stage_moe_layers(m, st, s.stages));
     const detail::stage_flops fl = detail::stage_gpu_flops(m, k, st, s.stages);
-    stage_flops += fl.f + fl.b + fl.w;
+    flops += fl.f + fl.b + fl.w;
   }
   if (k.vocab != 0)
     for (double& p : params) p += detail::vocab_params_per_rank(m, k.pp);
@@ -424,7 +428,7 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   if (m.experts > 0) {
     if (k.ep > 1)  // one ep rank exchanges nothing
       r.all_to_all_bytes = max_moe * static_cast<double>(k.microbatches) * (k.recompute == recompute_kind::full ? 6 : 4) * pf::moe_all_to_all_bytes(m, k.tp);
-    r.flops_per_gpu = stage_flops * static_cast<double>(k.microbatches) / static_cast<double>(k.pp) / r.step_time;
+    r.flops_per_gpu = flops * static_cast<double>(k.microbatches) / static_cast<double>(k.pp) / r.step_time;
   } else {
     r.flops_per_gpu = pf::narayanan_step_flops(m) / (r.step_time * static_cast<double>(c.gpus));
   }
@@ -474,14 +478,14 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
         const long long mb = m.global_batch / (dp * ep * m.micro_batch);
         if (pp * mb > max_shape_cells) continue;  // no family runs it (loom/schedule/shape.hpp's limit)
         ++rep.layouts;
-        // Model state of the layers alone already over the limit: nothing of this layout fits (a
-        // rank's layers/pp layers hold at least floor(layers / (pp moe_every)) MoE layers).
-        const long long per_rank_moe = m.experts > 0 ? m.layers / pp / m.moe_every : 0;
-        const double min_state = (static_cast<double>(m.layers / pp - per_rank_moe) * plan_formulas::layer_params(m) +
-                                  static_cast<double>(per_rank_moe) * plan_formulas::moe_layer_dense_params(m)) *
-                                     m.state_bytes_per_param / static_cast<double>(tp) +
-                                 static_cast<double>(per_rank_moe) * static_cast<double>(m.experts / ep) * plan_formulas::expert_params(m) *
-                                     m.state_bytes_per_param;
+        // Model state of the layers alone already over the limit: nothing of this layout fits. The
+        // mean over the pipeline ranks bounds the largest from below, wherever the chunks put the
+        // MoE layers (dense parts over tp, experts over ep).
+        const auto Q = static_cast<double>(plan_formulas::moe_layers_in(m, 0, m.layers));
+        const double layer_state = ((static_cast<double>(m.layers) - Q) * plan_formulas::layer_params(m) + Q * plan_formulas::moe_layer_dense_params(m)) /
+                                       static_cast<double>(tp) +
+                                   Q * static_cast<double>(m.experts) / static_cast<double>(ep) * plan_formulas::expert_params(m);
+        const double min_state = layer_state * m.state_bytes_per_param / static_cast<double>(pp);
         const long long per_rank = m.layers / pp;
         for (bool sp : {false, true}) {
           if (sp && tp == 1) continue;
