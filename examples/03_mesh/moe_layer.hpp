@@ -432,11 +432,7 @@ class moe_stage {
         loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
       }
     }
-    const std::span<const double> c = weights(ctx.microbatch);
-    for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
-    st.rec = {y, dropped_of(st.R), loom::moe_aux_loss(st.R), st.R.dropped_per_expert()};
-    st.ran = true;
-    fb.output[y.size()] = p.lambda * st.rec.aux;
+    finish_forward(ctx, fb, st, y);
   }
 
   void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
@@ -529,6 +525,15 @@ class moe_stage {
 
   bool pipeline_moe() const { return tpg_.comm != nullptr; }
 
+  // The layer's output y into the loss terms c_i y_i and lambda l_aux, and the forward's record.
+  void finish_forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb, state& st, const vec& y) {
+    const std::span<const double> c = weights(ctx.microbatch);
+    for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
+    st.rec = {y, dropped_of(st.R), loom::moe_aux_loss(st.R), st.R.dropped_per_expert()};
+    st.ran = true;
+    fb.output[y.size()] = p_->lambda * st.rec.aux;
+  }
+
   // Adaptive mode (Tutel's degree r; see loom::ep_adaptive). The gather group's slices into this
   // rank's columns: [h][h/r] for r >= 1 (columns [q h/r, (q+1) h/r) of its expert, q = its group),
   // every expert whole ([E][h][h]) for r = 0.
@@ -551,6 +556,13 @@ class moe_stage {
       for (std::size_t u = 0; u < gs; ++u)
         for (std::size_t o = 0; o < h; ++o) std::copy_n(all.data() + (u * h + o) * hs, hs, st.gathered.data() + o * hs * gs + u * hs);
     }
+  }
+  // Columns [c0, c0 + w) of the rows at this rank (`st.xin`), compact.
+  vec my_columns(const state& st, std::size_t w, std::size_t c0) const {
+    const std::size_t h = p_->h, rows = st.xin.size() / h;
+    vec xc(rows * w);
+    for (std::size_t t = 0; t < rows; ++t) std::copy_n(st.xin.data() + t * h + c0, w, xc.data() + t * w);
+    return xc;
   }
   // The first column this rank's gathered block covers (r >= 1).
   std::size_t first_column() const {
@@ -576,18 +588,13 @@ class moe_stage {
                                      std::span<double>(out).subspan(e * cap * p.h, cap * p.h), cap, p.h, p.h);
     } else {  // the partial product over this rank's h/r columns
       const std::size_t w = p.h / static_cast<std::size_t>(a.degree), c0 = first_column();
-      vec xc(rows * w);
-      for (std::size_t t = 0; t < rows; ++t) std::copy_n(st.xin.data() + t * p.h + c0, w, xc.data() + t * w);
+      const vec xc = my_columns(st, w, c0);
       loom::linear_kernel::forward(std::span<const double>(xc), std::span<const double>(st.gathered), std::span<const double>{}, std::span<double>(out),
                                    rows, w, p.h);
     }
     loom::ep_adaptive_from_experts(g_, a, cap, p.h, std::span<double>(out), std::span<double>(scratch), std::span<double>(st.back));
     loom::moe_combine(st.R, std::span<const double>(st.back), std::span<double>(y), p.h);
-    const std::span<const double> c = weights(ctx.microbatch);
-    for (std::size_t i = 0; i < y.size(); ++i) fb.output[i] = c[i] * y[i];
-    st.rec = {y, dropped_of(st.R), loom::moe_aux_loss(st.R), st.R.dropped_per_expert()};
-    st.ran = true;
-    fb.output[y.size()] = p.lambda * st.rec.aux;
+    finish_forward(ctx, fb, st, y);
   }
   void adaptive_backward_input(state& st, const vec& dout, vec& dslots) {
     const problem& p = *p_;
@@ -627,8 +634,8 @@ class moe_stage {
         for (std::size_t o = 0; o < p.h; ++o) std::copy_n(gw.data() + (u / S) * p.h * p.h + o * p.h + (u % S) * hs, hs, send.data() + (u * p.h + o) * hs);
     } else {
       const std::size_t w = p.h / static_cast<std::size_t>(a.degree), c0 = first_column();
-      vec xc(rows * w), gw(p.h * w, 0.0);
-      for (std::size_t t = 0; t < rows; ++t) std::copy_n(st.xin.data() + t * p.h + c0, w, xc.data() + t * w);
+      const vec xc = my_columns(st, w, c0);
+      vec gw(p.h * w, 0.0);
       loom::linear_kernel::backward_weight(std::span<const double>(xc), std::span<const double>(st.drows), std::span<double>(gw), std::span<double>{}, rows, w,
                                            p.h);
       for (std::size_t u = 0; u < gs; ++u)
