@@ -113,6 +113,13 @@ struct key_item {
   __device__ void operator()(std::size_t e) const { b.backward_key(e); }
 };
 
+template <class T>
+struct moe_item {
+  moe_items<T> m;
+  moe_step step;
+  __device__ void operator()(std::size_t e) const { m(step, e); }
+};
+
 constexpr unsigned threads_per_block = 256;
 inline unsigned blocks_for(std::size_t n) {
   const std::size_t want = (n + threads_per_block - 1) / threads_per_block;
@@ -209,5 +216,10 @@ void linear_forward_async(const linear_items<double>& f, cudaStream_t s) { launc
 void linear_backward_input_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_input_item<double>{f}, f.n * f.in, s); }
 void linear_backward_weight_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_weight_item<double>{f}, f.weight_items(), s); }
 void linear_add_bias_async(const linear_items<double>& f, cudaStream_t s) { launch_items(bias_item<double>{f}, f.n * f.out, s); }
+
+void moe_async(const moe_items<float>& m, moe_step step, cudaStream_t s) { launch_items(moe_item<float>{m, step}, m.count(step), s); }
+void moe_async(const moe_items<double>& m, moe_step step, cudaStream_t s) { launch_items(moe_item<double>{m, step}, m.count(step), s); }
+void block_transpose_async(const block_transpose<float>& b, cudaStream_t s) { launch_items(b, b.size(), s); }
+void block_transpose_async(const block_transpose<double>& b, cudaStream_t s) { launch_items(b, b.size(), s); }
 
 }  // namespace loom::cuda::detail

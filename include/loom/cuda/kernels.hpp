@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/exec/moe_math.hpp"
 #include "loom/exec/pattern_math.hpp"
 #include "loom/exec/optimizer_math.hpp"
 
@@ -138,6 +139,21 @@ void linear_add_bias_async(const linear_items<T>& f, cudaStream_t s) {
     for (std::size_t e = 0; e < f.n * f.out; ++e) f.add_bias(e);
   });
 }
+//! One step of an MoE layer (`moe_items` per item of `step`), on `s`.
+template <class T>
+void moe_async(const moe_items<T>& m, moe_step step, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda moe", [m, step] {
+    const std::size_t n = m.count(step);
+    for (std::size_t e = 0; e < n; ++e) m(step, e);
+  });
+}
+//! A block transpose (`block_transpose` per element), on `s`.
+template <class T>
+void block_transpose_async(const block_transpose<T>& b, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda block transpose", [b] {
+    for (std::size_t w = 0; w < b.size(); ++w) b(w);
+  });
+}
 #else
 //! `acc[i] += x[i]` for `i < n`, enqueued on `s`.
 void add_async(float* acc, const float* x, std::size_t n, cudaStream_t s);
@@ -197,6 +213,14 @@ void linear_backward_weight_async(const linear_items<double>& f, cudaStream_t s)
 void linear_add_bias_async(const linear_items<float>& f, cudaStream_t s);
 //! `y[t][o] += b[o]` (`linear_items::add_bias`), on `s`.
 void linear_add_bias_async(const linear_items<double>& f, cudaStream_t s);
+//! One step of an MoE layer (`moe_items` per item of `step`), on `s`.
+void moe_async(const moe_items<float>& m, moe_step step, cudaStream_t s);
+//! One step of an MoE layer (`moe_items` per item of `step`), on `s`.
+void moe_async(const moe_items<double>& m, moe_step step, cudaStream_t s);
+//! A block transpose (`block_transpose` per element), on `s`.
+void block_transpose_async(const block_transpose<float>& b, cudaStream_t s);
+//! A block transpose (`block_transpose` per element), on `s`.
+void block_transpose_async(const block_transpose<double>& b, cudaStream_t s);
 #endif
 
 }  // namespace loom::cuda::detail

@@ -54,10 +54,27 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/group_kind.hpp"
+#include "loom/exec/moe_math.hpp"
 #include "loom/exec/pattern_math.hpp"
 #include "loom/schedule/error.hpp"
 
 namespace loom {
+
+namespace detail {
+//! Every item of step `s` in order, on the host.
+template <class T>
+void moe_run(const moe_items<T>& m, moe_step s) {
+  const std::size_t n = m.count(s);
+  for (std::size_t e = 0; e < n; ++e) m(s, e);
+}
+//! A block transpose on the host.
+template <class T>
+void transpose_blocks(const block_transpose<T>& b) {
+  const std::size_t n = b.size();
+  for (std::size_t w = 0; w < n; ++w) b(w);
+}
+}  // namespace detail
 
 //! The routing options (see the file comment).
 struct moe_options {
@@ -94,6 +111,25 @@ struct moe_routing {
   std::vector<long long> load;   //!< `[E]`: assignments of all choices (Tutel's `locations2`)
   std::vector<long long> first;  //!< `[E]`: tokens whose first choice is the expert (N_e)
   long long capacity = 0;        //!< C, once `set_capacity` ran
+  //! The routing as `moe_items` over these vectors (every expert held; sizes and buffers of the
+  //! data steps are the caller's to set).
+  moe_items<T> items() const {
+    auto* self = const_cast<moe_routing*>(this);  // the items write through; the const ones only read
+    moe_items<T> m;
+    m.n = tokens;
+    m.experts = static_cast<std::size_t>(experts);
+    m.top_k = static_cast<std::size_t>(top_k);
+    m.capacity = capacity;
+    m.held_count = experts;
+    m.scores = self->scores.data();
+    m.expert = self->expert.data();
+    m.gate = self->gate.data();
+    m.raw_gate = self->raw_gate.data();
+    m.slot = self->slot.data();
+    m.load = self->load.data();
+    m.first = self->first.data();
+    return m;
+  }
   //! True when choice `j` of token `t` is kept (its slot is below the capacity).
   bool kept(std::size_t t, int j) const { return slot[t * static_cast<std::size_t>(top_k) + static_cast<std::size_t>(j)] < capacity; }
   //! The largest load over the experts (the f = 0 capacity before the group's maximum).
@@ -150,37 +186,12 @@ moe_routing<T> moe_route(const moe_options& o, std::span<const T> logits) {
   r.slot.assign(n * k, 0);
   r.load.assign(E, 0);
   r.first.assign(E, 0);
-  std::vector<std::size_t> order(E);
-  for (std::size_t t = 0; t < n; ++t) {
-    const T* l = logits.data() + t * E;
-    T* s = r.scores.data() + t * E;
-    T big = l[0];
-    for (std::size_t e = 1; e < E; ++e) big = device_math::max(big, l[e]);
-    T sum{};
-    for (std::size_t e = 0; e < E; ++e) {
-      s[e] = device_math::exp(l[e] - big);
-      sum += s[e];
-    }
-    for (std::size_t e = 0; e < E; ++e) s[e] /= sum;
-    for (std::size_t e = 0; e < E; ++e) order[e] = e;
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                      [&](std::size_t a, std::size_t b) { return s[a] != s[b] ? s[a] > s[b] : a < b; });
-    T total{};
-    for (std::size_t j = 0; j < k; ++j) {
-      r.expert[t * k + j] = static_cast<int>(order[j]);
-      r.raw_gate[t * k + j] = s[order[j]];
-      total += s[order[j]];
-    }
-    const T denom = std::max(total, std::numeric_limits<T>::epsilon());
-    for (std::size_t j = 0; j < k; ++j) r.gate[t * k + j] = o.normalize_gate && k > 1 ? r.raw_gate[t * k + j] / denom : r.raw_gate[t * k + j];
-    ++r.first[order[0]];
-  }
-  // Slots: choice by choice, tokens in order; a choice starts after every earlier choice's assignments.
-  for (std::size_t j = 0; j < k; ++j)
-    for (std::size_t t = 0; t < n; ++t) {
-      const auto e = static_cast<std::size_t>(r.expert[t * k + j]);
-      r.slot[t * k + j] = r.load[e]++;
-    }
+  moe_items<T> m = r.items();
+  m.normalize = o.normalize_gate;
+  m.eps = std::numeric_limits<T>::epsilon();
+  m.logits = logits.data();
+  detail::moe_run(m, moe_step::route);  // per token: scores, choices, gates
+  detail::moe_run(m, moe_step::slots);  // per expert: slots, loads, first choices
   return r;
 }
 
@@ -193,15 +204,11 @@ void set_capacity(moe_routing<T>& r, const moe_options& o, long long group_max_l
 //! GShard's auxiliary load-balancing loss of `r` (see the file comment).
 template <class T>
 T moe_aux_loss(const moe_routing<T>& r) {
-  const auto E = static_cast<std::size_t>(r.experts);
-  const T n = static_cast<T>(r.tokens);
-  T sum{};
-  for (std::size_t e = 0; e < E; ++e) {
-    T me{};
-    for (std::size_t t = 0; t < r.tokens; ++t) me += r.scores[t * E + e];
-    sum += me * static_cast<T>(r.first[e]);
-  }
-  return sum * static_cast<T>(r.experts) / (n * n);
+  T out{};
+  moe_items<T> m = r.items();
+  m.scalar = &out;
+  detail::moe_run(m, moe_step::aux);
+  return out;
 }
 
 //! The experts a rank holds: `count` consecutive ones from `first` (all of them by default).
@@ -212,15 +219,14 @@ struct moe_experts {
 
 namespace detail {
 
-// Where pair (t, j) of `r` lands in a buffer of the experts `held` ([count][C][h]), or -1 when the
-// pair is dropped or its expert is not held.
+// The items of `r` over the experts `held` for `h` features per token.
 template <class T>
-long long moe_offset(const moe_routing<T>& r, std::size_t t, std::size_t j, moe_experts held, std::size_t h) {
-  const auto k = static_cast<std::size_t>(r.top_k);
-  const int e = r.expert[t * k + j];
-  const int count = held.count < 0 ? r.experts - held.first : held.count;
-  if (!r.kept(t, static_cast<int>(j)) || e < held.first || e >= held.first + count) return -1;
-  return (static_cast<long long>(e - held.first) * r.capacity + r.slot[t * k + j]) * static_cast<long long>(h);
+moe_items<T> moe_held(const moe_routing<T>& r, moe_experts held, std::size_t h) {
+  moe_items<T> m = r.items();
+  m.h = h;
+  m.held_first = held.first;
+  m.held_count = held.count < 0 ? r.experts - held.first : held.count;
+  return m;
 }
 
 }  // namespace detail
@@ -230,9 +236,10 @@ long long moe_offset(const moe_routing<T>& r, std::size_t t, std::size_t j, moe_
 template <class T>
 void moe_dispatch(const moe_routing<T>& r, std::span<const T> x, std::span<T> slots, std::size_t h, moe_experts held = {}) {
   std::fill(slots.begin(), slots.end(), T{});
-  for (std::size_t t = 0; t < r.tokens; ++t)
-    for (std::size_t j = 0; j < static_cast<std::size_t>(r.top_k); ++j)
-      if (const long long at = detail::moe_offset(r, t, j, held, h); at >= 0) std::copy_n(x.data() + t * h, h, slots.data() + at);
+  moe_items<T> m = detail::moe_held(r, held, h);
+  m.x = x.data();
+  m.slots_out = slots.data();
+  detail::moe_run(m, moe_step::dispatch);
 }
 
 //! Combine: `y[t] = sum_j g[t][j] out[x[t][j]][c[t][j]]` over the kept pairs (`out` `[E][C][h]`,
@@ -240,18 +247,10 @@ void moe_dispatch(const moe_routing<T>& r, std::span<const T> x, std::span<T> sl
 //! `[count][C][h]` and only their pairs are summed (Pipeline MoE's partial combine).
 template <class T>
 void moe_combine(const moe_routing<T>& r, std::span<const T> out, std::span<T> y, std::size_t h, moe_experts held = {}) {
-  const auto k = static_cast<std::size_t>(r.top_k);
-  for (std::size_t t = 0; t < r.tokens; ++t) {
-    T* yt = y.data() + t * h;
-    std::fill(yt, yt + h, T{});
-    for (std::size_t j = 0; j < k; ++j) {
-      const long long at = detail::moe_offset(r, t, j, held, h);
-      if (at < 0) continue;
-      const T g = r.gate[t * k + j];
-      const T* o = out.data() + at;
-      for (std::size_t i = 0; i < h; ++i) yt[i] += g * o[i];
-    }
-  }
+  moe_items<T> m = detail::moe_held(r, held, h);
+  m.slots_in = out.data();
+  m.y = y.data();
+  detail::moe_run(m, moe_step::combine);
 }
 
 //! Combine's backward: `dout` (`[E][C][h]`, or the experts `held`; zeroed first) receives
@@ -261,34 +260,22 @@ template <class T>
 void moe_combine_backward(const moe_routing<T>& r, std::span<const T> out, std::span<const T> dy, std::span<T> dout, std::span<T> dgate,
                           std::size_t h, moe_experts held = {}) {
   std::fill(dout.begin(), dout.end(), T{});
-  const auto k = static_cast<std::size_t>(r.top_k);
-  for (std::size_t t = 0; t < r.tokens; ++t)
-    for (std::size_t j = 0; j < k; ++j) {
-      dgate[t * k + j] = T{};
-      const long long sat = detail::moe_offset(r, t, j, held, h);
-      if (sat < 0) continue;
-      const auto at = static_cast<std::size_t>(sat);
-      const T g = r.gate[t * k + j];
-      T d{};
-      for (std::size_t i = 0; i < h; ++i) {
-        dout[at + i] = g * dy[t * h + i];
-        d += dy[t * h + i] * out[at + i];
-      }
-      dgate[t * k + j] = d;
-    }
+  moe_items<T> m = detail::moe_held(r, held, h);
+  m.x = out.data();
+  m.dy = dy.data();
+  m.slots_out = dout.data();
+  m.dgate = dgate.data();
+  detail::moe_run(m, moe_step::combine_backward);
 }
 
 //! Dispatch's backward: `dx[t] += sum_j dslots[x[t][j]][c[t][j]]` over the kept pairs (of the
 //! experts `held`), j in order.
 template <class T>
 void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, std::span<T> dx, std::size_t h, moe_experts held = {}) {
-  for (std::size_t t = 0; t < r.tokens; ++t)
-    for (std::size_t j = 0; j < static_cast<std::size_t>(r.top_k); ++j) {
-      const long long at = detail::moe_offset(r, t, j, held, h);
-      if (at < 0) continue;
-      const T* d = dslots.data() + at;
-      for (std::size_t i = 0; i < h; ++i) dx[t * h + i] += d[i];
-    }
+  moe_items<T> m = detail::moe_held(r, held, h);
+  m.slots_in = dslots.data();
+  m.y = dx.data();
+  detail::moe_run(m, moe_step::dispatch_backward);
 }
 
 //! The router's backward: from the gates' gradient `dgate` (`[n][k]`) and the auxiliary loss's
@@ -296,30 +283,13 @@ void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, s
 //! normalisation, the aux loss (`d l_aux / d s[t][e] = E N_e / n^2`) and the softmax.
 template <class T>
 void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span<const T> dgate, T daux, std::span<T> dlogits) {
-  const auto E = static_cast<std::size_t>(r.experts), k = static_cast<std::size_t>(r.top_k);
-  const T n = static_cast<T>(r.tokens);
-  std::vector<T> ds(E);
-  for (std::size_t t = 0; t < r.tokens; ++t) {
-    for (std::size_t e = 0; e < E; ++e) ds[e] = daux * static_cast<T>(r.experts) * static_cast<T>(r.first[e]) / (n * n);
-    const T* raw = r.raw_gate.data() + t * k;
-    const T* dg = dgate.data() + t * k;
-    if (o.normalize_gate && k > 1) {
-      T total{};
-      for (std::size_t j = 0; j < k; ++j) total += raw[j];
-      const bool clamped = total < std::numeric_limits<T>::epsilon();
-      const T denom = clamped ? std::numeric_limits<T>::epsilon() : total;
-      T cross{};  // sum_i dg_i raw_i
-      for (std::size_t j = 0; j < k; ++j) cross += dg[j] * raw[j];
-      for (std::size_t j = 0; j < k; ++j)
-        ds[static_cast<std::size_t>(r.expert[t * k + j])] += dg[j] / denom - (clamped ? T{} : cross / (denom * denom));
-    } else {
-      for (std::size_t j = 0; j < k; ++j) ds[static_cast<std::size_t>(r.expert[t * k + j])] += dg[j];
-    }
-    const T* s = r.scores.data() + t * E;
-    T dot{};
-    for (std::size_t e = 0; e < E; ++e) dot += s[e] * ds[e];
-    for (std::size_t e = 0; e < E; ++e) dlogits[t * E + e] = s[e] * (ds[e] - dot);
-  }
+  moe_items<T> m = r.items();
+  m.normalize = o.normalize_gate;
+  m.eps = std::numeric_limits<T>::epsilon();
+  m.daux = daux;
+  m.dgate = const_cast<T*>(dgate.data());  // read only by this step
+  m.dlogits = dlogits.data();
+  detail::moe_run(m, moe_step::route_backward);
 }
 
 //! The group the experts spread over (see the file comment): the expert-parallel ranks, or for
@@ -351,6 +321,7 @@ inline std::string ep_rule(int experts, int ep) {
 //! expert on any rank of the group (an all-reduce of one integer), else from the local tokens.
 template <class C, class T>
 void set_capacity(ep_group<C>& g, moe_routing<T>& r, const moe_options& o) {
+  static_assert(!detail::device_group<C>, "loom: on a device group the routing is a loom::cuda::moe_routing (#include <loom/cuda/moe.hpp>)");
   long long most = r.max_load();
   if (o.capacity_factor == 0 && g.size() > 1) g.comm->all_reduce(std::span<long long>(&most, 1), reduce_op::max);
   set_capacity(r, o, most);
@@ -358,16 +329,29 @@ void set_capacity(ep_group<C>& g, moe_routing<T>& r, const moe_options& o) {
 
 namespace detail {
 
+// How the exchange copies and changes layouts on a group of type `C`: host groups here (loops);
+// device groups (`loom::on_stream`) in `loom/cuda/moe.hpp`, as kernels on the group's stream.
+template <class C>
+struct moe_space {
+  static_assert(!device_group<C>,
+                "loom: the expert-parallel exchange over a device group (loom::on_stream) needs #include <loom/cuda/moe.hpp>, "
+                "which defines its device form");
+  template <class T>
+  static void copy(C*, std::span<const T> from, std::span<T> to) {
+    std::copy(from.begin(), from.end(), to.begin());
+  }
+  template <class T>
+  static void transpose(C*, const block_transpose<T>& b) {
+    transpose_blocks(b);
+  }
+};
+
 // Moves blocks of `C h` elements between the source-major layout [ep][E/ep][C][h] and the
 // expert-major one [E/ep][ep][C][h] (to_expert_major) or back.
-template <class T>
-void ep_transpose(std::span<const T> from, std::span<T> to, int ep, int local_experts, std::size_t block, bool to_expert_major) {
-  for (int src = 0; src < ep; ++src)
-    for (int e = 0; e < local_experts; ++e) {
-      const std::size_t a = (static_cast<std::size_t>(src) * static_cast<std::size_t>(local_experts) + static_cast<std::size_t>(e)) * block;
-      const std::size_t b = (static_cast<std::size_t>(e) * static_cast<std::size_t>(ep) + static_cast<std::size_t>(src)) * block;
-      std::copy_n(from.data() + (to_expert_major ? a : b), block, to.data() + (to_expert_major ? b : a));
-    }
+template <class C, class T>
+void ep_transpose(C* c, std::span<const T> from, std::span<T> to, int ep, int local_experts, std::size_t block, bool to_expert_major) {
+  const auto P = static_cast<std::size_t>(ep), L = static_cast<std::size_t>(local_experts);
+  moe_space<C>::transpose(c, block_transpose<T>{from.data(), to.data(), to_expert_major ? P : L, to_expert_major ? L : P, block});
 }
 
 // Tutel's 2D hierarchical all-to-all over `g.node` (L ranks) and `g.cross` (N nodes): `a` holds
@@ -376,16 +360,14 @@ void ep_transpose(std::span<const T> from, std::span<T> to, int ep, int local_ex
 // d on any node to the node's rank d; phase 2 sends, across nodes, each node's chunks.
 template <class C, class T>
 void hierarchical_all_to_all(ep_group<C>& g, std::span<T> a, std::span<T> b) {
-  const int L = g.node->size(), N = g.cross->size();
-  const std::size_t chunk = a.size() / static_cast<std::size_t>(L * N);
-  auto block = [&](std::span<T> s, int i) { return s.data() + static_cast<std::size_t>(i) * chunk; };
-  for (int dn = 0; dn < N; ++dn)  // [dst node][index] -> [index][dst node]
-    for (int dl = 0; dl < L; ++dl) std::copy_n(block(a, dn * L + dl), chunk, block(b, dl * N + dn));
-  g.node->all_to_all(std::span<const T>(b), a);  // a: [source index][dst node]
-  for (int sl = 0; sl < L; ++sl)  // -> [dst node][source index]
-    for (int dn = 0; dn < N; ++dn) std::copy_n(block(a, sl * N + dn), chunk, block(b, dn * L + sl));
-  g.cross->all_to_all(std::span<const T>(b), a);  // a: [source node][source index] = [source][chunk]
-  std::copy(a.begin(), a.end(), b.begin());
+  const auto L = static_cast<std::size_t>(g.node->size()), N = static_cast<std::size_t>(g.cross->size());
+  const std::size_t chunk = a.size() / (L * N);
+  using space = moe_space<C>;
+  space::transpose(g.comm, block_transpose<T>{a.data(), b.data(), N, L, chunk});  // [dst node][index] -> [index][dst node]
+  g.node->all_to_all(std::span<const T>(b), a);                                 // a: [source index][dst node]
+  space::transpose(g.comm, block_transpose<T>{a.data(), b.data(), L, N, chunk});  // -> [dst node][source index]
+  g.cross->all_to_all(std::span<const T>(b), a);                                // a: [source node][source index] = [source][chunk]
+  space::copy(g.comm, std::span<const T>(a), b);
 }
 
 // The group's all-to-all from `a` (clobbered when hierarchical) into `b`.
@@ -399,35 +381,39 @@ void ep_all_to_all(ep_group<C>& g, std::span<T> a, std::span<T> b) {
 
 //! Sends every rank the slots of its experts: `slots` (`[E][C][h]`, this rank's dispatch buffer
 //! or combine gradient) through one all-to-all into `scratch` (the same size), then into `rows`
-//! (`[E/ep][ep][C][h]`: each local expert's slots from every source rank, source-major).
+//! (`[E/ep][ep][C][h]`: each local expert's slots from every source rank, source-major). On a
+//! device group (`loom::on_stream`, with `loom/cuda/moe.hpp`) every copy and layout change is a
+//! kernel on the group's stream and the all-to-alls are the group's, stream-ordered.
 template <class C, class T>
 void ep_to_experts(ep_group<C>& g, int experts, std::span<const T> slots, std::span<T> scratch, std::span<T> rows) {
   const int ep = g.size();
   if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
+  using space = detail::moe_space<C>;
   if (ep == 1) {
-    std::copy(slots.begin(), slots.end(), rows.begin());
+    space::copy(g.comm, slots, rows);
     return;
   }
   if (g.node != nullptr && g.cross != nullptr) {
-    std::copy(slots.begin(), slots.end(), rows.begin());  // the hierarchical exchange clobbers its input
+    space::copy(g.comm, slots, rows);  // the hierarchical exchange clobbers its input
     detail::hierarchical_all_to_all(g, rows, scratch);
   } else {
     g.comm->all_to_all(slots, scratch);
   }
-  detail::ep_transpose(std::span<const T>(scratch), rows, ep, experts / ep, slots.size() / static_cast<std::size_t>(experts), true);
+  detail::ep_transpose(g.comm, std::span<const T>(scratch), rows, ep, experts / ep, slots.size() / static_cast<std::size_t>(experts), true);
 }
 
 //! The way back: `rows` (`[E/ep][ep][C][h]`, the local experts' outputs or input gradients) into
-//! `slots` (`[E][C][h]`, indexed by this rank's own tokens' slots), through `scratch`.
+//! `slots` (`[E][C][h]`, indexed by this rank's own tokens' slots), through `scratch` (device
+//! groups as for `ep_to_experts`).
 template <class C, class T>
 void ep_from_experts(ep_group<C>& g, int experts, std::span<const T> rows, std::span<T> scratch, std::span<T> slots) {
   const int ep = g.size();
   if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
   if (ep == 1) {
-    std::copy(rows.begin(), rows.end(), slots.begin());
+    detail::moe_space<C>::copy(g.comm, rows, slots);
     return;
   }
-  detail::ep_transpose(rows, scratch, ep, experts / ep, rows.size() / static_cast<std::size_t>(experts), false);
+  detail::ep_transpose(g.comm, rows, scratch, ep, experts / ep, rows.size() / static_cast<std::size_t>(experts), false);
   detail::ep_all_to_all(g, scratch, slots);
 }
 
@@ -450,6 +436,7 @@ moe_experts tp_experts(int experts, const ep_group<C>& g) {
 //! sum over the group (one all-reduce of `n h`).
 template <class C, class T>
 void tp_moe_combine(ep_group<C>& g, const moe_routing<T>& r, std::span<const T> out, std::span<T> y, std::size_t h) {
+  static_assert(!detail::device_group<C>, "loom: on a device group the routing is a loom::cuda::moe_routing (#include <loom/cuda/moe.hpp>)");
   moe_combine(r, out, y, h, tp_experts(r.experts, g));
   if (g.size() > 1) g.comm->all_reduce(y, reduce_op::sum);
 }
@@ -479,6 +466,7 @@ void tp_moe_backward_sum(ep_group<C>& g, std::span<T> dx, std::span<T> dgate) {
 template <class C, class T, class Expert>
 void ep_overlapped(ep_group<C>& g, int experts, std::size_t capacity, std::size_t h, int chunks, std::span<const T> slots, std::span<T> back,
                    std::span<T> rows_in, std::span<T> rows_out, std::span<T> scratch, Expert&& expert) {
+  static_assert(!detail::device_group<C>, "loom: the overlapped exchange runs on host groups (its two-stream device form is not built yet)");
   const int ep = g.size();
   if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
   if (chunks < 1) throw config_error("moe: the overlap needs >= 1 chunk (got " + std::to_string(chunks) + ")");
@@ -644,6 +632,7 @@ inline void check_adaptive(const ep_adaptive& a, int group_size, std::size_t cap
 template <class C, class T>
 void ep_adaptive_to_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<const T> slots, std::span<T> scratch,
                             std::span<T> rows) {
+  static_assert(!detail::device_group<C>, "loom: adaptive parallelism runs on host groups (its device form is not built yet)");
   detail::check_adaptive(a, g.size(), capacity);
   if (a.degree == 0) {
     std::copy(slots.begin(), slots.end(), rows.begin());
@@ -667,6 +656,7 @@ void ep_adaptive_to_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t ca
 template <class C, class T>
 void ep_adaptive_from_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<T> rows, std::span<T> scratch,
                               std::span<T> slots) {
+  static_assert(!detail::device_group<C>, "loom: adaptive parallelism runs on host groups (its device form is not built yet)");
   detail::check_adaptive(a, g.size(), capacity);
   if (a.degree == 0) {
     std::copy(rows.begin(), rows.end(), slots.begin());

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/group_kind.hpp"
 #include "loom/exec/pattern_math.hpp"
 #include "loom/exec/tensor_parallel.hpp"
 #include "loom/mesh/mesh.hpp"
@@ -131,13 +132,6 @@ struct attention_dims {
   double scale = 1.0;  //!< scores are scale * q . k (usually 1/sqrt(head_dim))
 };
 
-namespace detail {
-//! A group whose buffers live in device memory and whose work is enqueued on a stream (a
-//! `loom::on_stream` binding): the patterns then run through `sp_space`'s device
-//! specialisation in `loom/cuda/patterns.hpp`.
-template <class C>
-concept device_group = requires { typename C::device_group_tag; };
-}  // namespace detail
 
 //! Faults a sequence-parallel pattern can be asked to commit on a device group, for the tests
 //! that show the race detector names them.
