@@ -52,6 +52,7 @@ struct moe_case {
   double capacity_factor;
   int node = 0;
   bool pipeline = false;
+  int chunks = 0;  //!< > 0: the exchange overlapped with the experts in this many pieces (ep_overlapped)
 };
 
 //! What one rank ends with.
@@ -165,6 +166,27 @@ moe_result moe_layer(loom::ep_group<G>& g, const moe_case& k, const Ops& ops, Ma
     }
     ops.dispatch_backward(r, c(dback), whole(dx), held);
     loom::tp_moe_backward_sum(g, whole(dx), whole(dgate));
+  } else if (k.chunks > 0) {
+    // FSMoE's overlap: the experts run piece by piece while the other pieces' all-to-alls fly.
+    auto slots = zeros(all), scratch = zeros(4 * all), rows = zeros(all), outrows = zeros(all), back = zeros(all);
+    auto dslots = zeros(all), drows = zeros(all), dxrows = zeros(all), dback = zeros(all);
+    ops.dispatch(r, c(x), whole(slots));
+    auto forward = [&](int e, std::span<const float> in, std::span<float> out, std::size_t n) {
+      const auto u = static_cast<std::size_t>(e);
+      ops.kernel.forward(in, std::span<const float>(sub(w, u * hh, hh)), std::span<const float>(sub(b, u * width, width)), out, n, width, width);
+    };
+    loom::ep_overlapped(g, k.experts, C, width, k.chunks, c(slots), whole(back), whole(rows), whole(outrows), whole(scratch), forward);
+    ops.combine(r, c(back), whole(y));
+    ops.combine_backward(r, c(back), c(dy), whole(dslots), whole(dgate));
+    auto backward = [&](int e, std::span<const float> in, std::span<float> out, std::size_t n) {
+      ops.kernel.backward_input(in, std::span<const float>(sub(w, static_cast<std::size_t>(e) * hh, hh)), out, n, width, width);
+    };
+    loom::ep_overlapped(g, k.experts, C, width, k.chunks, c(dslots), whole(dback), whole(drows), whole(dxrows), whole(scratch), backward);
+    const std::size_t block = rows_per * width;
+    for (std::size_t e = 0; e < static_cast<std::size_t>(El); ++e)
+      ops.kernel.backward_weight(std::span<const float>(sub(rows, e * block, block)), std::span<const float>(sub(drows, e * block, block)),
+                                 sub(gw, e * hh, hh), sub(gb, e * width, width), rows_per, width, width);
+    ops.dispatch_backward(r, c(dback), whole(dx));
   } else {
     auto slots = zeros(all), scratch = zeros(all), rows = zeros(all), outrows = zeros(all), back = zeros(all);
     auto dslots = zeros(all), drows = zeros(all), dxrows = zeros(all), dback = zeros(all);
@@ -218,13 +240,14 @@ std::vector<moe_result> on_threads(const moe_case& k) {
 }
 
 template <class W>
-moe_result on_device_rank(W& w, const moe_case& k) {
+moe_result on_device_rank(W& w, const moe_case& k, const loom::moe_faults& faults = {}) {
   groups<W> gs(w, k);
   using counted = loom::counted<W>;
-  loom::cuda::stream st;
+  loom::cuda::stream st, comm_st;
   loom::cuda::name_stream(st.get(), "r" + std::to_string(w.rank()) + " moe");
-  loom::on_stream<counted> all(gs.all, st.get()), node(gs.node, st.get()), cross(gs.cross, st.get());
-  loom::ep_group<loom::on_stream<counted>> g{&all, k.node > 0 ? &node : nullptr, k.node > 0 ? &cross : nullptr};
+  loom::cuda::name_stream(comm_st.get(), "r" + std::to_string(w.rank()) + " moe exchange");
+  loom::on_stream<counted> all(gs.all, st.get()), node(gs.node, st.get()), cross(gs.cross, st.get()), exchange(gs.all, comm_st.get());
+  loom::ep_group<loom::on_stream<counted>> g{&all, k.node > 0 ? &node : nullptr, k.node > 0 ? &cross : nullptr, &exchange, faults};
   std::vector<std::vector<float>> sources;  // alive until the copies ran (fetch synchronises)
   sources.reserve(64);
   auto r = moe_layer(
@@ -279,6 +302,8 @@ TEST_CASE("an MoE layer runs on device groups with the threads backend's results
       {.ranks = 4, .experts = 8, .top_k = 2, .capacity_factor = 0, .node = 2},    // hierarchical, f = 0
       {.ranks = 4, .experts = 4, .top_k = 1, .capacity_factor = 0.5, .node = 2},  // hierarchical, dropping
       {.ranks = 2, .experts = 4, .top_k = 2, .capacity_factor = 1.0, .pipeline = true},  // Pipeline MoE
+      {.ranks = 2, .experts = 4, .top_k = 2, .capacity_factor = 0, .chunks = 2},        // the overlap, two streams
+      {.ranks = 4, .experts = 8, .top_k = 1, .capacity_factor = 1.0, .chunks = 3},      // the overlap, dropping
   };
   for (const moe_case& k : cases) {
     CAPTURE(k.ranks);
@@ -287,6 +312,7 @@ TEST_CASE("an MoE layer runs on device groups with the threads backend's results
     CAPTURE(k.capacity_factor);
     CAPTURE(k.node);
     CAPTURE(k.pipeline);
+    CAPTURE(k.chunks);
     const auto want = on_threads(k);
     std::size_t dropped = 0;
     for (auto& r : want)
@@ -310,6 +336,116 @@ TEST_CASE("an MoE layer runs on device groups with the threads backend's results
 #if !defined(LOOM_CUDA_SIM)
         break;  // a GPU has no seeds to vary
 #endif
+      }
+    }
+  }
+}
+
+#if defined(LOOM_CUDA_SIM)
+TEST_CASE("the overlapped MoE exchange sending a piece without waiting for the kernel that packed it is a race naming both") {
+  for (backend b : {backend::cuda_local, backend::nccl}) {
+    CAPTURE(loom_device_test::name(b));
+    for (std::uint64_t seed : {3, 8}) {
+      CAPTURE(seed);
+      loom::cudasim::config cfg;
+      cfg.seed = seed;
+      cfg.races = loom::cudasim::race_policy::record;
+      loom::cudasim::configure(cfg);
+      const moe_case k{.ranks = 2, .experts = 4, .top_k = 2, .capacity_factor = 1.0, .chunks = 2};
+      auto body = [&](auto& w) { (void)on_device_rank(w, k, {.skip_pack_wait = true}); };
+      loom_device_test::run_on(b, 2, body);
+      const auto all = loom_device_test::findings();
+      CAPTURE(all);
+      CHECK(all.find("race: ") != std::string::npos);
+      CHECK(all.find("loom moe layout") != std::string::npos);
+    }
+  }
+  loom_device_test::simulate_with(1);
+}
+#endif
+
+namespace {
+
+//! Tutel's adaptive exchange on one rank: `slots` out to the experts' ranks under degree r and the
+//! rows straight back (each slot then the sum of its r copies); the rows, the slots and the counters.
+struct adaptive_result {
+  std::vector<float> rows, back;
+  std::vector<loom::comm_counters> counts;
+};
+
+template <class G, class Make, class Fetch>
+adaptive_result adaptive_round(loom::ep_group<G>& g, const loom::ep_adaptive& a, Make&& make, Fetch&& fetch) {
+  constexpr std::size_t C = 4, h = 2;
+  const auto E = static_cast<std::size_t>(a.experts), all = E * C * h;
+  const std::size_t r = a.degree == 0 ? 1 : static_cast<std::size_t>(a.degree);
+  auto slots = make(init(20, g.rank(), all)), scratch = make(std::vector<float>(r * all)), rows = make(std::vector<float>(r * all)),
+       back = make(std::vector<float>(all));
+  loom::ep_adaptive_to_experts(g, a, C, h, c(slots), whole(scratch), whole(rows));
+  auto sent = fetch(rows);
+  loom::ep_adaptive_from_experts(g, a, C, h, whole(rows), whole(scratch), whole(back));
+  return {sent, fetch(back), {}};
+}
+
+}  // namespace
+
+TEST_CASE("Tutel's adaptive exchange runs on device groups with the threads backend's rows, sums and counters, every degree") {
+  struct adaptive_case {
+    int ranks, experts, node;
+  };
+  for (adaptive_case ac : {adaptive_case{4, 2, 0}, adaptive_case{4, 1, 0}, adaptive_case{4, 1, 2}}) {
+    for (int degree : loom::ep_adaptive_degrees(ac.experts, ac.ranks)) {
+      CAPTURE(ac.ranks);
+      CAPTURE(ac.experts);
+      CAPTURE(ac.node);
+      CAPTURE(degree);
+      const loom::ep_adaptive a{ac.ranks, ac.experts, degree};
+      const moe_case k{.ranks = ac.ranks, .experts = ac.experts, .top_k = 1, .capacity_factor = 0, .node = ac.node};
+      std::vector<adaptive_result> want(static_cast<std::size_t>(ac.ranks)), got(want.size());
+      loom::run_threads(ac.ranks, [&](loom::threads::comm& w) {
+        groups<loom::threads::comm> gs(w, k);
+        loom::ep_group<loom::counted<loom::threads::comm>> g{&gs.all, ac.node > 0 ? &gs.node : nullptr, ac.node > 0 ? &gs.cross : nullptr};
+        auto r = adaptive_round(
+            g, a, [](std::vector<float> v) { return v; }, [](std::vector<float>& v) { return v; });
+        r.counts = gs.counters();
+        want[static_cast<std::size_t>(w.rank())] = r;
+      });
+      for (backend b : {backend::cuda_local, backend::nccl}) {
+        CAPTURE(loom_device_test::name(b));
+        if (loom_device_test::skip_unless_devices(b, ac.ranks)) continue;
+        for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+          CAPTURE(seed);
+          loom_device_test::simulate_with(seed);
+          auto body = [&](auto& w) {
+            using W = std::remove_cvref_t<decltype(w)>;
+            groups<W> gs(w, k);
+            loom::cuda::stream st;
+            loom::on_stream<loom::counted<W>> all(gs.all, st.get()), node(gs.node, st.get()), cross(gs.cross, st.get());
+            loom::ep_group<loom::on_stream<loom::counted<W>>> g{&all, ac.node > 0 ? &node : nullptr, ac.node > 0 ? &cross : nullptr};
+            std::vector<std::vector<float>> sources;
+            sources.reserve(8);
+            auto r = adaptive_round(
+                g, a,
+                [&](std::vector<float> v) {
+                  sources.push_back(std::move(v));
+                  return upload(sources.back(), st.get());
+                },
+                [&](loom::cuda::device_buffer<float>& d) { return download(d, st.get()); });
+            r.counts = gs.counters();
+            got[static_cast<std::size_t>(w.rank())] = r;
+            w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);  // every rank done before the buffers go
+          };
+          loom_device_test::run_on(b, ac.ranks, body);
+          for (std::size_t r = 0; r < got.size(); ++r) {
+            CAPTURE(r);
+            CHECK(got[r].rows == want[r].rows);  // copies only: equal on a GPU too
+            CHECK(got[r].back == want[r].back);  // sums of r copies in copy order, the same additions
+            CHECK(got[r].counts == want[r].counts);
+          }
+          CHECK(loom_device_test::findings() == "");
+#if !defined(LOOM_CUDA_SIM)
+          break;
+#endif
+        }
       }
     }
   }

@@ -151,7 +151,8 @@ void moe_async(const moe_items<T>& m, moe_step step, cudaStream_t s) {
 template <class T>
 void block_transpose_async(const block_transpose<T>& b, cudaStream_t s) {
   cudasim::launch(s, "loom::cuda block transpose", [b] {
-    for (std::size_t w = 0; w < b.size(); ++w) b(w);
+    const std::size_t n = b.size();
+    for (std::size_t w = 0; w < n; ++w) b(w);
   });
 }
 #else

@@ -21,9 +21,12 @@
 //!   host reads it to size the slot buffers (`set_capacity`: one synchronisation per MoE layer and
 //!   microbatch, as Tutel's f = 0 mode has). With a capacity factor above 0 the capacity depends
 //!   only on the token count and nothing waits.
-//! - Not yet on devices: the FSMoE overlap on a communication stream (`ep_overlapped`) and Tutel's
-//!   adaptive degree (`ep_adaptive_*`); both run on host groups and refuse device ones at compile
-//!   time.
+//! - FSMoE's overlap (`loom::ep_overlapped`) packs and unpacks pieces with kernels on the group's
+//!   (compute) stream and runs their all-to-alls on a communication stream, `ep_group::exchange`
+//!   (the same group bound to a second stream), ordered by events both ways.
+//! - Tutel's adaptive degree (`loom::ep_adaptive_to_experts`, `loom::ep_adaptive_from_experts`):
+//!   the r copies and their ordered sum are strided block kernels; the gathers of the weight
+//!   slices are the user's, with the group's `all_gather` on the stream.
 
 #include <cstddef>
 #include <limits>
@@ -56,9 +59,34 @@ struct moe_space<C> {
   }
   template <class T>
   static void transpose(C* c, const block_transpose<T>& b) {
-    const cuda::byte_access acc[] = {cuda::reads(std::span<const T>(b.in, b.size())), cuda::writes(std::span<T>(b.out, b.size()))};
+    const cuda::byte_access acc[] = {cuda::reads(std::span<const T>(b.in, b.in_extent())), cuda::writes(std::span<T>(b.out, b.out_extent()))};
     cuda::region reg(group(c).stream(), "loom moe layout", acc);
     cuda::detail::block_transpose_async(b, c->stream());
+  }
+  // The overlap's collectives: all-to-alls on the exchange group's communication stream, each
+  // after an event recorded on the compute stream when it is posted (its piece is packed); the
+  // compute stream waits for the event recorded after it.
+  using request = cudaEvent_t;
+  struct overlap_state {
+    event_pool events;
+  };
+  template <class G, class T>
+  static request post(G& g, overlap_state& st, std::span<const T> in, std::span<T> out) {
+    if (g.exchange == nullptr)
+      throw config_error("moe: the overlapped exchange on a device group needs ep_group::exchange, the group bound to a communication stream");
+    C& compute = group(g.comm);
+    C& comm = *g.exchange;
+    cudaEvent_t packed = st.events.next();
+    LOOM_CUDA_TRY(cudaEventRecord(packed, compute.stream()));
+    if (!g.faults.skip_pack_wait) LOOM_CUDA_TRY(cudaStreamWaitEvent(comm.stream(), packed, 0));
+    comm.all_to_all(in, out);
+    cudaEvent_t done = st.events.next();
+    LOOM_CUDA_TRY(cudaEventRecord(done, comm.stream()));
+    return done;
+  }
+  template <class G>
+  static void wait(G& g, overlap_state&, request& r) {
+    LOOM_CUDA_TRY(cudaStreamWaitEvent(group(g.comm).stream(), r, 0));
   }
 };
 

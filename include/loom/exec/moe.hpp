@@ -42,6 +42,10 @@
 //! microbatch a rank sends four all-to-alls of E C h elements (dispatch and combine, forward and
 //! backward), `(ep - 1)/ep` of them to other ranks. With a capacity factor of 0 the capacity is the
 //! largest load over the group: one all-reduce (max) of one integer.
+//!
+//! The per-item work is `moe_items` and `block_transpose` (`loom/exec/moe_math.hpp`): the host
+//! functions here loop over them, and `loom/cuda/moe.hpp` runs the same items as kernels on a
+//! stream, for the same exchange functions over device groups (`loom::on_stream`).
 
 #include <algorithm>
 #include <cmath>
@@ -292,6 +296,11 @@ void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span
   detail::moe_run(m, moe_step::route_backward);
 }
 
+//! Faults the device exchange can be asked to commit, for the tests of the race detector.
+struct moe_faults {
+  bool skip_pack_wait = false;  //!< the overlap's all-to-all of a piece does not wait for the kernel that packed it
+};
+
 //! The group the experts spread over (see the file comment): the expert-parallel ranks, or for
 //! Pipeline MoE the tensor-parallel ones (`tp_experts`). Null or size 1: every expert on this rank.
 template <class C>
@@ -303,6 +312,11 @@ struct ep_group {
   //! rank % L)` and `cross = comm.split(rank % L, rank / L)`.
   C* node = nullptr;
   C* cross = nullptr;  //!< see `node`
+  //! Device groups only: the same group bound to a second stream, the communication stream on
+  //! which `ep_overlapped` runs its all-to-alls (ordered against the group's compute stream by
+  //! events). Host groups overlap with non-blocking collectives and leave it null.
+  C* exchange = nullptr;
+  moe_faults faults{};  //!< deliberate bugs, for the tests that show the race detector names them (device groups)
   //! Ranks in the group.
   int size() const { return comm == nullptr ? 1 : comm->size(); }
   //! This rank's index.
@@ -343,6 +357,17 @@ struct moe_space {
   template <class T>
   static void transpose(C*, const block_transpose<T>& b) {
     transpose_blocks(b);
+  }
+  // The overlap's collectives: non-blocking all-to-alls, completed by `wait`.
+  using request = typename C::request;
+  struct overlap_state {};
+  template <class G, class T>
+  static request post(G& g, overlap_state&, std::span<const T> in, std::span<T> out) {
+    return g.comm->iall_to_all(in, out);
+  }
+  template <class G>
+  static void wait(G& g, overlap_state&, request& r) {
+    g.comm->wait(r);
   }
 };
 
@@ -462,19 +487,21 @@ void tp_moe_backward_sum(ep_group<C>& g, std::span<T> dx, std::span<T> dgate) {
 //! `ep_from_experts` lay them out, so the results equal the unchunked exchange bit for bit.
 //! `scratch` holds `4 E C h` elements (the pieces' send and receive buffers, both ways). Every
 //! rank of the group posts the same collectives in the same order; 2 x chunks all-to-alls, flat
-//! (a group with `node` and `cross` is refused).
+//! (a group with `node` and `cross` is refused). On a device group (`loom/cuda/moe.hpp`) the
+//! packing is kernels on the group's (compute) stream, `expert` enqueues on that stream, and the
+//! all-to-alls run on `g.exchange`'s communication stream: each waits for an event recorded after
+//! its piece was packed, and the compute stream waits for its event before unpacking.
 template <class C, class T, class Expert>
 void ep_overlapped(ep_group<C>& g, int experts, std::size_t capacity, std::size_t h, int chunks, std::span<const T> slots, std::span<T> back,
                    std::span<T> rows_in, std::span<T> rows_out, std::span<T> scratch, Expert&& expert) {
-  static_assert(!detail::device_group<C>, "loom: the overlapped exchange runs on host groups (its two-stream device form is not built yet)");
   const int ep = g.size();
   if (std::string rule = ep_rule(experts, ep); !rule.empty()) throw config_error(rule);
   if (chunks < 1) throw config_error("moe: the overlap needs >= 1 chunk (got " + std::to_string(chunks) + ")");
   if (g.node != nullptr || g.cross != nullptr)
     throw config_error("moe: the overlapped exchange is flat (one non-blocking all-to-all per piece): give it a group without node and cross");
-  const int El = experts / ep;
+  using space = detail::moe_space<C>;
   const std::size_t E = static_cast<std::size_t>(experts), all = E * capacity * h, P = static_cast<std::size_t>(ep);
-  const auto L = static_cast<std::size_t>(El);
+  const auto L = static_cast<std::size_t>(experts / ep);
   if (scratch.size() < 4 * all) throw config_error("moe: the overlap's scratch holds " + std::to_string(scratch.size()) + " elements, it needs 4 E C h = " + std::to_string(4 * all));
   T* sd = scratch.data();        // dispatch send: the pieces one after another, each [E][c][h]
   T* rd = sd + all;              // dispatch receive: each piece [ep][E/ep][c][h]
@@ -483,41 +510,39 @@ void ep_overlapped(ep_group<C>& g, int experts, std::size_t capacity, std::size_
   const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(chunks), std::max<std::size_t>(capacity, 1)));
   auto lo = [&](int p) { return capacity * static_cast<std::size_t>(p) / static_cast<std::size_t>(n); };
   auto base = [&](int p) { return E * lo(p) * h; };  // a piece's offset in each buffer
-  // Position of row c of expert e (global) in the [E][C][h] layout, and of (local e, src, c) in the rows layout.
-  auto flat = [&](std::size_t e, std::size_t c) { return (e * capacity + c) * h; };
-  auto local = [&](std::size_t e, std::size_t src, std::size_t c) { return ((e * P + src) * capacity + c) * h; };
-  std::vector<typename C::request> dispatch(static_cast<std::size_t>(n)), combine(static_cast<std::size_t>(n));
-  auto post_dispatch = [&](int p) {
+  typename space::overlap_state st{};
+  std::vector<typename space::request> dispatch(static_cast<std::size_t>(n)), combine(static_cast<std::size_t>(n));
+  // Piece p's exchange from `from` into `to` (`E c h` elements each).
+  auto exchange = [&](int p, const T* from, T* to, typename space::request& r) {
+    const std::size_t c = lo(p + 1) - lo(p);
+    if (ep == 1) space::copy(g.comm, std::span<const T>(from + base(p), E * c * h), std::span<T>(to + base(p), E * c * h));
+    else r = space::post(g, st, std::span<const T>(from + base(p), E * c * h), std::span<T>(to + base(p), E * c * h));
+  };
+  auto post_dispatch = [&](int p) {  // rows [c0, c0 + c) of every expert's slots, packed [E][c][h]
     const std::size_t c0 = lo(p), c = lo(p + 1) - c0;
-    for (std::size_t e = 0; e < E; ++e) std::copy_n(slots.data() + flat(e, c0), c * h, sd + base(p) + e * c * h);
-    if (ep == 1) {
-      std::copy_n(sd + base(p), E * c * h, rd + base(p));
-      return;
-    }
-    dispatch[static_cast<std::size_t>(p)] = g.comm->iall_to_all(std::span<const T>(sd + base(p), E * c * h), std::span<T>(rd + base(p), E * c * h));
+    space::transpose(g.comm, block_transpose<T>{slots.data() + c0 * h, sd + base(p), 1, E, c * h, capacity * h, c * h});
+    exchange(p, sd, rd, dispatch[static_cast<std::size_t>(p)]);
   };
   auto finish_combine = [&](int p) {
     const std::size_t c0 = lo(p), c = lo(p + 1) - c0;
-    if (ep > 1) g.comm->wait(combine[static_cast<std::size_t>(p)]);
-    for (std::size_t e = 0; e < E; ++e) std::copy_n(rc + base(p) + e * c * h, c * h, back.data() + flat(e, c0));
+    if (ep > 1) space::wait(g, st, combine[static_cast<std::size_t>(p)]);
+    space::transpose(g.comm, block_transpose<T>{rc + base(p), back.data() + c0 * h, 1, E, c * h, c * h, capacity * h});
   };
   if (n > 0) post_dispatch(0);
   for (int p = 0; p < n; ++p) {
     if (p + 1 < n) post_dispatch(p + 1);
-    if (ep > 1) g.comm->wait(dispatch[static_cast<std::size_t>(p)]);
+    if (ep > 1) space::wait(g, st, dispatch[static_cast<std::size_t>(p)]);
     const std::size_t c0 = lo(p), c = lo(p + 1) - c0;
-    // The received piece [src][E/ep][c][h] into rows_in, the local experts on it, rows_out into the combine piece.
+    // The received piece [src][E/ep][c][h] into rows_in ([E/ep][src][C][h], rows c0..), the local
+    // experts on it, rows_out into the combine piece.
+    space::transpose(g.comm, block_transpose<T>{rd + base(p), rows_in.data() + c0 * h, P, L, c * h, c * h, capacity * h});
     for (std::size_t src = 0; src < P; ++src)
       for (std::size_t e = 0; e < L; ++e) {
-        const T* from = rd + base(p) + (src * L + e) * c * h;
-        std::copy_n(from, c * h, rows_in.data() + local(e, src, c0));
-        expert(static_cast<int>(e), std::span<const T>(rows_in.data() + local(e, src, c0), c * h), std::span<T>(rows_out.data() + local(e, src, c0), c * h), c);
-        std::copy_n(rows_out.data() + local(e, src, c0), c * h, sc + base(p) + (src * L + e) * c * h);
+        const std::size_t at = ((e * P + src) * capacity + c0) * h;
+        expert(static_cast<int>(e), std::span<const T>(rows_in.data() + at, c * h), std::span<T>(rows_out.data() + at, c * h), c);
       }
-    if (ep > 1)
-      combine[static_cast<std::size_t>(p)] = g.comm->iall_to_all(std::span<const T>(sc + base(p), E * c * h), std::span<T>(rc + base(p), E * c * h));
-    else
-      std::copy_n(sc + base(p), E * c * h, rc + base(p));
+    space::transpose(g.comm, block_transpose<T>{rows_out.data() + c0 * h, sc + base(p), L, P, c * h, capacity * h, c * h});
+    exchange(p, sc, rc, combine[static_cast<std::size_t>(p)]);
     if (p > 0) finish_combine(p - 1);
   }
   if (n > 0) finish_combine(n - 1);
@@ -628,23 +653,21 @@ inline void check_adaptive(const ep_adaptive& a, int group_size, std::size_t cap
 //! ranks under `a` (see `ep_adaptive`): `rows` gets `[W][C/g][h]` (r >= 1: the chunk of every
 //! source, source-major; r = 0: the slots themselves, `[E][C][h]`). `scratch` holds `r E C h`
 //! elements. One all-to-all for r >= 1, none for r = 0; hierarchical (Tutel's 2D) when `g` has
-//! `node` and `cross`.
+//! `node` and `cross`. Device groups as for `ep_to_experts` (the copies are kernels).
 template <class C, class T>
 void ep_adaptive_to_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<const T> slots, std::span<T> scratch,
                             std::span<T> rows) {
-  static_assert(!detail::device_group<C>, "loom: adaptive parallelism runs on host groups (its device form is not built yet)");
   detail::check_adaptive(a, g.size(), capacity);
+  using space = detail::moe_space<C>;
   if (a.degree == 0) {
-    std::copy(slots.begin(), slots.end(), rows.begin());
+    space::copy(g.comm, slots, rows);
     return;
   }
-  const int S = a.shards(), gs = a.group();
-  const std::size_t chunk = capacity / static_cast<std::size_t>(gs) * h;  // C/g rows
-  for (int w = 0; w < a.ranks; ++w) {  // destination w: expert w / S, rows (w % S % g) C/g of its slots
-    const auto e = static_cast<std::size_t>(w / S), part = static_cast<std::size_t>(w % S % gs);
-    std::copy_n(slots.begin() + static_cast<std::ptrdiff_t>(e * capacity * h + part * chunk), chunk,
-                scratch.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(w) * chunk));
-  }
+  // Destination w = e S + q g + j (expert e, copy q, part j) gets rows [j C/g, (j+1) C/g) of
+  // expert e's slots: copy q of every expert's C h elements lands at (e r + q) C h.
+  const auto E = static_cast<std::size_t>(a.experts), r = static_cast<std::size_t>(a.degree), block = capacity * h;
+  for (std::size_t q = 0; q < r; ++q)
+    space::transpose(g.comm, block_transpose<T>{slots.data(), scratch.data() + q * block, 1, E, block, block, r * block});
   detail::ep_all_to_all(g, scratch, rows);
 }
 
@@ -652,26 +675,20 @@ void ep_adaptive_to_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t ca
 //! r = 0: `[E][C][h]`) to `slots` (`[E][C][h]`), each slot the sum of its r copies in copy order
 //! (`((c_0 + c_1) + ...)`). `scratch` holds `r E C h` elements. One all-to-all for r >= 1,
 //! hierarchical when `g` has `node` and `cross`: then it clobbers `rows` (as the exchange clobbers
-//! its input; the flat one leaves `rows` as it was).
+//! its input; the flat one leaves `rows` as it was). Device groups as for `ep_to_experts`.
 template <class C, class T>
 void ep_adaptive_from_experts(ep_group<C>& g, const ep_adaptive& a, std::size_t capacity, std::size_t h, std::span<T> rows, std::span<T> scratch,
                               std::span<T> slots) {
-  static_assert(!detail::device_group<C>, "loom: adaptive parallelism runs on host groups (its device form is not built yet)");
   detail::check_adaptive(a, g.size(), capacity);
+  using space = detail::moe_space<C>;
   if (a.degree == 0) {
-    std::copy(rows.begin(), rows.end(), slots.begin());
+    space::copy(g.comm, std::span<const T>(rows), slots);
     return;
   }
   detail::ep_all_to_all(g, rows, scratch);  // chunk w: what rank w computed for this rank's slots
-  const int S = a.shards(), gs = a.group();
-  const std::size_t rows_per = capacity / static_cast<std::size_t>(gs), chunk = rows_per * h;
-  for (int w = 0; w < a.ranks; ++w) {
-    const auto e = static_cast<std::size_t>(w / S), part = static_cast<std::size_t>(w % S % gs);
-    const bool first = w % S / gs == 0;  // copy 0 of these rows
-    const T* from = scratch.data() + static_cast<std::size_t>(w) * chunk;
-    T* to = slots.data() + e * capacity * h + part * chunk;
-    for (std::size_t i = 0; i < chunk; ++i) to[i] = first ? from[i] : to[i] + from[i];
-  }
+  const auto E = static_cast<std::size_t>(a.experts), r = static_cast<std::size_t>(a.degree), block = capacity * h;
+  for (std::size_t q = 0; q < r; ++q)  // copy 0 assigns, the others add, in copy order
+    space::transpose(g.comm, block_transpose<T>{scratch.data() + q * block, slots.data(), 1, E, block, r * block, block, q > 0});
 }
 
 }  // namespace loom

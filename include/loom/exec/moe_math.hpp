@@ -223,22 +223,33 @@ struct moe_items {
   }
 };
 
-//! A grid of `rows x cols` blocks of `block` elements, transposed: block `(r, c)` of `in` (row
-//! major) becomes block `(c, r)` of `out`. The expert-parallel exchange's layout changes are all
-//! of this form (`loom/exec/moe.hpp`). Item `w` is element `w` of `in`.
+//! A grid of `rows x cols` blocks of `block` elements, transposed: block `(r, c)` of `in` (at
+//! `(r cols + c) in_stride`) becomes block `(c, r)` of `out` (at `(c rows + r) out_stride`); the
+//! strides default to `block` (packed grids); with `add` it accumulates. The expert-parallel exchange's layout changes and
+//! the overlap's packing of pieces are all of this form (`loom/exec/moe.hpp`; a 1 x n grid is a
+//! strided copy). Item `w` is element `w % block` of block `w / block`.
 template <class T>
 struct block_transpose {
-  const T* in = nullptr;   //!< `[rows][cols][block]`
-  T* out = nullptr;        //!< `[cols][rows][block]`
-  std::size_t rows = 1;    //!< block rows of `in`
-  std::size_t cols = 1;    //!< block columns of `in`
-  std::size_t block = 0;   //!< elements per block
-  //! Elements.
+  const T* in = nullptr;        //!< `rows x cols` blocks
+  T* out = nullptr;             //!< `cols x rows` blocks
+  std::size_t rows = 1;         //!< block rows of `in`
+  std::size_t cols = 1;         //!< block columns of `in`
+  std::size_t block = 0;        //!< elements per block
+  std::size_t in_stride = 0;    //!< elements from one block of `in` to the next (0: `block`)
+  std::size_t out_stride = 0;   //!< elements from one block of `out` to the next (0: `block`)
+  bool add = false;             //!< `out += in` (else `out = in`)
+  //! Items (the elements moved).
   LOOM_HOST_DEVICE std::size_t size() const { return rows * cols * block; }
-  //! Element `w`.
+  //! Elements of `in` from the first moved to one past the last.
+  LOOM_HOST_DEVICE std::size_t in_extent() const { return size() == 0 ? 0 : (rows * cols - 1) * (in_stride == 0 ? block : in_stride) + block; }
+  //! Elements of `out` from the first written to one past the last.
+  LOOM_HOST_DEVICE std::size_t out_extent() const { return size() == 0 ? 0 : (rows * cols - 1) * (out_stride == 0 ? block : out_stride) + block; }
+  //! Item `w`.
   LOOM_HOST_DEVICE void operator()(std::size_t w) const {
     const std::size_t b = w / block, i = w % block, r = b / cols, c = b % cols;
-    out[(c * rows + r) * block + i] = in[w];
+    const std::size_t is = in_stride == 0 ? block : in_stride, os = out_stride == 0 ? block : out_stride;
+    T& to = out[(c * rows + r) * os + i];
+    to = add ? to + in[b * is + i] : in[b * is + i];
   }
 };
 
