@@ -230,6 +230,15 @@ struct stream_state {
   std::uint64_t region_id = 0;
   desc_ptr region_desc;
   std::shared_ptr<const std::vector<access_rec>> region_declared;
+  // The enclosing regions of a nested one (a stage call's region around its kernels' own),
+  // restored by `end_region`.
+  struct saved_region {
+    bool ticked = false;
+    std::uint64_t id = 0;
+    desc_ptr desc;
+    std::shared_ptr<const std::vector<access_rec>> declared;
+  };
+  std::vector<saved_region> outer_regions;
 };
 
 struct event_state {

@@ -134,7 +134,9 @@ void begin_region(cudaStream_t stream, std::string_view label, std::span<const a
   std::lock_guard lk(s.m);
   auto* st = stream_or_report(stream, "begin_region");
   if (st == nullptr) return;
-  if (st->in_region) add_report(report_kind::api, "begin_region(" + std::string(label) + ") on stream '" + st->name + "' inside region '" + st->region_desc->label + "'");
+  // A region inside a region (a stage call's kernels declaring their own bytes inside the call's
+  // region): the inner one names and declares its operations until it ends, then the outer resumes.
+  if (st->in_region) st->outer_regions.push_back({st->region_ticked, st->region_id, st->region_desc, st->region_declared});
   st->in_region = false;
   auto o = std::make_shared<op>();
   o->k = kind::marker;
@@ -162,6 +164,16 @@ void end_region(cudaStream_t stream) {
   std::lock_guard lk(s.m);
   auto* st = stream_or_report(stream, "end_region");
   if (st == nullptr) return;
+  if (!st->outer_regions.empty()) {  // back to the enclosing region
+    auto outer = std::move(st->outer_regions.back());
+    st->outer_regions.pop_back();
+    st->in_region = true;
+    st->region_ticked = outer.ticked;
+    st->region_id = outer.id;
+    st->region_desc = std::move(outer.desc);
+    st->region_declared = std::move(outer.declared);
+    return;
+  }
   st->in_region = false;
   st->region_ticked = false;
   st->region_declared.reset();

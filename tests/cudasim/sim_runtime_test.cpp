@@ -63,6 +63,40 @@ TEST_CASE("operations on one stream run in order and copies move the data") {
   CHECK(sim::reports().empty());
 }
 
+TEST_CASE("regions nest: a kernel's own region inside a stage call's names its operations, then the call's region resumes") {
+  fresh(3);
+  loom::cuda::stream producer, consumer;
+  loom::cuda::device_buffer<float> a(16), b(16), c(16), d(16);
+  LOOM_CUDA_TRY(cudaMemsetAsync(a.data(), 0, a.bytes(), producer.get()));
+  LOOM_CUDA_TRY(cudaMemsetAsync(c.data(), 0, c.bytes(), producer.get()));
+  producer.synchronize();
+  {
+    byte_access call[] = {{a.data(), a.bytes(), false}, {b.data(), b.bytes(), true}, {d.data(), d.bytes(), true}};
+    loom::cuda::region outer(producer.get(), "stage call", call);
+    doubler(producer.get(), a.data(), b.data(), 16, "inner kernel");  // its own region, inside the call's
+    sim::launch(producer.get(), "after the inner region", [p = d.data()] {
+      for (int i = 0; i < 16; ++i) p[i] = 1;
+    });
+  }
+  doubler(consumer.get(), b.data(), c.data(), 16, "reads b");  // unordered with the inner kernel
+  byte_access rd[] = {{d.data(), d.bytes(), false}};
+  {
+    loom::cuda::region r(consumer.get(), "reads d", rd);
+    sim::launch(consumer.get(), "reads d", [p = d.data()] { (void)p; });
+  }
+  producer.synchronize();
+  consumer.synchronize();
+  CHECK(of_kind(sim::report_kind::api).empty());  // nesting is not an error
+  const auto races = of_kind(sim::report_kind::race);
+  std::string all;
+  for (auto& r : races) all += r.text + "\n";
+  CAPTURE(all);
+  CHECK(all.find("race: inner kernel on stream") != std::string::npos);  // named by the inner region
+  bool call_resumed = false;  // d is written after the inner region closed: the call's region names it
+  for (auto& r : races) call_resumed = call_resumed || (r.text.find("race: stage call on stream") == 0 && r.text.find("and reads d on stream") != std::string::npos);
+  CHECK(call_resumed);
+}
+
 TEST_CASE("the race detector names both operations of an unordered pair, on every seed, and an event silences it") {
   std::string first_text;
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {

@@ -20,7 +20,9 @@
 //!   load over the expert-parallel group, an all-reduce (max) of one value on the stream, and the
 //!   host reads it to size the slot buffers (`set_capacity`: one synchronisation per MoE layer and
 //!   microbatch, as Tutel's f = 0 mode has). With a capacity factor above 0 the capacity depends
-//!   only on the token count and nothing waits.
+//!   only on the token count and nothing waits. Inside a stage of a device `loom::pipeline` use
+//!   f > 0: the pipeline enqueues a step ahead of the device, and the host read inside a stage call
+//!   waits for work that can depend on transfers the peers post later (on nccl it deadlocks).
 //! - FSMoE's overlap (`loom::ep_overlapped`) packs and unpacks pieces with kernels on the group's
 //!   (compute) stream and runs their all-to-alls on a communication stream, `ep_group::exchange`
 //!   (the same group bound to a second stream), ordered by events both ways.

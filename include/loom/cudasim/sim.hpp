@@ -154,9 +154,10 @@ struct access {
 };
 //! Opens a region on `stream`: the operations enqueued on it until `end_region` form one logical
 //! operation named `label` that reads and writes `accesses` (what a kernel touches; the race
-//! detector checks them).
+//! detector checks them). Regions nest: one opened inside another (a kernel's own region inside a
+//! stage call's) names and declares its operations until it closes, then the enclosing one resumes.
 void begin_region(cudaStream_t stream, std::string_view label, std::span<const access> accesses);
-//! Closes the region opened on `stream`.
+//! Closes the innermost region opened on `stream`.
 void end_region(cudaStream_t stream);
 //! Enqueues `fn` on `stream` as a kernel: run by the simulator in stream order, captured into
 //! graphs (the graph keeps a copy of `fn`). Its accesses are those of the enclosing region.
