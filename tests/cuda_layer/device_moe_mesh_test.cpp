@@ -52,7 +52,6 @@ struct host_policy {
   using routing = loom::moe_routing<float>;
   template <class C>
   using group = C;
-  static constexpr bool device = false;
   struct call {  // one stage call
     explicit call(const loom::stage_context&) {}
     template <class C>
@@ -87,7 +86,6 @@ struct device_policy {
   using routing = loom::cuda::moe_routing<float>;
   template <class C>
   using group = loom::on_stream<C>;
-  static constexpr bool device = true;
   struct call {
     explicit call(const loom::stage_context& c) : s(c.stream) {}
     cudaStream_t s;
