@@ -89,6 +89,9 @@ for sched in 1f1b zb-h1 interleaved-1f1b dualpipe-v; do
   ./build-gpu/bench/p2p_perf_gpu -s "$sched" -p 2 -m 8 -B cuda_local -b 64K -e 256M -f 16 -n 10 -w 3 -G 1 >>"$out/p2p.txt" 2>&1
 done
 grep -E "^# loom|Out of bounds|Avg bus" "$out/p2p.txt" | tee -a "$out/summary.txt"
+# FSMoE's overlap: the MoE exchange unchunked against 2 and 4 pieces (docs/moe.md, "On devices").
+./build-gpu/bench/moe_overlap_gpu --benchmark_counters_tabular=true >"$out/moe_overlap.txt" 2>&1
+grep -E "^BM_" "$out/moe_overlap.txt" | tee -a "$out/summary.txt"
 }
 
 # 5. The mesh on the GPU: dp2 x pp2 of the CUDA MLP on cuda_local (four ranks as streams of the one

@@ -402,6 +402,14 @@ int main(int argc, char** argv) {
       };
       if (o.backend == "cuda_local") loom::cuda_local::run(s.world(), body);
       else loom::nccl::run(s.world(), body);
+#if defined(LOOM_CUDA_SIM)
+      // Whatever the simulator found (a race, an API misuse, an access outside the bytes a kernel
+      // was handed) fails the run, beside the comparison with the reference.
+      for (const auto& r : loom::cudasim::reports()) {
+        std::cerr << "mesh: simulator: " << loom::cudasim::to_string(r.kind) << ": " << r.text << "\n";
+        rc = 1;
+      }
+#endif
       return rc;
 #else
       std::cerr << "mesh: this build has no CUDA (configure with the CUDA toolkit for --backend " << o.backend << ")\n";
