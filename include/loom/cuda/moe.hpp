@@ -117,22 +117,7 @@ struct moe_routing {
   long long capacity = 0;              //!< C, once `set_capacity` ran
 
   //! The routing as `moe_items` over these buffers, every expert held.
-  moe_items<T> items() const {
-    moe_items<T> m;
-    m.n = tokens;
-    m.experts = static_cast<std::size_t>(experts);
-    m.top_k = static_cast<std::size_t>(top_k);
-    m.capacity = capacity;
-    m.held_count = experts;
-    m.scores = scores.data();
-    m.expert = expert.data();
-    m.gate = gate.data();
-    m.raw_gate = raw_gate.data();
-    m.slot = slot.data();
-    m.load = load.data();
-    m.first = first.data();
-    return m;
-  }
+  moe_items<T> items() const { return loom::detail::routing_items<T>(*this); }
   //! A host copy (`loom::moe_routing`: the dropped pairs, the loads), after the stream's work so
   //! far (it synchronises `stream`).
   loom::moe_routing<T> to_host(cudaStream_t stream) const {
@@ -158,16 +143,6 @@ struct moe_routing {
 };
 
 namespace detail {
-
-//! Items of `r` over the experts `held` for `h` features.
-template <class T>
-moe_items<T> moe_held(const moe_routing<T>& r, moe_experts held, std::size_t h) {
-  moe_items<T> m = r.items();
-  m.h = h;
-  m.held_first = held.first;
-  m.held_count = held.count < 0 ? r.experts - held.first : held.count;
-  return m;
-}
 
 //! `b` resized to `n` elements (kept when it has them).
 template <class T>
@@ -236,7 +211,7 @@ void moe_dispatch(const moe_routing<T>& r, std::span<const T> x, std::span<T> sl
     region reg(stream, "loom moe dispatch (zero)", acc);
     cuda::detail::fill_async(slots.data(), T{}, slots.size(), stream);
   }
-  moe_items<T> m = detail::moe_held(r, held, h);
+  moe_items<T> m = loom::detail::moe_held(r, held, h);
   m.x = x.data();
   m.slots_out = slots.data();
   const byte_access acc[] = {reads(r.expert.span()), reads(r.slot.span()), reads(x), writes(slots)};
@@ -247,7 +222,7 @@ void moe_dispatch(const moe_routing<T>& r, std::span<const T> x, std::span<T> sl
 //! Combine on `stream` (`loom::moe_combine`): `y` (`[n][h]`) from the experts' slots `out`.
 template <class T>
 void moe_combine(const moe_routing<T>& r, std::span<const T> out, std::span<T> y, std::size_t h, cudaStream_t stream, moe_experts held = {}) {
-  moe_items<T> m = detail::moe_held(r, held, h);
+  moe_items<T> m = loom::detail::moe_held(r, held, h);
   m.slots_in = out.data();
   m.y = y.data();
   const byte_access acc[] = {reads(r.expert.span()), reads(r.slot.span()), reads(r.gate.span()), reads(out), writes(y)};
@@ -265,7 +240,7 @@ void moe_combine_backward(const moe_routing<T>& r, std::span<const T> out, std::
     region reg(stream, "loom moe combine backward (zero)", acc);
     cuda::detail::fill_async(dout.data(), T{}, dout.size(), stream);
   }
-  moe_items<T> m = detail::moe_held(r, held, h);
+  moe_items<T> m = loom::detail::moe_held(r, held, h);
   m.x = out.data();
   m.dy = dy.data();
   m.slots_out = dout.data();
@@ -281,7 +256,7 @@ void moe_combine_backward(const moe_routing<T>& r, std::span<const T> out, std::
 template <class T>
 void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, std::span<T> dx, std::size_t h, cudaStream_t stream,
                            moe_experts held = {}) {
-  moe_items<T> m = detail::moe_held(r, held, h);
+  moe_items<T> m = loom::detail::moe_held(r, held, h);
   m.slots_in = dslots.data();
   m.y = dx.data();
   const byte_access acc[] = {reads(r.expert.span()), reads(r.slot.span()), reads(dslots), writes(dx)};

@@ -78,6 +78,26 @@ void transpose_blocks(const block_transpose<T>& b) {
   const std::size_t n = b.size();
   for (std::size_t w = 0; w < n; ++w) b(w);
 }
+//! A routing (`loom::moe_routing` on the host, `loom::cuda::moe_routing` on a device: the same
+//! members) as `moe_items` over its buffers, every expert held. The items write through these
+//! pointers; a const routing is handed only to the steps that read them.
+template <class T, class R>
+moe_items<T> routing_items(const R& r) {
+  moe_items<T> m;
+  m.n = r.tokens;
+  m.experts = static_cast<std::size_t>(r.experts);
+  m.top_k = static_cast<std::size_t>(r.top_k);
+  m.capacity = r.capacity;
+  m.held_count = r.experts;
+  m.scores = const_cast<T*>(r.scores.data());
+  m.expert = const_cast<int*>(r.expert.data());
+  m.gate = const_cast<T*>(r.gate.data());
+  m.raw_gate = const_cast<T*>(r.raw_gate.data());
+  m.slot = const_cast<long long*>(r.slot.data());
+  m.load = const_cast<long long*>(r.load.data());
+  m.first = const_cast<long long*>(r.first.data());
+  return m;
+}
 }  // namespace detail
 
 //! The routing options (see the file comment).
@@ -117,23 +137,7 @@ struct moe_routing {
   long long capacity = 0;        //!< C, once `set_capacity` ran
   //! The routing as `moe_items` over these vectors (every expert held; sizes and buffers of the
   //! data steps are the caller's to set).
-  moe_items<T> items() const {
-    auto* self = const_cast<moe_routing*>(this);  // the items write through; the const ones only read
-    moe_items<T> m;
-    m.n = tokens;
-    m.experts = static_cast<std::size_t>(experts);
-    m.top_k = static_cast<std::size_t>(top_k);
-    m.capacity = capacity;
-    m.held_count = experts;
-    m.scores = self->scores.data();
-    m.expert = self->expert.data();
-    m.gate = self->gate.data();
-    m.raw_gate = self->raw_gate.data();
-    m.slot = self->slot.data();
-    m.load = self->load.data();
-    m.first = self->first.data();
-    return m;
-  }
+  moe_items<T> items() const { return detail::routing_items<T>(*this); }
   //! True when choice `j` of token `t` is kept (its slot is below the capacity).
   bool kept(std::size_t t, int j) const { return slot[t * static_cast<std::size_t>(top_k) + static_cast<std::size_t>(j)] < capacity; }
   //! The largest load over the experts (the f = 0 capacity before the group's maximum).
@@ -223,10 +227,10 @@ struct moe_experts {
 
 namespace detail {
 
-// The items of `r` over the experts `held` for `h` features per token.
-template <class T>
-moe_items<T> moe_held(const moe_routing<T>& r, moe_experts held, std::size_t h) {
-  moe_items<T> m = r.items();
+//! The items of routing `r` (host or device) over the experts `held` for `h` features per token.
+template <class R>
+auto moe_held(const R& r, moe_experts held, std::size_t h) {
+  auto m = r.items();
   m.h = h;
   m.held_first = held.first;
   m.held_count = held.count < 0 ? r.experts - held.first : held.count;
