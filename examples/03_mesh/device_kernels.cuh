@@ -10,6 +10,8 @@
 
 #include <loom/cuda/launch.cuh>
 
+#include <loom/exec/moe_math.hpp>  // loom::block_transpose (the MoE model's layout changes)
+
 #include "kernels.hpp"  // the item functions (device.hpp declares launch; nvcc compiles only these)
 
 namespace mesh_example {
@@ -29,9 +31,12 @@ MESH_EXAMPLE_LAUNCH(loss_backward_elem)
 MESH_EXAMPLE_LAUNCH(embed_elem)
 MESH_EXAMPLE_LAUNCH(embed_backward_col)
 MESH_EXAMPLE_LAUNCH(add_elem)
+MESH_EXAMPLE_LAUNCH(mul_elem)
+MESH_EXAMPLE_LAUNCH(scale_elem)
 MESH_EXAMPLE_LAUNCH(tanh_elem)
 MESH_EXAMPLE_LAUNCH(tanh_grad_elem)
 MESH_EXAMPLE_LAUNCH(qkv_layout_elem)
 #undef MESH_EXAMPLE_LAUNCH
+template void launch<loom::block_transpose<float>>(cudaStream_t, std::size_t, const loom::block_transpose<float>&, const char*);
 
 }  // namespace mesh_example

@@ -196,6 +196,21 @@ struct add_elem {
   T* y;
   LOOM_HOST_DEVICE void operator()(std::size_t i) const { y[i] = a[i] + b[i]; }
 };
+//! y = a b, element by element (`y` may be `a` or `b`).
+template <class T>
+struct mul_elem {
+  const T *a, *b;
+  T* y;
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const { y[i] = a[i] * b[i]; }
+};
+//! y = s a, element by element (`y` may be `a`).
+template <class T>
+struct scale_elem {
+  const T* a;
+  T s;
+  T* y;
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const { y[i] = s * a[i]; }
+};
 //! act = tanh(u).
 template <class T>
 struct tanh_elem {

@@ -9,7 +9,8 @@
 // one within a bound. Exit status: 0 when the result equals the reference (bitwise with
 // --deterministic; otherwise within 1e-12 relative, 1e-9 with Adam; fp32: 1e-5, Adam's step
 // bound), 1 when it differs, 2 on a bad option. With --experts E it trains an MoE model (linear
-// stages, then E experts over --ep ranks) on a dp x pp x ep x tp mesh instead (moe_train.hpp).
+// stages, then E experts over --ep ranks) on a dp x pp x ep x tp mesh instead (moe_train.hpp), on
+// every backend (in fp32 on device kernels with cuda_local and nccl, as the transformer).
 //
 //   mesh --dp 2 --pp 2 --tp 2 --schedule zb-h1 --microbatches 4 --deterministic
 //   mpiexec -n 8 mesh --backend mpi --dp 2 --pp 2 --tp 2 --zero
@@ -41,6 +42,7 @@
 #include <loom/cuda/device.hpp>
 
 #include "device.hpp"
+#include "moe_device.hpp"
 #endif
 #if defined(LOOM_CUDA_SIM)
 #include <loom/cudasim/sim.hpp>
@@ -90,6 +92,19 @@ struct options {
   std::vector<int> adaptive_r;
 };
 
+//! 1 when loom's CUDA simulator found anything in this run (a race, an API misuse, an access
+//! outside the bytes a kernel was handed), each printed; else 0 (and always without the simulator).
+int simulator_findings() {
+  int rc = 0;
+#if defined(LOOM_CUDA_SIM)
+  for (const auto& r : loom::cudasim::reports()) {
+    std::cerr << "mesh: simulator: " << loom::cudasim::to_string(r.kind) << ": " << r.text << "\n";
+    rc = 1;
+  }
+#endif
+  return rc;
+}
+
 //! The MoE model's run of `o` (--experts).
 moe::mesh_setup moe_setup(const options& o) {
   moe::mesh_setup s;
@@ -121,9 +136,11 @@ std::string moe_rule(const options& o, const CLI::App& app) {
   }
   if (o.experts < 0) return "--experts " + std::to_string(o.experts) + " is negative";
   for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--sync-after-step",
-                           "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--seed", "--adam-lr"})
+                           "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--adam-lr"})
     if (app.count(name) > 0) return std::string(name) + " applies to the transformer: the MoE model (--experts) has linear stages of width 4";
-  if (o.backend != "threads" && o.backend != "mpi") return "--experts runs on threads and mpi (the MoE layer's device kernels are not built yet)";
+  if ((o.backend == "cuda_local" || o.backend == "nccl") && o.capacity_factor == 0)
+    return "--experts on a device backend needs --capacity-factor above 0: with 0 the capacity is the group's largest load, which the host "
+           "would read inside a stage call that a device pipeline enqueues ahead of the device";
   if (o.optimizer != "sgd") return "--experts trains with SGD (the reference's optimizer)";
   if (o.zero_stage == 3) return "--experts: ZeRO stage 3 needs stages that release their parameters between steps; the MoE model's do not";
   if (o.one_shot) return "--one-shot: the MoE model averages local SGD's replicas every --local-steps H";
@@ -179,7 +196,7 @@ std::string adaptive_list(const std::vector<int>& v) {
   return out;
 }
 
-//! The --experts mode on threads or MPI processes; the exit status.
+//! The --experts mode on threads, MPI processes or a device world; the exit status.
 int run_moe(const options& o, const loom::schedule& sched, int argc, char** argv) {
   const moe::mesh_setup s = moe_setup(o);
   if (std::string rule = moe_setup_rule(s); !rule.empty()) throw loom::config_error(rule);
@@ -208,6 +225,30 @@ int run_moe(const options& o, const loom::schedule& sched, int argc, char** argv
       if (c.rank() == 0) rc = bad == 0 ? 0 : 1;
     });
     return rc;
+  }
+  if (o.backend == "cuda_local" || o.backend == "nccl") {
+#if defined(LOOM_MESH_DEVICE)
+    auto avail = loom::cuda::available();
+    if (!avail) {
+      std::cerr << "mesh: no usable CUDA device: " << avail.why << " (the mesh program runs device kernels under loom's simulator)\n";
+      return 2;
+    }
+    if (o.backend == "nccl" && world > avail.devices)
+      throw loom::config_error("--backend nccl needs a device per rank: " + std::to_string(world) + " ranks, " + std::to_string(avail.devices) +
+                               " device(s)");
+    banner(o.backend == "nccl" ? "NCCL, a device per rank, fp32 kernels" : "cuda_local, ranks as streams of one device, fp32 kernels");
+    int rc = 0;
+    auto body = [&](auto& c) {
+      const long long bad = train_moe<device_exec>(c, s, sched, true);
+      if (c.rank() == 0) rc = bad == 0 ? 0 : 1;
+    };
+    if (o.backend == "cuda_local") loom::cuda_local::run(world, body);
+    else loom::nccl::run(world, body);
+    return rc | simulator_findings();
+#else
+    std::cerr << "mesh: this build has no CUDA (configure with the CUDA toolkit for --backend " << o.backend << ")\n";
+    return 2;
+#endif
   }
 #if defined(LOOM_HAS_MPI)
   loom::mpi::environment env(argc, argv);
@@ -402,15 +443,7 @@ int main(int argc, char** argv) {
       };
       if (o.backend == "cuda_local") loom::cuda_local::run(s.world(), body);
       else loom::nccl::run(s.world(), body);
-#if defined(LOOM_CUDA_SIM)
-      // Whatever the simulator found (a race, an API misuse, an access outside the bytes a kernel
-      // was handed) fails the run, beside the comparison with the reference.
-      for (const auto& r : loom::cudasim::reports()) {
-        std::cerr << "mesh: simulator: " << loom::cudasim::to_string(r.kind) << ": " << r.text << "\n";
-        rc = 1;
-      }
-#endif
-      return rc;
+      return rc | simulator_findings();
 #else
       std::cerr << "mesh: this build has no CUDA (configure with the CUDA toolkit for --backend " << o.backend << ")\n";
       return 2;

@@ -41,6 +41,7 @@
 #include <loom/mesh/mesh.hpp>
 #include <loom/stage/stage.hpp>
 
+#include "host_exec.hpp"
 #include "kernels.hpp"
 
 namespace mesh_example {
@@ -284,63 +285,6 @@ inline batch make_batch(const model_spec& m, int microbatches, int step) {
   }
   return b;
 }
-
-//! The host executor of `transformer_stage` (its `X`): double precision, `std::vector` buffers,
-//! the kernels as host loops, loom's host linear kernel, and the groups themselves. The device
-//! executor (`device.hpp`) has the same members over device memory and a stream.
-struct host_exec : kernels::host_loop {
-  using value_type = double;                    //!< the stage's precision
-  static constexpr bool device = false;         //!< buffers are host memory
-  template <class U>
-  using buffer = std::vector<U>;                //!< the stage's own storage
-  template <class C>
-  using group = C;                              //!< what the patterns run over
-  //! `n` zeros.
-  template <class U>
-  static buffer<U> zeros(std::size_t n) {
-    return buffer<U>(n, U{});
-  }
-  //! A buffer holding `v`.
-  template <class U>
-  static buffer<U> upload(const std::vector<U>& v) {
-    return v;
-  }
-  //! `to = from` (equal sizes).
-  template <class U>
-  static void put(std::span<U> to, const std::vector<U>& from) {
-    std::copy(from.begin(), from.end(), to.begin());
-  }
-  //! A host copy of `s`.
-  template <class U>
-  static std::vector<U> download(std::span<const U> s) {
-    return {s.begin(), s.end()};
-  }
-  //! All of `b`.
-  template <class U>
-  static std::span<U> whole(buffer<U>& b) {
-    return {b.data(), b.size()};
-  }
-  //! Gives up `b`'s storage.
-  template <class U>
-  void release(buffer<U>& b) const {
-    b.clear();
-    b.shrink_to_fit();
-  }
-  //! The executor of a call with context `c` (nothing to bind on the host).
-  void bind(const loom::stage_context&) {}
-  //! `to = from`.
-  template <class U>
-  void copy(std::span<const U> from, std::span<U> to) const {
-    std::copy(from.begin(), from.end(), to.begin());
-  }
-  //! Every element of `x` to `v`.
-  template <class U>
-  void fill(std::span<U> x, U v) const {
-    std::fill(x.begin(), x.end(), v);
-  }
-  //! The linear blocks' local kernel.
-  loom::linear_kernel linear() const { return {}; }
-};
 
 //! The communicators a stage uses inside its functions (any of them may be null on the host:
 //! degree 1; a device stage needs every one, a group of one rank for degree 1).

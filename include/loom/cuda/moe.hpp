@@ -265,18 +265,21 @@ void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, s
 }
 
 //! The router's backward on `stream` (`loom::moe_route_backward`): `dlogits` (`[n][E]`) from the
-//! gates' gradient `dgate` and the auxiliary loss's weight `daux`.
+//! gates' gradient `dgate` and the auxiliary loss's weight `daux`, times `*daux_scale` when given
+//! (one element of device memory, e.g. the stage's output gradient of its `daux l_aux` term).
 template <class T>
 void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span<const T> dgate, T daux, std::span<T> dlogits,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const T* daux_scale = nullptr) {
   moe_items<T> m = r.items();
   m.normalize = o.normalize_gate;
   m.eps = std::numeric_limits<T>::epsilon();
   m.daux = daux;
+  m.daux_scale = daux_scale;
   m.dgate = const_cast<T*>(dgate.data());  // read only by this step
   m.dlogits = dlogits.data();
+  const std::span<const T> scale(daux_scale, daux_scale == nullptr ? 0 : 1);
   const byte_access acc[] = {reads(r.scores.span()), reads(r.expert.span()), reads(r.raw_gate.span()), reads(r.first.span()),
-                             reads(dgate),           writes(dlogits)};
+                             reads(dgate),           reads(scale),            writes(dlogits)};
   region reg(stream, "loom moe route backward", acc);
   cuda::detail::moe_async(m, moe_step::route_backward, stream);
 }

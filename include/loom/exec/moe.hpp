@@ -288,13 +288,17 @@ void moe_dispatch_backward(const moe_routing<T>& r, std::span<const T> dslots, s
 
 //! The router's backward: from the gates' gradient `dgate` (`[n][k]`) and the auxiliary loss's
 //! weight `daux` (d loss / d l_aux), the logits' gradient `dlogits` (`[n][E]`): through the gate
-//! normalisation, the aux loss (`d l_aux / d s[t][e] = E N_e / n^2`) and the softmax.
+//! normalisation, the aux loss (`d l_aux / d s[t][e] = E N_e / n^2`) and the softmax. With
+//! `daux_scale` (one element) the weight is `*daux_scale * daux`: a stage whose output holds
+//! `daux l_aux` passes its output gradient there, which a device stage cannot read on the host.
 template <class T>
-void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span<const T> dgate, T daux, std::span<T> dlogits) {
+void moe_route_backward(const moe_routing<T>& r, const moe_options& o, std::span<const T> dgate, T daux, std::span<T> dlogits,
+                        const T* daux_scale = nullptr) {
   moe_items<T> m = r.items();
   m.normalize = o.normalize_gate;
   m.eps = std::numeric_limits<T>::epsilon();
   m.daux = daux;
+  m.daux_scale = daux_scale;
   m.dgate = const_cast<T*>(dgate.data());  // read only by this step
   m.dlogits = dlogits.data();
   detail::moe_run(m, moe_step::route_backward);

@@ -47,6 +47,7 @@ struct moe_items {
   bool normalize = true;        //!< gate normalisation for k > 1
   T eps{};                      //!< the normalisation's floor (the type's epsilon)
   T daux{};                     //!< d loss / d l_aux (route_backward)
+  const T* daux_scale = nullptr;  //!< route_backward: when set, d loss / d l_aux is `*daux_scale * daux` (one element, read per token)
   const T* logits = nullptr;    //!< `[n][E]`
   T* scores = nullptr;          //!< `[n][E]`
   int* expert = nullptr;        //!< `[n][k]`
@@ -210,8 +211,9 @@ struct moe_items {
       denom = clamped ? eps : total;
       for (std::size_t j = 0; j < top_k; ++j) cross += dg[j] * raw[j];  // sum_i dg_i raw_i
     }
+    const T weight = daux_scale == nullptr ? daux : *daux_scale * daux;
     auto ds = [&](std::size_t e) {
-      T d = daux * static_cast<T>(experts) * static_cast<T>(first[e]) / (tokens * tokens);
+      T d = weight * static_cast<T>(experts) * static_cast<T>(first[e]) / (tokens * tokens);
       for (std::size_t j = 0; j < top_k; ++j)
         if (x[j] == static_cast<int>(e)) d += norm ? dg[j] / denom - (clamped ? T{} : cross / (denom * denom)) : dg[j];
       return d;
