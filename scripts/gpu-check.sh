@@ -118,12 +118,23 @@ done
 # The transformer of examples/03_mesh in fp32 on device kernels (mesh_gpu), 8 ranks as streams of
 # the one GPU: dp2 x pp2 x tp2 (and with ZeRO-3 and Adam), and two sp kinds; each within 1e-5 of
 # the host float reference (Adam: its step bound) and within the bound of the double one.
+mesh_gpu_run() {  # $1: the summary lines' pattern; $2: the options
+  echo "# mesh_gpu --backend cuda_local $2" | tee -a "$out/mesh.txt" >>"$out/summary.txt"
+  timeout 120 ./build-gpu/examples/03_mesh/mesh_gpu --backend cuda_local --steps 3 $2 2>&1 | tee -a "$out/mesh.txt" \
+    | grep -E "$1" | tee -a "$out/summary.txt"
+}
 for args in "--dp 2 --pp 2 --tp 2 --schedule zb-h1 --deterministic" "--dp 2 --pp 2 --tp 2 --schedule zb-h1" \
             "--dp 2 --pp 2 --tp 2 --schedule interleaved-1f1b --zero-stage 3 --optimizer adam" \
             "--sp 4 --sp-kind usp --pp 2 --schedule dualpipe-v" "--sp 2 --sp-kind ring --dp 2 --tp 2 --deterministic"; do
-  echo "# mesh_gpu --backend cuda_local $args" | tee -a "$out/mesh.txt" >>"$out/summary.txt"
-  timeout 120 ./build-gpu/examples/03_mesh/mesh_gpu --backend cuda_local --steps 3 $args 2>&1 | tee -a "$out/mesh.txt" \
-    | grep -E "fp32 against|device memory|reference check|mesh:" | tee -a "$out/summary.txt"
+  mesh_gpu_run "fp32 against|device memory|reference check|mesh:" "$args"
+done
+# The MoE model of examples/03_mesh (--experts) in fp32 on device kernels, 8 ranks as streams of the
+# GPU: the flat exchange, the overlap on two streams, the hierarchical one and Pipeline MoE; each
+# within 1e-5 of the fp32 reference, which is within 1e-4 of the double one.
+for args in "--experts 4 --top-k 2 --capacity-factor 0.5 --ep 2 --dp 2 --pp 2 --schedule zb-h1" \
+            "--experts 4 --top-k 2 --ep 2 --dp 2 --pp 2 --schedule zb-h1 --moe-chunks 3" \
+            "--experts 4 --top-k 2 --ep 4 --pp 2 --schedule zb-v --moe-node-size 2" "--experts 4 --top-k 2 --moe-layout tp --tp 2 --dp 2"; do
+  mesh_gpu_run "fp32 reference against|reference check|mesh:" "$args"
 done
 # What ZeRO-3's gathers cost at width 1024 (step time against stage 0 and 2, eager reductions).
 for z in 0 2 3; do

@@ -3,7 +3,8 @@
 #pragma once
 
 //! \file
-//! `mesh_example::launch` for the kernels of `kernels.hpp` over float: `loom::cuda::for_each` of
+//! `mesh_example::launch` for the kernels of `kernels.hpp` over float (and `loom::block_transpose`,
+//! the MoE model's layout changes): `loom::cuda::for_each` of
 //! the item function object on the stream (a grid-stride kernel under nvcc, a host loop in
 //! stream order under loom's simulator). Included once by `device_kernels.cu` (nvcc) and once by
 //! `device_kernels_sim.cpp` (host compiler, simulator).

@@ -421,22 +421,6 @@ std::span<const T> cs(std::span<T> s) {
   return s;
 }
 
-// A pipeline stage holding one MoE layer over the expert-parallel communicator `comm` (null: every
-// expert here): the router (dense: E x h, reduced over dp x ep) and this rank's E/ep experts
-// (`grad_range::expert`: reduced over dp alone). Its output is the loss terms c_i y_i and
-// lambda l_aux, so the backward seeded with 1 (`loss_scaling::sum`) gives exactly the reference's
-// dy = c, daux = lambda. `c` points to the step's loss weights of this rank's tokens, microbatch
-// after microbatch. `partial` names the dimensions whose ranks hold other tokens besides dp and ep
-// (tp when the tokens are split over it), for both ranges. With `experts_over` (Pipeline MoE's
-// layout) the experts spread over that group instead, whose ranks hold the same tokens: dispatch
-// by slicing, combine and the backward's sums by all-reduce (`comm` then has one rank). With
-// `chunks` > 1 the exchange overlaps with the experts FSMoE-style (`loom::ep_overlapped`, both
-// ways), with the unchunked exchange's results bit for bit. With `node` and `cross` (the ep
-// group's ranks on this rank's node and those with its index on every node) the exchange is
-// Tutel's 2D hierarchical one. A split stage: `backward_input` leaves what the weight gradients need.
-// Written once over the executor `X`: `host_exec` (double, host loops and loom's host MoE
-// functions) or `device_exec` (fp32, loom's MoE kernels and the groups bound to the stage call's
-// stream; the overlap's all-to-alls on a second stream of the stage).
 //! Tutel's adaptive parallelism inside the stage (`moe_stage`'s adaptive mode): the gather group
 //! of every valid degree r (`loom::ep_adaptive_split` of the ep group), and the degree the next
 //! step runs, which may change from step to step without moving a parameter.
@@ -452,6 +436,22 @@ struct moe_adaptive_groups {
   }
 };
 
+//! A pipeline stage holding one MoE layer over the expert-parallel communicator `comm` (null: every
+//! expert here): the router (dense: E x h, reduced over dp x ep) and this rank's E/ep experts
+//! (`grad_range::expert`: reduced over dp alone). Its output is the loss terms c_i y_i and
+//! lambda l_aux, so the backward seeded with 1 (`loss_scaling::sum`) gives exactly the reference's
+//! dy = c, daux = lambda. `c` points to the step's loss weights of this rank's tokens, microbatch
+//! after microbatch. `partial` names the dimensions whose ranks hold other tokens besides dp and ep
+//! (tp when the tokens are split over it), for both ranges. With `experts_over` (Pipeline MoE's
+//! layout) the experts spread over that group instead, whose ranks hold the same tokens: dispatch
+//! by slicing, combine and the backward's sums by all-reduce (`comm` then has one rank). With
+//! `chunks` > 1 the exchange overlaps with the experts FSMoE-style (`loom::ep_overlapped`, both
+//! ways), with the unchunked exchange's results bit for bit. With `node` and `cross` (the ep
+//! group's ranks on this rank's node and those with its index on every node) the exchange is
+//! Tutel's 2D hierarchical one. A split stage: `backward_input` leaves what the weight gradients need.
+//! Written once over the executor `X`: `host_exec` (double, host loops and loom's host MoE
+//! functions) or `device_exec` (fp32, loom's MoE kernels and the groups bound to the stage call's
+//! stream; the overlap's all-to-alls on a second stream of the stage).
 template <class C, class X = host_exec>
 class moe_stage {
  public:

@@ -212,14 +212,74 @@ void collectives_exact_for(C& c, const char* type) {
   }
 }
 
-//! Every collective, every reduction, sizes 0..4099, four element types: no wrong element.
+//! Calls `f.template operator()<T>(name)` for each element type the suite covers.
+template <class F>
+void for_element_types(F&& f) {
+  f.template operator()<std::int32_t>("int32");
+  f.template operator()<std::int64_t>("int64");
+  f.template operator()<float>("float");
+  f.template operator()<double>("double");
+  f.template operator()<std::uint8_t>("uint8");
+}
+
+//! Every collective, every reduction, sizes 0..4099, five element types: no wrong element.
 template <loom::communicator C>
 void collectives_exact(C& c) {
-  collectives_exact_for<std::int32_t>(c, "int32");
-  collectives_exact_for<std::int64_t>(c, "int64");
-  collectives_exact_for<float>(c, "float");
-  collectives_exact_for<double>(c, "double");
-  collectives_exact_for<std::uint8_t>(c, "uint8");
+  for_element_types([&]<class T>(const char* type) { collectives_exact_for<T>(c, type); });
+  c.barrier();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rooted collectives (loom::rooted_communicator): broadcast and reduce from every root.
+
+template <class T, loom::rooted_communicator C>
+void rooted_exact_for(C& c, const char* type) {
+  const int n = c.size(), me = c.rank();
+  for (std::size_t count : collective_sizes(n))
+    for (int root = 0; root < n; ++root) {
+      const std::string where = std::string(type) + " x " + std::to_string(count) + " from root " + std::to_string(root);
+      std::vector<T> v(count);
+      for (std::size_t i = 0; i < count; ++i) v[i] = value<T>(me, i);
+      c.broadcast(std::span<T>(v), root);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) wrong += v[i] != value<T>(root, i);
+      expect(wrong == 0, me, "broadcast " + where + ": " + std::to_string(wrong) + " wrong");
+      for (auto op : {loom::reduce_op::sum, loom::reduce_op::max, loom::reduce_op::min}) {
+        for (std::size_t i = 0; i < count; ++i) v[i] = value<T>(me, i);
+        c.reduce(std::span<T>(v), root, op);
+        wrong = 0;
+        for (std::size_t i = 0; i < count; ++i)
+          wrong += v[i] != (me == root ? fold<T>(op, n, [&](int r) { return value<T>(r, i); }) : value<T>(me, i));
+        expect(wrong == 0, me, "reduce " + std::string(to_string(op)) + " " + where + ": " + std::to_string(wrong) + " wrong" +
+                                   (me == root ? "" : " (a rank other than the root must keep its data)"));
+      }
+    }
+}
+
+//! broadcast and reduce from every root, every reduction, sizes 0..4099, five element types; a
+//! root outside the group is refused on every rank with a sentence naming it.
+template <loom::rooted_communicator C>
+void rooted_collectives_exact(C& c) {
+  for_element_types([&]<class T>(const char* type) { rooted_exact_for<T>(c, type); });
+  for (int bad : {-1, c.size()}) {
+    std::vector<double> v(3, 1.0);
+    std::string what;
+    try {
+      c.reduce(std::span<double>(v), bad, loom::reduce_op::sum);
+    } catch (const loom::comm_error& e) {
+      what = e.what();
+    }
+    expect(what.find("reduce: root " + std::to_string(bad) + " is not a rank of this group of " + std::to_string(c.size())) != std::string::npos,
+           c.rank(), "reduce from root " + std::to_string(bad) + " was not refused by name (got '" + what + "')");
+    what.clear();
+    try {
+      c.broadcast(std::span<double>(v), bad);
+    } catch (const loom::comm_error& e) {
+      what = e.what();
+    }
+    expect(what.find("broadcast: root " + std::to_string(bad) + " is not a rank") != std::string::npos, c.rank(),
+           "broadcast from root " + std::to_string(bad) + " was not refused by name (got '" + what + "')");
+  }
   c.barrier();
 }
 

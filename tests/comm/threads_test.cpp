@@ -7,11 +7,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "comm_suite.hpp"
+#include "loom/comm/counting.hpp"
 #include "loom/comm/threads.hpp"
 
 namespace {
@@ -45,6 +47,35 @@ TEST_CASE("threads: a receive whose size differs from the matching send fails na
 
 TEST_CASE("threads: every collective is exact for every reduction, size and element type") {
   for (int n : world_sizes) run_suite(n, [](auto& c) { comm_suite::collectives_exact(c); });
+}
+
+TEST_CASE("threads: broadcast and reduce are exact from every root, and refuse a root outside the group by name") {
+  static_assert(loom::rooted_communicator<loom::threads::comm>);
+  static_assert(loom::rooted_communicator<loom::counted<loom::threads::comm>>);
+  for (int n : world_sizes) run_suite(n, [](auto& c) { comm_suite::rooted_collectives_exact(c); });
+}
+
+TEST_CASE("threads: reduce adds in rank order at the root, and counted counts broadcast and reduce by their buffer") {
+  for (int n : {2, 3, 5})
+    run_suite(n, [n](loom::threads::comm& w) {
+      loom::counted<loom::threads::comm> c(w.split(0, w.rank()));
+      const int me = c.rank();
+      std::vector<double> v(7);
+      // Terms whose sum depends on the order of the additions.
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = (me % 2 == 0 ? 1e16 : 1.0) * (me == 0 ? 1.0 : -1.0) + static_cast<double>(i);
+      c.reduce(std::span<double>(v), n - 1, loom::reduce_op::sum);
+      if (me == n - 1)
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          double want = 1e16 + static_cast<double>(i);
+          for (int r = 1; r < n; ++r) want += (r % 2 == 0 ? 1e16 : 1.0) * -1.0 + static_cast<double>(i);
+          if (std::memcmp(&v[i], &want, sizeof want) != 0) throw std::runtime_error("reduce is not the rank-order sum at " + std::to_string(i));
+        }
+      c.broadcast(std::span<double>(v), n - 1);
+      const auto& k = c.counters();
+      if (k[loom::comm_op::reduce].calls != 1 || k[loom::comm_op::reduce].bytes != 56 || k[loom::comm_op::broadcast].calls != 1 ||
+          k[loom::comm_op::broadcast].bytes != 56 || k[loom::comm_op::broadcast].bus_bytes != 56 || k[loom::comm_op::reduce].bus_bytes != 56)
+        throw std::runtime_error("counted: broadcast and reduce not counted as one call of their 56-byte buffer each");
+    });
 }
 
 TEST_CASE("threads: split forms sub-groups ordered by key that work beside their parent") {

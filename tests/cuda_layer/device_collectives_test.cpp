@@ -47,7 +47,7 @@ T value(int r, std::size_t i) {
 //! What every rank of an `n`-rank group ends with after one of each collective, per rank.
 template <class T>
 struct results {
-  std::vector<std::vector<T>> sum, max, gathered, scattered, exchanged, broadcast;
+  std::vector<std::vector<T>> sum, max, gathered, scattered, exchanged, broadcast, reduced;
   friend bool operator==(const results&, const results&) = default;
 };
 
@@ -68,12 +68,13 @@ void one_of_each(int rank, int n, results<T>& out, std::mutex& m, Run&& run) {
   out.scattered[k] = r.scattered[0];
   out.exchanged[k] = r.exchanged[0];
   out.broadcast[k] = r.broadcast[0];
+  out.reduced[k] = r.reduced[0];
 }
 
 template <class T>
 results<T> sized(int n) {
   results<T> r;
-  for (auto* v : {&r.sum, &r.max, &r.gathered, &r.scattered, &r.exchanged, &r.broadcast}) v->resize(static_cast<std::size_t>(n));
+  for (auto* v : {&r.sum, &r.max, &r.gathered, &r.scattered, &r.exchanged, &r.broadcast, &r.reduced}) v->resize(static_cast<std::size_t>(n));
   return r;
 }
 
@@ -97,6 +98,9 @@ results<T> on_threads(int n) {
       c.all_to_all(std::span<const T>(mine), std::span<T>(r.exchanged[0]));
       // Broadcast from the last rank, as a gather's slice of it.
       r.broadcast[0].assign(r.gathered[0].end() - static_cast<std::ptrdiff_t>(mine.size()), r.gathered[0].end());
+      // Reduce (sum) to rank 1 of n >= 2: its buffer holds the rank-ordered sum, the others' their own.
+      r.reduced[0] = mine;
+      c.reduce(std::span<T>(r.reduced[0]), 1, reduce_op::sum);
       return r;
     });
   });
@@ -145,6 +149,9 @@ results<T> device_one_of_each(C& c, const std::vector<T>& mine) {
     r.exchanged[0] = download(out, st, all);
     c.broadcast(in.span(), n - 1, st);
     r.broadcast[0] = download(in, st);
+    upload(in.span(), mine, st);
+    c.reduce(in.span(), 1, reduce_op::sum, st);
+    r.reduced[0] = download(in, st);
   }
   return r;
 }
@@ -179,6 +186,7 @@ TEST_CASE_TEMPLATE("device collectives equal the threads backend's bit for bit, 
         CHECK(got.scattered == want.scattered);
         CHECK(got.exchanged == want.exchanged);
         CHECK(got.broadcast == want.broadcast);
+        CHECK(got.reduced == want.reduced);
         CHECK(loom_device_test::findings() == "");
       }
     }

@@ -44,6 +44,11 @@ TEST_CASE("mpi: every collective is exact for every reduction, size and element 
   run_suite([](auto& c) { comm_suite::collectives_exact(c); });
 }
 
+TEST_CASE("mpi: broadcast and reduce are exact from every root, and refuse a root outside the group by name") {
+  static_assert(loom::rooted_communicator<loom::mpi::comm>);
+  run_suite([](auto& c) { comm_suite::rooted_collectives_exact(c); });
+}
+
 TEST_CASE("mpi: split forms sub-groups ordered by key that work beside their parent") {
   run_suite([](auto& c) { comm_suite::split_forms_subgroups(c); });
 }

@@ -115,6 +115,12 @@ concept communicator_collectives_for =
       c.all_to_all(in, out);
     };
 
+//! The sentence a rooted collective's `root` breaks (a rank of the group of `n`), or "".
+inline std::string root_rule(const char* name, int root, int n) {
+  if (root >= 0 && root < n) return {};
+  return std::string(name) + ": root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(n);
+}
+
 //! Whether the element ranges `[a, a + an)` and `[b, b + bn)` overlap (both non-empty).
 template <class T>
 bool overlapping(const T* a, std::size_t an, const T* b, std::size_t bn) noexcept {
@@ -180,6 +186,22 @@ concept group_communicator =
       { c.split(0, 0) } -> std::same_as<C>;
       c.abort(reason);
       c.set_timeout(ms);
+    };
+
+//! A communicator with the rooted collectives (blocking, collective over the group):
+//! `broadcast(data, root)` copies rank `root`'s `data` into every rank's, and
+//! `reduce(data, root, op)` leaves the element-wise reduction of every rank's `data` in rank
+//! `root`'s (the other ranks' `data` unchanged; the threads backend adds in rank order, as its
+//! `all_reduce`). A root outside the group is a `comm_error` naming it. Kept out of
+//! `communicator`, so a user's communicator without them still is one; the tensor-parallel
+//! grids' SUMMA rounds need them (threads, MPI, and the mesh's counted groups of either).
+template <class C>
+concept rooted_communicator =
+    communicator<C> && requires(C& c, std::span<double> d, std::span<std::int64_t> i, int root, reduce_op op) {
+      c.broadcast(d, root);
+      c.broadcast(i, root);
+      c.reduce(d, root, op);
+      c.reduce(i, root, op);
     };
 
 //! A communicator that also posts collectives without waiting for them: `iall_reduce(data, op)`,

@@ -19,12 +19,14 @@
 //! | reduce_scatter | the input: `n * out.size() * sizeof(T)` | bytes * (n-1)/n |
 //! | all_to_all | the input: `in.size() * sizeof(T)` | bytes * (n-1)/n |
 //! | barrier | 0 | 0 |
-//! | broadcast (device communicators) | the buffer | = bytes |
+//! | broadcast | the buffer | = bytes |
+//! | reduce | the buffer | = bytes |
 //!
 //! `bus_bytes` is what one rank sends over its link in the bandwidth-optimal (ring) algorithm of
 //! the collective: nccl-tests' bus-bandwidth factors (NVIDIA nccl-tests, doc/PERFORMANCE.md), so
 //! that volumes of different collectives compare directly (an all-reduce moves as much as a
-//! reduce-scatter followed by an all-gather of the same buffer). Non-blocking collectives count
+//! reduce-scatter followed by an all-gather of the same buffer; a broadcast and a reduce each move
+//! the buffer once per link in their pipelined forms). Non-blocking collectives count
 //! under their blocking names when posted. Size-1 groups count calls and bytes too (with
 //! `bus_bytes` 0): the call happened, nothing crossed a link.
 //!
@@ -46,12 +48,12 @@
 namespace loom {
 
 //! The kinds of communicator operation that `counted` distinguishes.
-enum class comm_op : unsigned char { send, recv, all_reduce, all_gather, reduce_scatter, all_to_all, barrier, broadcast };
+enum class comm_op : unsigned char { send, recv, all_reduce, all_gather, reduce_scatter, all_to_all, barrier, broadcast, reduce };
 
 //! Every `comm_op`, in declaration order.
-inline constexpr std::array<comm_op, 8> all_comm_ops{comm_op::send,       comm_op::recv,           comm_op::all_reduce,
+inline constexpr std::array<comm_op, 9> all_comm_ops{comm_op::send,       comm_op::recv,           comm_op::all_reduce,
                                                      comm_op::all_gather, comm_op::reduce_scatter, comm_op::all_to_all,
-                                                     comm_op::barrier,    comm_op::broadcast};
+                                                     comm_op::barrier,    comm_op::broadcast,      comm_op::reduce};
 
 //! Name of an operation ("send", "all_reduce", ...).
 constexpr std::string_view to_string(comm_op op) noexcept {
@@ -64,6 +66,7 @@ constexpr std::string_view to_string(comm_op op) noexcept {
     case comm_op::all_to_all: return "all_to_all";
     case comm_op::barrier: return "barrier";
     case comm_op::broadcast: return "broadcast";
+    case comm_op::reduce: return "reduce";
   }
   return "?";
 }
@@ -81,7 +84,8 @@ constexpr double bus_factor(comm_op op, int n) noexcept {
     case comm_op::reduce_scatter:
     case comm_op::all_to_all: return f;
     case comm_op::barrier: return 0;
-    case comm_op::broadcast: return 1;
+    case comm_op::broadcast:
+    case comm_op::reduce: return 1;
   }
   return 0;
 }
@@ -198,6 +202,21 @@ class counted {
   void all_to_all(std::span<const T> in, std::span<T> out) {
     c_.all_to_all(in, out);
     n_.add(comm_op::all_to_all, in.size_bytes(), size());
+  }
+
+  //! Counted `broadcast` (communicators with it: `loom::rooted_communicator`).
+  template <comm_element T>
+    requires requires(C& c, std::span<T> d) { c.broadcast(d, 0); }
+  void broadcast(std::span<T> data, int root) {
+    c_.broadcast(data, root);
+    n_.add(comm_op::broadcast, data.size_bytes(), size());
+  }
+  //! Counted `reduce` (communicators with it: `loom::rooted_communicator`).
+  template <comm_element T>
+    requires requires(C& c, std::span<T> d, reduce_op op) { c.reduce(d, 0, op); }
+  void reduce(std::span<T> data, int root, reduce_op op) {
+    c_.reduce(data, root, op);
+    n_.add(comm_op::reduce, data.size_bytes(), size());
   }
 
   //! Counted `iall_reduce`.
@@ -340,6 +359,13 @@ class counted {
   void broadcast(std::span<T> data, int root, Stream stream) {
     c_.broadcast(data, root, stream);
     n_.add(comm_op::broadcast, data.size_bytes(), size());
+  }
+  //! Counted `reduce` of device memory on `stream`.
+  template <comm_element T, class Stream>
+    requires requires(C& c, std::span<T> d, reduce_op op, Stream s) { c.reduce(d, 0, op, s); }
+  void reduce(std::span<T> data, int root, reduce_op op, Stream stream) {
+    c_.reduce(data, root, op, stream);
+    n_.add(comm_op::reduce, data.size_bytes(), size());
   }
 
   //! Counted `barrier`.

@@ -656,6 +656,32 @@ class comm {
     phase_end(d, 0, stream);
   }
 
+  //! The reduction of every rank's `data` (device memory) into rank `root`'s, in rank order as
+  //! `all_reduce`, on `stream`; the other ranks' `data` unchanged. `float` or `double`; every rank
+  //! passes the same root. The root's scratch grows to the buffer (the others' does not).
+  template <class T>
+  void reduce(std::span<T> data, int root, reduce_op op, cudaStream_t stream) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cuda_local reductions take float or double");
+    if (std::string rule = loom::detail::root_rule("cuda_local reduce", root, size()); !rule.empty()) check_sizes(rule);
+    auto& d = exchange("reduce", data.data(), data.data(), data.size_bytes(), stream, 1, rank() == root ? data.size_bytes() : 0);
+    // The root sums every rank's buffer into its scratch (its own buffer is one of the inputs),
+    // then copies the sum into its buffer; the others only keep theirs until the root is done.
+    std::vector<cuda::byte_access> acc;
+    if (rank() == root) {
+      for (std::size_t q = 0; q < d.size(); ++q) acc.push_back({d[q].in, data.size_bytes(), false});
+      acc.push_back({scratch_.back(), data.size_bytes(), true});
+      acc.push_back({data.data(), data.size_bytes(), true});
+    }
+    cuda::region reg(stream, label(0), acc);
+    if (rank() == root && !data.empty()) {
+      T* sum = reinterpret_cast<T*>(scratch_.back());
+      LOOM_CUDA_TRY(cudaMemcpyAsync(sum, static_cast<const T*>(d[0].in), data.size_bytes(), cudaMemcpyDeviceToDevice, stream));
+      for (std::size_t q = 1; q < d.size(); ++q) cuda::detail::combine_async(op, sum, static_cast<const T*>(d[q].in), data.size(), stream);
+      LOOM_CUDA_TRY(cudaMemcpyAsync(data.data(), sum, data.size_bytes(), cudaMemcpyDeviceToDevice, stream));
+    }
+    phase_end(d, 0, stream);
+  }
+
   //! The sub-group of the ranks that pass the same `color`, ordered by `key` then rank
   //! (collective over this communicator): its host side is the threads backend's split, and its
   //! ranks share a new world state. Channels and device flags are opened anew on it.

@@ -79,6 +79,7 @@ concept device_collectives_for = requires(C& c, std::span<T> out, std::span<cons
   c.reduce_scatter(in, out, op, st);
   c.all_to_all(in, out, st);
   c.broadcast(out, 0, st);
+  c.reduce(out, 0, op, st);
 };
 }  // namespace detail
 
@@ -86,7 +87,8 @@ concept device_collectives_for = requires(C& c, std::span<T> out, std::span<cons
 //! call enqueues on `stream`, starts after the work enqueued on it so far on every rank, and
 //! later work on `stream` sees its result (`all_reduce(data, op, stream)` in place,
 //! `all_gather(in, out, stream)`, `reduce_scatter(in, out, op, stream)`, `all_to_all(in, out,
-//! stream)`, `broadcast(data, root, stream)`, for `float` and `double`), and `split(color, key)`
+//! stream)`, `broadcast(data, root, stream)`, `reduce(data, root, op, stream)`, for `float` and
+//! `double`), and `split(color, key)`
 //! into sub-groups (collective; `ncclCommSplit` on `nccl`). To order a collective after an event
 //! rather than a whole stream, make a communication stream wait for the event and pass that
 //! stream (what the point-to-point calls do inside). A group, like a communicator, runs its
@@ -199,6 +201,11 @@ class on_stream {
   template <class T>
   void broadcast(std::span<T> data, int root) {
     c_->broadcast(data, root, s_);
+  }
+  //! The reduction of every rank's `data` into rank `root`'s.
+  template <class T>
+  void reduce(std::span<T> data, int root, reduce_op op) {
+    c_->reduce(data, root, op, s_);
   }
   //! Rank-ordered sum in place (`loom::ordered_all_reduce` on the stream).
   template <class T>

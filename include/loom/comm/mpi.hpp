@@ -424,6 +424,30 @@ class comm {
     collective(r, "all_reduce");
   }
 
+  //! Rank `root`'s `data` copied into every rank's `data` (`MPI_Ibcast`).
+  template <comm_element T>
+  void broadcast(std::span<T> data, int root) {
+    check_live();
+    if (std::string rule = detail::root_rule("broadcast", root, size()); !rule.empty()) throw comm_error(world_rank(), rule);
+    MPI_Request r = MPI_REQUEST_NULL;
+    try_mpi(MPI_Ibcast(data.data(), count_of(data.size(), "broadcast"), detail::mpi::datatype<T>(), root, h_->c, &r), "MPI_Ibcast");
+    collective(r, "broadcast");
+  }
+
+  //! The element-wise reduction of every rank's `data` into rank `root`'s `data` (`MPI_Ireduce`,
+  //! in place at the root; the order of the terms is MPI's); the other ranks' `data` unchanged.
+  template <comm_element T>
+  void reduce(std::span<T> data, int root, reduce_op op) {
+    check_live();
+    if (std::string rule = detail::root_rule("reduce", root, size()); !rule.empty()) throw comm_error(world_rank(), rule);
+    MPI_Request r = MPI_REQUEST_NULL;
+    const bool me = rank_ == root;
+    try_mpi(MPI_Ireduce(me ? MPI_IN_PLACE : data.data(), me ? data.data() : nullptr, count_of(data.size(), "reduce"), detail::mpi::datatype<T>(),
+                        detail::mpi::mpi_op(op), root, h_->c, &r),
+            "MPI_Ireduce");
+    collective(r, "reduce");
+  }
+
   //! Concatenates every rank's `in` into `out` in rank order (`in` may be this rank's segment).
   template <comm_element T>
   void all_gather(std::span<const T> in, std::span<T> out) {

@@ -388,6 +388,14 @@ class comm {
       throw comm_error(rank_, "nccl broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size_));
     LOOM_NCCL_TRY(ncclBroadcast(data.data(), data.data(), data.size(), detail::dtype<T>(), root, world_, stream));
   }
+  //! `ncclReduce` of device memory on `stream`, in place: the reduction of every rank's `data`
+  //! into rank `root`'s (NCCL's order of the terms); the other ranks' `data` unchanged.
+  template <class T>
+  void reduce(std::span<T> data, int root, reduce_op op, cudaStream_t stream) {
+    check_live();
+    if (std::string rule = loom::detail::root_rule("nccl reduce", root, size_); !rule.empty()) throw comm_error(rank_, rule);
+    LOOM_NCCL_TRY(ncclReduce(data.data(), data.data(), data.size(), detail::dtype<T>(), detail::red(op), root, world_, stream));
+  }
 
   //! The sub-group of the ranks that pass the same `color`, ordered by `key` (collective).
   comm split(int color, int key) {

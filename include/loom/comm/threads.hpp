@@ -216,6 +216,7 @@ struct coll_slot {
   int kind = 0;
   int color = 0;
   int key = 0;
+  int root = 0;                 // broadcast, reduce: the root rank
   std::shared_ptr<group> made;  // split: the new group, published by its leader
 };
 
@@ -594,6 +595,38 @@ class comm {
     meet("all_reduce");
   }
 
+  //! Rank `root`'s `data` copied into every rank's `data` (equal sizes on every rank).
+  template <comm_element T>
+  void broadcast(std::span<T> data, int root) {
+    check_live();
+    check_root("broadcast", root);
+    if (size() == 1) return;
+    publish(data.data(), data.data(), data.size(), data.size(), detail::thr::type_tag<T>(), reduce_op::sum, 6).root = root;
+    meet("broadcast");
+    check_same("broadcast", false);
+    if (rank_ != root && !data.empty()) std::memcpy(data.data(), in_of<T>(root), data.size() * sizeof(T));
+    meet("broadcast");
+  }
+
+  //! The element-wise reduction of every rank's `data` (rank order, as `all_reduce`) into rank
+  //! `root`'s `data`; the other ranks' `data` is left as it was. Each rank reduces a slice, then
+  //! the root's buffer receives them all.
+  template <comm_element T>
+  void reduce(std::span<T> data, int root, reduce_op op) {
+    check_live();
+    check_root("reduce", root);
+    if (size() == 1) return;
+    publish(data.data(), data.data(), data.size(), data.size(), detail::thr::type_tag<T>(), op, 7).root = root;
+    meet("reduce");
+    check_same("reduce", true);
+    auto [lo, hi] = slice(data.size(), rank_);
+    auto tmp = scratch<T>(hi - lo);
+    reduce_segment(op, tmp, lo);
+    meet("reduce");  // every slice reduced before the root's input is overwritten
+    if (hi > lo) std::memcpy(out_of<T>(root) + lo, tmp.data(), (hi - lo) * sizeof(T));
+    meet("reduce");
+  }
+
   //! Concatenates every rank's `in` (equal sizes) into `out` (size() * in.size() elements) in
   //! rank order. `in` may be the rank's own segment of `out`.
   template <comm_element T>
@@ -852,16 +885,22 @@ class comm {
     return s;
   }
 
-  //! Every rank agrees on the call, the element type, the sizes and (for reductions) the op.
+  //! A `comm_error` naming `root` when it is not a rank of this group.
+  void check_root(const char* name, int root) const {
+    if (std::string rule = detail::root_rule(name, root, size()); !rule.empty()) throw comm_error(world_rank(), rule);
+  }
+
+  //! Every rank agrees on the call, the element type, the sizes, (for reductions) the op and (for
+  //! the rooted collectives) the root.
   void check_same(const char* name, bool with_op) const {
     const auto& a = g_->slots[0];
     for (int j = 1; j < size(); ++j) {
       const auto& b = g_->slots[static_cast<std::size_t>(j)];
       if (a.kind != b.kind || a.type_tag != b.type_tag || a.in_count != b.in_count || a.out_count != b.out_count ||
-          (with_op && a.op != b.op))
+          (with_op && a.op != b.op) || ((a.kind == 6 || a.kind == 7) && a.root != b.root))
         throw comm_error(g_->world_ranks[static_cast<std::size_t>(j)],
                          std::string(name) + ": rank " + std::to_string(j) +
-                             " called a different collective, element type, size or reduction than rank 0 (" +
+                             " called a different collective, element type, size, reduction or root than rank 0 (" +
                              std::to_string(b.in_count) + " vs " + std::to_string(a.in_count) + " input elements)");
     }
   }
