@@ -92,10 +92,30 @@ struct options {
   std::vector<int> adaptive_r;
 };
 
-//! 1 when loom's CUDA simulator found anything in this run (a race, an API misuse, an access
-//! outside the bytes a kernel was handed), each printed; else 0 (and always without the simulator).
-int simulator_findings() {
+#if defined(LOOM_MESH_DEVICE)
+//! Runs `body(comm)` on every rank of a `ranks`-rank device world of `backend` (`cuda_local` or
+//! `nccl`), after `banner(the world in words)`; `body` returns its rank's exit status. Returns
+//! rank 0's, or 1 when loom's CUDA simulator found anything in the run (a race, an API misuse, an
+//! access outside the bytes a kernel was handed: each printed), or 2 without a usable device.
+//! Throws `config_error` when `nccl` has fewer devices than ranks.
+template <class Banner, class Body>
+int run_device_world(const std::string& backend, int ranks, Banner banner, Body body) {
+  auto avail = loom::cuda::available();
+  if (!avail) {
+    std::cerr << "mesh: no usable CUDA device: " << avail.why << " (the mesh program runs device kernels under loom's simulator)\n";
+    return 2;
+  }
+  if (backend == "nccl" && ranks > avail.devices)
+    throw loom::config_error("--backend nccl needs a device per rank: " + std::to_string(ranks) + " ranks, " + std::to_string(avail.devices) +
+                             " device(s)");
+  banner(backend == "nccl" ? "NCCL, a device per rank, fp32 kernels" : "cuda_local, ranks as streams of one device, fp32 kernels");
   int rc = 0;
+  auto each = [&](auto& c) {
+    const int status = body(c);
+    if (c.rank() == 0) rc = status;
+  };
+  if (backend == "cuda_local") loom::cuda_local::run(ranks, each);
+  else loom::nccl::run(ranks, each);
 #if defined(LOOM_CUDA_SIM)
   for (const auto& r : loom::cudasim::reports()) {
     std::cerr << "mesh: simulator: " << loom::cudasim::to_string(r.kind) << ": " << r.text << "\n";
@@ -104,6 +124,7 @@ int simulator_findings() {
 #endif
   return rc;
 }
+#endif
 
 //! The MoE model's run of `o` (--experts).
 moe::mesh_setup moe_setup(const options& o) {
@@ -228,23 +249,7 @@ int run_moe(const options& o, const loom::schedule& sched, int argc, char** argv
   }
   if (o.backend == "cuda_local" || o.backend == "nccl") {
 #if defined(LOOM_MESH_DEVICE)
-    auto avail = loom::cuda::available();
-    if (!avail) {
-      std::cerr << "mesh: no usable CUDA device: " << avail.why << " (the mesh program runs device kernels under loom's simulator)\n";
-      return 2;
-    }
-    if (o.backend == "nccl" && world > avail.devices)
-      throw loom::config_error("--backend nccl needs a device per rank: " + std::to_string(world) + " ranks, " + std::to_string(avail.devices) +
-                               " device(s)");
-    banner(o.backend == "nccl" ? "NCCL, a device per rank, fp32 kernels" : "cuda_local, ranks as streams of one device, fp32 kernels");
-    int rc = 0;
-    auto body = [&](auto& c) {
-      const long long bad = train_moe<device_exec>(c, s, sched, true);
-      if (c.rank() == 0) rc = bad == 0 ? 0 : 1;
-    };
-    if (o.backend == "cuda_local") loom::cuda_local::run(world, body);
-    else loom::nccl::run(world, body);
-    return rc | simulator_findings();
+    return run_device_world(o.backend, world, banner, [&](auto& c) { return train_moe<device_exec>(c, s, sched, true) == 0 ? 0 : 1; });
 #else
     std::cerr << "mesh: this build has no CUDA (configure with the CUDA toolkit for --backend " << o.backend << ")\n";
     return 2;
@@ -427,23 +432,10 @@ int main(int argc, char** argv) {
         return 2;
 #endif
       }
-      auto avail = loom::cuda::available();
-      if (!avail) {
-        std::cerr << "mesh: no usable CUDA device: " << avail.why << " (the mesh program runs device kernels under loom's simulator)\n";
-        return 2;
-      }
-      if (o.backend == "nccl" && s.world() > avail.devices)
-        throw loom::config_error("--backend nccl needs a device per rank: " + std::to_string(s.world()) + " ranks, " +
-                                 std::to_string(avail.devices) + " device(s)");
-      banner(o.backend == "nccl" ? "NCCL, a device per rank, fp32 kernels" : "cuda_local, ranks as streams of one device, fp32 kernels");
-      int rc = 0;
-      auto body = [&](auto& c) {
-        auto r = train<device_exec>(c, run(o), m, sched);
-        if (c.rank() == 0) rc = r.differing == 0 && r.fp32_within ? 0 : 1;
-      };
-      if (o.backend == "cuda_local") loom::cuda_local::run(s.world(), body);
-      else loom::nccl::run(s.world(), body);
-      return rc | simulator_findings();
+      return run_device_world(o.backend, s.world(), banner, [&](auto& c) {
+        const auto r = train<device_exec>(c, run(o), m, sched);
+        return r.differing == 0 && r.fp32_within ? 0 : 1;
+      });
 #else
       std::cerr << "mesh: this build has no CUDA (configure with the CUDA toolkit for --backend " << o.backend << ")\n";
       return 2;

@@ -407,7 +407,7 @@ class call_space {
   }
   //! Runs block copy `b` (a layout change) on the call's stream.
   void transpose(const loom::block_transpose<T>& b) {
-    x.each(b.size(), b, "moe layout");
+    x.each(b.size(), b, "layout");
   }
 
  private:
@@ -546,7 +546,7 @@ class moe_stage {
     if (ad_ != nullptr) return adaptive_forward(ctx, fb, st, g);
     const auto cap = static_cast<std::size_t>(st.R.capacity), all = (pipeline_moe() ? static_cast<std::size_t>(el_) : E) * cap * p.h;
     const std::span<T> slots = sp_.tmp(t_slots, all), scratch = sp_.tmp(t_scratch, all), eo = sp_.tmp(t_eo, all);
-    st.rows = all;
+    st.rows = st.slots = all;
     const std::span<T> xin = sp_.keep(st.xin, all), back = sp_.keep(st.back, all), y = sp_.keep(st.y, p.n * p.h);
     ops_.dispatch(sp_.x, st.R, fb.input, pipeline_moe() ? xin : slots, p.h, held_);
     if (chunks_ > 1) {  // dispatch, the experts and combine overlapped; xin as ep_to_experts leaves it
@@ -579,12 +579,12 @@ class moe_stage {
     state& st = state_of(ctx.microbatch);
     loom::ep_group<G> g = group();
     const auto cap = static_cast<std::size_t>(st.R.capacity), nh = p.n * p.h;
-    const std::size_t all = ad_ != nullptr ? E * cap * p.h : st.rows;  // [E][C][h] (adaptive: the rows at this rank are st.rows)
+    const std::size_t all = st.slots;
     const std::span<T> dy = sp_.tmp(t_dy, nh, false), dout = sp_.tmp(t_dout, all), dslots = sp_.tmp(t_dslots, all), dgate = sp_.tmp(t_dgate, p.n * k),
                        dx = sp_.tmp(t_dx, nh), dxr = sp_.tmp(t_dxr, nh);
     const std::span<const T> c = weights(ctx.microbatch);
     sp_.x.each(nh, kernels::mul_elem<T>{bb.output_grad.data(), c.data(), dy.data()}, "moe loss terms backward");
-    ops_.combine_backward(sp_.x, st.R, back_of(st), cs(dy), dout, dgate, p.h, held_);
+    ops_.combine_backward(sp_.x, st.R, std::span<const T>(st.back.data(), all), cs(dy), dout, dgate, p.h, held_);
     if (ad_ != nullptr) {
       adaptive_backward_input(st, g, dout, dslots);
       ops_.dispatch_backward(sp_.x, st.R, cs(dslots), dx, p.h, held_);
@@ -643,7 +643,8 @@ class moe_stage {
   enum : std::size_t { t_logits, t_slots, t_scratch, t_eo, t_pieces, t_dy, t_dout, t_din, t_dslots, t_dgate, t_dx, t_dxr, t_gather, t_xc, t_send, t_mine, t_gw };
   struct state {
     routing R;
-    std::size_t rows = 0;  // elements of xin in use
+    std::size_t rows = 0;   // elements of xin in use
+    std::size_t slots = 0;  // elements of the forward's slots and of back: [E][C][h] (Pipeline MoE: [E/tp][C][h])
     buffer<T> xin, back;   // the rows at this rank's experts, the outputs back at their tokens
     buffer<T> drows, dlogits;  // what backward_input leaves for the weight gradients
     buffer<T> y;               // the layer's output (before the loss weights)
@@ -662,8 +663,6 @@ class moe_stage {
       if (chunks_ > 1 && comm_ != nullptr) g.exchange = sp_.on(comm_, ops_.exchange_stream());
     return g;
   }
-  std::span<const T> back_of(const state& st) const { return std::span<const T>(st.back.data(), ad_ != nullptr ? E_C_h(st) : st.rows); }
-  std::size_t E_C_h(const state& st) const { return static_cast<std::size_t>(p_->E) * static_cast<std::size_t>(st.R.capacity) * p_->h; }
   std::span<const T> weights(int mb) const { return std::span<const T>(c_ + static_cast<std::size_t>(mb) * input_size(), input_size()); }
   std::span<const T> weight(int e) const { return experts().subspan(static_cast<std::size_t>(e) * p_->h * p_->h, p_->h * p_->h); }
   // Each local expert's rows (ep x capacity of them, source-major) at their offset.
@@ -728,6 +727,7 @@ class moe_stage {
     ops_.dispatch(sp_.x, st.R, fb.input, slots, p.h, held_);
     const std::size_t rows = a.degree == 0 ? E * cap : static_cast<std::size_t>(a.ranks) * (cap / static_cast<std::size_t>(a.group()));
     st.rows = rows * p.h;
+    st.slots = all;
     const std::span<T> xin = sp_.keep(st.xin, rows * p.h), out = sp_.tmp(t_eo, rows * p.h), back = sp_.keep(st.back, all);
     loom::ep_adaptive_to_experts(g, a, cap, p.h, cs(slots), scratch, xin);
     if (a.degree == 0) {

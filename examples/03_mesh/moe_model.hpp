@@ -96,16 +96,15 @@ class model_stage {
     sp_.transpose({all.data(), fb.output.data(), static_cast<std::size_t>(T_), n_, k});  // to [n][T][h/T]
   }
   void backward_input(const loom::stage_context& ctx, loom::backward_buffers<T> bb) {
+    sp_.begin(ctx);
     if (moe_) {
-      const std::span<T> dx = bb.input_grad.empty() ? std::span<T>{} : moe_dx(ctx);
+      const std::span<T> dx = bb.input_grad.empty() ? std::span<T>{} : sp_.tmp(2, moe_->input_size());
       moe_->backward_input(ctx, {mine(bb.input), bb.stash, bb.output_grad, dx, {}});
       if (bb.input_grad.empty()) return;
-      sp_.begin(ctx);
       if (parts() == 1) sp_.x.copy(cs(dx), bb.input_grad);
       else sp_.on(tp_)->all_gather(cs(dx), bb.input_grad);  // row blocks in tp order
       return;
     }
-    sp_.begin(ctx);
     const std::size_t k = cols();
     sp_.transpose({bb.output_grad.data() + static_cast<std::size_t>(t_) * k, bb.stash.data(), 1, n_, k, h_, k});  // this rank's columns
     if (bb.input_grad.empty()) return;
@@ -130,11 +129,6 @@ class model_stage {
   std::span<const T> mine(std::span<const T> x) const {
     const std::size_t part = n_ / static_cast<std::size_t>(parts()) * h_;
     return x.subspan(pmoe_ ? 0 : static_cast<std::size_t>(t_) * part, part);
-  }
-  //! The MoE layer's input gradient of its token rows (kept from call to call).
-  std::span<T> moe_dx(const loom::stage_context& ctx) {
-    sp_.begin(ctx);
-    return sp_.tmp(2, moe_->input_size());
   }
 
   std::size_t n_, h_;

@@ -646,8 +646,7 @@ class comm {
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void broadcast(std::span<T> data, int root, cudaStream_t stream) {
-    if (root < 0 || root >= size())
-      check_sizes("cuda_local broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
+    if (std::string rule = loom::detail::root_rule("cuda_local broadcast", root, size()); !rule.empty()) check_sizes(rule);
     auto& d = exchange("broadcast", data.data(), data.data(), data.size_bytes(), stream, 1, 0);
     const auto r = static_cast<std::size_t>(root);
     const cuda::byte_access acc[] = {{d[r].in, data.size_bytes(), false}, {data.data(), rank() == root ? 0 : data.size_bytes(), true}};

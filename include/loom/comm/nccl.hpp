@@ -384,8 +384,7 @@ class comm {
   template <class T>
   void broadcast(std::span<T> data, int root, cudaStream_t stream) {
     check_live();
-    if (root < 0 || root >= size_)
-      throw comm_error(rank_, "nccl broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size_));
+    if (std::string rule = loom::detail::root_rule("nccl broadcast", root, size_); !rule.empty()) throw comm_error(rank_, rule);
     LOOM_NCCL_TRY(ncclBroadcast(data.data(), data.data(), data.size(), detail::dtype<T>(), root, world_, stream));
   }
   //! `ncclReduce` of device memory on `stream`, in place: the reduction of every rank's `data`
