@@ -77,7 +77,12 @@ class text {
     chars_.push_back('\0');
   }
   //! Removes the last character (non-empty only).
-  constexpr void pop_back() { resize(size() - 1); }
+  constexpr void pop_back() {
+    // In place (no resize): GCC 13 misreads resize's push_back here as an overflow.
+    chars_.pop_back();
+    if (chars_.size() == 1) chars_.clear();
+    else chars_.back() = '\0';
+  }
   //! Appends `c`.
   constexpr void push_back(char c) {
     if (chars_.empty()) chars_.push_back(c);
