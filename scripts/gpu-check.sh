@@ -34,12 +34,16 @@ jobs=$(nproc)
 { nvidia-smi -L; nvcc --version | tail -2; g++ --version | head -1; cmake --version | head -1; echo "NCCL_HOME=${NCCL_HOME:-(toolkit)}"; } 2>&1 | tee "$out/machine.txt"
 
 t0=$(date +%s)
+# The build's log stays in build-gpu (a lent machine returns at most 8 files from $OUT: the eight
+# logs below); it is copied to $OUT only when the build fails.
 build() {
+mkdir -p build-gpu
+blog=build-gpu/gpu-check-build.log
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA_RUNTIME=real -DLOOM_ENABLE_MPI=OFF \
-  ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} >"$blog" 2>&1 || { tail -30 "$blog"; cp "$blog" "$out/build.log"; exit 1; }
 # -k 0: a target that fails to build (a new compiler's warning, say) leaves the others to run.
 cmake --build build-gpu -j"$jobs" --target loom cuda_mlp_gpu mesh_gpu test_cuda_layer_gpu nvcc_all_headers device_overhead_gpu p2p_perf_gpu moe_overlap_gpu \
-  -- -k 0 >>"$out/build.log" 2>&1 || { grep -B2 -A8 "error:" "$out/build.log" | head -60; echo "build: FAILED (see build.log)" | tee -a "$out/summary.txt"; }
+  -- -k 0 >>"$blog" 2>&1 || { grep -B2 -A8 "error:" "$blog" | head -60; cp "$blog" "$out/build.log"; echo "build: FAILED (see build.log)" | tee -a "$out/summary.txt"; }
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
 }
 

@@ -126,4 +126,25 @@ if [ -f "$dir/mesh.txt" ]; then
       END { flush() }'"$steps_awk" "$dir/mesh.txt"
     echo
   fi
+
+  # The transformer and the MoE model of examples/03_mesh on device kernels (mesh_gpu), if recorded:
+  # rank 0's predicted device memory (between steps, and the peak within them), the fp32 run
+  # against the double reference, and against the host fp32 reference.
+  if grep -q "^# mesh_gpu " "$dir/mesh.txt"; then
+    echo "| mesh_gpu run (cuda_local, 3 steps) | rank 0 device bytes predicted (between steps, peak) | fp32 against double (bound) | against the fp32 reference |"
+    echo "|---|---|---|---|"
+    awk '
+      function flush() { if (run) printf "| %s | %s | %s | %s |\n", what, mem, dbl, ref; run = 0 }
+      /^# / { flush() }
+      /^# mesh_gpu / { run = 1; what = $0; sub(/^# mesh_gpu --backend cuda_local /, "", what); mem = "–"; dbl = "–"; ref = "–"; next }
+      run && /^device memory between steps:/ { mem = $7 ", " $NF }
+      run && /against the double-precision reference:/ {
+        v = $0; sub(/.*largest parameter difference /, "", v); sub(/ .*/, "", v)
+        b = $0; sub(/.*\(bound /, "", b); sub(/\).*/, "", b)
+        dbl = v " (" b ") " $NF
+      }
+      run && /^reference check/ { t = $0; sub(/^reference check \(/, "", t); sub(/\).*/, "", t); ref = t ": " $NF }
+      END { flush() }' "$dir/mesh.txt"
+    echo
+  fi
 fi

@@ -23,6 +23,21 @@ static_assert(loom::summarize(loom::one_f_one_b{}, {.ranks = 5, .microbatches = 
 static_assert(loom::summarize(loom::interleaved_1f1b{}, {.ranks = 4, .microbatches = 8, .chunks = 2}).bubble_time == 4.5);
 static_assert(loom::summarize(loom::zb_h2{}, {.ranks = 4, .microbatches = 8}, {.f = 1, .b = 1, .w = 1}).span_bubble == 0);
 static_assert(loom::summarize(loom::zb_h2{}, {.ranks = 4, .microbatches = 8}).peak_activation == 7);
+// loom::text's editing in constant evaluation: pop_back down to empty and back.
+constexpr bool text_edits() {
+  loom::text t;
+  t.append("abc");
+  t.pop_back();
+  if (t.view() != "ab" || t.size() != 2) return false;
+  t.pop_back();
+  t.pop_back();
+  if (!t.empty() || t.size() != 0 || t.view() != "") return false;
+  t.push_back('x');
+  t.append("yz");
+  t.pop_back();
+  return t.view() == "xy" && t.back() == 'y';
+}
+static_assert(text_edits());
 // Pick the best family for given costs at compile time.
 constexpr costs k{.f = 1, .b = 1, .w = 1};
 constexpr shape s48{.ranks = 4, .microbatches = 8};
