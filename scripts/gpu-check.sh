@@ -39,7 +39,7 @@ t0=$(date +%s)
 build() {
 mkdir -p build-gpu
 blog=build-gpu/gpu-check-build.log
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA_RUNTIME=real -DLOOM_ENABLE_MPI=OFF \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA_RUNTIME=real -DLOOM_GPU_PROGRAMS=ON -DLOOM_ENABLE_MPI=OFF \
   ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} >"$blog" 2>&1 || { tail -30 "$blog"; cp "$blog" "$out/build.log"; exit 1; }
 # -k 0: a target that fails to build (a new compiler's warning, say) leaves the others to run.
 cmake --build build-gpu -j"$jobs" --target loom cuda_mlp_gpu mesh_gpu test_cuda_layer_gpu nvcc_all_headers device_overhead_gpu p2p_perf_gpu moe_overlap_gpu \
