@@ -90,6 +90,9 @@ struct options {
   int moe_chunks = 1;
   int moe_node_size = 0;
   std::vector<int> adaptive_r;
+  // --experts E --moe-every K: the transformer with every K-th block's MLP an MoE branch instead.
+  int moe_every = 0;
+  double aux_weight = 0.01;
 };
 
 #if defined(LOOM_MESH_DEVICE)
@@ -151,11 +154,25 @@ moe::mesh_setup moe_setup(const options& o) {
 //! The --experts mode's refusals beyond `configure`'s: the transformer's options, in one line.
 std::string moe_rule(const options& o, const CLI::App& app) {
   if (o.experts == 0) {
-    for (const char* name : {"--top-k", "--capacity-factor", "--ep", "--moe-layout", "--moe-chunks", "--moe-node-size", "--adaptive-r"})
+    for (const char* name : {"--top-k", "--capacity-factor", "--ep", "--moe-layout", "--moe-chunks", "--moe-node-size", "--adaptive-r",
+                             "--moe-every", "--aux-weight"})
       if (app.count(name) > 0) return std::string(name) + " sets the MoE model: it needs --experts E";
     return {};
   }
   if (o.experts < 0) return "--experts " + std::to_string(o.experts) + " is negative";
+  if (o.moe_every < 0) return "--moe-every " + std::to_string(o.moe_every) + " is negative";
+  if (!std::isfinite(o.aux_weight) || o.aux_weight < 0) return "--aux-weight must be a finite number >= 0";
+  if (o.moe_every > 0) {  // the transformer with MoE blocks
+    for (const char* name : {"--moe-layout", "--moe-chunks", "--moe-node-size", "--adaptive-r"})
+      if (app.count(name) > 0)
+        return std::string(name) + " applies to the MoE model: the transformer's MoE blocks (--moe-every) exchange flat over --ep so far";
+    if ((o.backend == "cuda_local" || o.backend == "nccl") && o.capacity_factor == 0)
+      return "--moe-every on a device backend needs --capacity-factor above 0: with 0 the capacity is the group's largest load, which the "
+             "host would read inside a stage call that a device pipeline enqueues ahead of the device";
+    if (o.local_steps > 0) return "--local-steps: the transformer's MoE blocks reduce their experts' gradients every step";
+    return {};
+  }
+  if (app.count("--aux-weight") > 0) return "--aux-weight weighs the transformer's MoE blocks' auxiliary loss: it needs --moe-every K";
   for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--sync-after-step",
                            "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--adam-lr"})
     if (app.count(name) > 0) return std::string(name) + " applies to the transformer: the MoE model (--experts) has linear stages of width 4";
@@ -189,6 +206,10 @@ std::string configure(options& o) {
   if (o.ulysses < 0) return "--ulysses " + std::to_string(o.ulysses) + " is negative";
   if (o.ulysses != 0 && s.kind != seq_kind::usp) return "--ulysses is USP's Ulysses degree: it needs --sp-kind usp";
   s.ulysses = o.ulysses != 0 ? o.ulysses : loom::default_ulysses_degree(s.sp);
+  if (o.experts > 0 && o.moe_every > 0) {  // the transformer's MoE blocks
+    o.model.moe = {o.moe_every, {.experts = o.experts, .top_k = o.top_k, .capacity_factor = o.capacity_factor}, o.aux_weight};
+    s.ep = o.ep;
+  }
   if (o.microbatches < 1) return "--microbatches " + std::to_string(o.microbatches) + " must be at least 1";
   if (o.steps < 1) return "--steps " + std::to_string(o.steps) + " must be at least 1";
   if (o.zero_stage > 3 || o.zero_stage < -1) return "--zero-stage " + std::to_string(o.zero_stage) + " is not 0, 1, 2 or 3";
@@ -336,6 +357,9 @@ int main(int argc, char** argv) {
                  "with --experts: overlap the all-to-alls with the experts in this many pieces of the capacity (FSMoE; 1: no overlap)");
   app.add_option("--moe-node-size", o.moe_node_size,
                  "with --experts: Tutel's hierarchical all-to-all over nodes of this many ep ranks (a divisor of --ep; 0: flat)");
+  app.add_option("--moe-every", o.moe_every,
+                 "with --experts: the transformer, every K-th block's MLP an MoE branch of E experts over --ep ranks (0: the MoE model)");
+  app.add_option("--aux-weight", o.aux_weight, "with --moe-every: the auxiliary load-balancing loss's weight in the objective (default 0.01)");
   app.add_option("--adaptive-r", o.adaptive_r,
                  "with --experts E below --ep: Tutel's adaptive degree r of each step, cycled (0 or divisors of ep / E; e.g. 2,0,1)")
       ->delimiter(',');
@@ -361,7 +385,7 @@ int main(int argc, char** argv) {
   try {
     auto const& family = loom::default_registry().at(o.schedule);
     if (o.experts > 0 && family.multi_step)
-      throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the transformer; --experts flushes every step");
+      throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; --experts (the MoE model, the MoE blocks) flushes every step");
     // An asynchronous family runs the --steps as one run without a flush (pp x tp, SGD, on the host).
     if (family.multi_step)
       if (std::string why = mesh_example::async_rule_of(run(o), o.backend == "cuda_local" || o.backend == "nccl"); !why.empty())
@@ -372,7 +396,7 @@ int main(int argc, char** argv) {
       if (!plan.ok) throw loom::config_error("--offload-chunks " + std::to_string(o.offload_chunks) + ": " + std::string(plan.error));
       sched = loom::with_offload(sched, plan);
     }
-    if (o.experts > 0) return run_moe(o, sched, argc, argv);
+    if (o.experts > 0 && o.moe_every == 0) return run_moe(o, sched, argc, argv);
     model_spec m = o.model;
     m.blocks = std::max(m.blocks, sched.stages);
     auto banner = [&](const char* backend) {
@@ -387,6 +411,10 @@ int main(int argc, char** argv) {
                   o.optimizer == "adam" ? ", adam" : "", local.c_str());
       std::printf("model: vocab %d, sequence %d, hidden %d, heads %d, ffn %d, blocks %d; buckets of %zu bytes%s\n", m.vocab,
                   m.seq, m.hidden, m.heads, m.ffn, m.blocks, o.bucket_bytes, o.lazy ? ", synchronised after the step" : "");
+      if (m.moe.every > 0)
+        std::printf("MoE blocks: %d of %d (every %d), %d experts over ep %d, top-%d, capacity factor %g%s, auxiliary loss weight %g\n",
+                    m.moe.count(0, m.blocks), m.blocks, m.moe.every, m.moe.o.experts, s.ep, m.moe.o.top_k, m.moe.o.capacity_factor,
+                    m.moe.o.capacity_factor == 0 ? " (no dropping)" : "", m.moe.lambda);
       std::fflush(stdout);
     };
     if (o.backend == "threads") {

@@ -40,7 +40,8 @@ namespace mesh_example {
 struct reduction_order {
   int tp = 1;                 //!< partial sums of the tensor-parallel contractions
   int ring = 1;               //!< ring degree of the attention blocking
-  int replicas = 1;           //!< data-parallel replicas (each folds its own microbatches)
+  int replicas = 1;           //!< data-parallel replicas (each folds its own microbatches; with ep, dp x ep of them)
+  int ep = 1;                 //!< consecutive replicas whose sequences' rows meet at the experts (MoE blocks)
   std::vector<std::vector<int>> groups{};  //!< token groups of the sequence split, each in local order (empty: one group, all tokens)
   sharding layout{};          //!< which parameters are partial over the token groups
 
@@ -51,7 +52,8 @@ struct reduction_order {
     reduction_order r;
     r.tp = s.tp;
     r.ring = s.ring();
-    r.replicas = s.dp;
+    r.replicas = s.dp * s.ep;
+    r.ep = s.ep;
     r.layout = s;
     const int n = s.megatron() ? s.tp : s.sp_ranks();
     for (int g = 0; g < n; ++g) {
@@ -80,12 +82,24 @@ class basic_reference_model {
     };
     add(tensor::E, -1), add(tensor::P, -1);
     for (int b = 0; b < m.blocks; ++b)
-      for (tensor t : block_tensors) add(t, b);
+      for (tensor t : m.moe.is_moe(b) ? std::span<const tensor>(moe_block_tensors) : std::span<const tensor>(block_tensors)) add(t, b);
     for (tensor t : {tensor::LNFG, tensor::LNFB, tensor::WOUT, tensor::BOUT}) add(t, -1);
   }
 
   //! The parameters.
   const std::map<key, std::vector<T>>& params() const { return params_; }
+
+  //! What one MoE block did to one sequence in the last step: its auxiliary loss, dropped
+  //! (token, choice) pairs and drops per expert.
+  struct moe_record {
+    int block = 0;
+    T aux = 0;
+    std::vector<std::pair<int, int>> dropped;
+    std::vector<long long> dropped_per_expert;
+  };
+  //! The last step's MoE records, per sequence of the batch (its index in `make_batch`), MoE blocks
+  //! in order.
+  const std::vector<std::vector<moe_record>>& last_moe() const { return last_moe_; }
 
   //! The last step's loss folds, one per (replica, token group), replica-major: what the mesh's
   //! loss reduction adds, in its order.
@@ -122,10 +136,17 @@ class basic_reference_model {
     std::vector<std::map<key, std::vector<T>>> fold_part(static_cast<std::size_t>(ord.replicas * groups)),
         fold_full(static_cast<std::size_t>(ord.replicas));
     std::vector<double> loss_fold(static_cast<std::size_t>(ord.replicas * groups), 0.0);
+    std::vector<pass> passes;
+    last_moe_.assign(static_cast<std::size_t>(ord.replicas * per_replica), {});
     for (int d = 0; d < ord.replicas; ++d)
       for (int j = 0; j < per_replica; ++j) {
         const int mb = d * per_replica + j;
-        pass p = run(data, mb, scale, ord);
+        pass& p = passes.emplace_back(run(data, mb, scale, ord));
+        for (int b = 0; b < m_.blocks; ++b)
+          if (m_.moe.is_moe(b)) {
+            auto const& A = p.blocks[static_cast<std::size_t>(b)];
+            last_moe_[static_cast<std::size_t>(mb)].push_back({b, A.aux, moe::dropped_of(A.R), A.R.dropped_per_expert()});
+          }
         for (int g = 0; g < groups; ++g) {
           const auto gi = static_cast<std::size_t>(d * groups + g);
           double l = 0;
@@ -135,13 +156,34 @@ class basic_reference_model {
         }
         fold(fold_full[static_cast<std::size_t>(d)], weight_grads(p, all), ord, false);
       }
+    // The experts (MoE blocks): each microbatch's rows of the ep replicas that share the experts
+    // meet at each expert, source-major, one from-zero sum per microbatch (as the all-to-all
+    // lays them out), folded in microbatch order per data-parallel replica.
+    const int ep = std::max(ord.ep, 1), members = ord.replicas / ep;
+    std::vector<std::map<key, std::vector<T>>> fold_expert(static_cast<std::size_t>(members));
+    if (m_.moe.every > 0)
+      for (int q = 0; q < members; ++q)
+        for (int j = 0; j < per_replica; ++j) {
+          std::vector<const pass*> sources;
+          for (int e = 0; e < ep; ++e) sources.push_back(&passes[static_cast<std::size_t>((q * ep + e) * per_replica + j)]);
+          auto g = expert_grads(sources);
+          auto& acc = fold_expert[static_cast<std::size_t>(q)];
+          for (auto const& [k, v] : g) {
+            auto& a = acc[k];
+            if (a.empty()) a.assign(v.size(), 0.0);
+            for (std::size_t i = 0; i < v.size(); ++i) a[i] += v[i];
+          }
+        }
     // Members added in group order (replica-major), then SGD.
     for (auto& [k, w] : params_) {
       const bool partial = is_partial(ord, k.first);
+      const bool expert = is_expert(k.first);
       std::vector<T> total;
-      for (int d = 0; d < ord.replicas; ++d)
+      for (int d = 0; d < (expert ? members : ord.replicas); ++d)
         for (int g = 0; g < (partial ? groups : 1); ++g) {
-          const auto& c = partial ? fold_part[static_cast<std::size_t>(d * groups + g)].at(k) : fold_full[static_cast<std::size_t>(d)].at(k);
+          const auto& c = expert    ? fold_expert[static_cast<std::size_t>(d)].at(k)
+                          : partial ? fold_part[static_cast<std::size_t>(d * groups + g)].at(k)
+                                    : fold_full[static_cast<std::size_t>(d)].at(k);
           if (total.empty()) total = c;
           else
             for (std::size_t i = 0; i < c.size(); ++i) total[i] += c[i];
@@ -245,6 +287,9 @@ class basic_reference_model {
  private:
   static constexpr tensor block_tensors[] = {tensor::LN1G, tensor::LN1B, tensor::WQKV, tensor::BQKV, tensor::WO, tensor::BO,
                                              tensor::LN2G, tensor::LN2B, tensor::W1,   tensor::B1,   tensor::W2, tensor::B2};
+  static constexpr tensor moe_block_tensors[] = {tensor::LN1G, tensor::LN1B, tensor::WQKV,   tensor::BQKV, tensor::WO,  tensor::BO,  tensor::LN2G,
+                                                 tensor::LN2B, tensor::ROUTER, tensor::EW1, tensor::EB1, tensor::EW2, tensor::EB2};
+  static bool is_expert(tensor t) { return t == tensor::EW1 || t == tensor::EB1 || t == tensor::EW2 || t == tensor::EB2; }
 
   static bool is_partial(const reduction_order& ord, tensor t) {
     if (ord.groups.size() <= 1) return false;
@@ -256,6 +301,11 @@ class basic_reference_model {
   //! Everything one microbatch's forward and backward leave for the weight gradients.
   struct block_acts {
     std::vector<T> xhat1, afull, o, xhat2, cfull, act, dqkv, dy, du, dz, da, dc;
+    // An MoE block: its routing, the experts' rows ([E][C][h]) and hidden activations ([E][C][f]),
+    // the outputs at the slots, and what the backward leaves; `act` and `du` are the experts'.
+    loom::moe_routing<T> R;
+    std::vector<T> xin, eo, drows, dl;
+    T aux = 0;
   };
   struct pass {
     std::vector<T> tokens, x_grad, loss, xhatf, f, dlogits, df;
@@ -422,10 +472,14 @@ class basic_reference_model {
       A.xhat2.resize(uN * uh), S.rstd2.resize(uN);
       kernels::ln_forward(x1.data(), P(tensor::LN2G, b).data(), P(tensor::LN2B, b).data(), c.data(), A.xhat2.data(), S.rstd2.data(), uN, uh);
       A.cfull = c;
-      loom::linear_kernel::forward<T>(c, P(tensor::W1, b), P(tensor::B1, b), u, uN, uh, static_cast<std::size_t>(f));
-      A.act.resize(u.size());
-      kernels::each(u.size(), kernels::tanh_elem<T>{u.data(), A.act.data()});
-      row_parallel(A.act.data(), P(tensor::W2, b), P(tensor::B2, b), z.data(), N, f, h, tp);
+      if (m_.moe.is_moe(b)) {
+        moe_forward(A, b, z);
+      } else {
+        loom::linear_kernel::forward<T>(c, P(tensor::W1, b), P(tensor::B1, b), u, uN, uh, static_cast<std::size_t>(f));
+        A.act.resize(u.size());
+        kernels::each(u.size(), kernels::tanh_elem<T>{u.data(), A.act.data()});
+        row_parallel(A.act.data(), P(tensor::W2, b), P(tensor::B2, b), z.data(), N, f, h, tp);
+      }
       for (std::size_t i = 0; i < x.size(); ++i) x[i] = x1[i] + z[i];
     }
     // final layers and loss
@@ -448,11 +502,15 @@ class basic_reference_model {
       auto& S = sv[static_cast<std::size_t>(b)];
       A.dz = g;
       std::vector<T> dact(uN * static_cast<std::size_t>(f)), g1(uN * uh), dout(uN * uh);
-      loom::linear_kernel::backward_input<T>(g, P(tensor::W2, b), dact, uN, static_cast<std::size_t>(f), uh);
-      A.du = dact;
-      kernels::each(dact.size(), kernels::tanh_grad_elem<T>{A.act.data(), A.du.data()});
-      A.dc.resize(uN * uh);
-      column_backward(A.du.data(), P(tensor::W1, b), A.dc.data(), N, h, f, tp, [&](int k) { return ffn_rows(k, tp); });
+      if (m_.moe.is_moe(b)) {
+        moe_backward(A, b, g, scale);
+      } else {
+        loom::linear_kernel::backward_input<T>(g, P(tensor::W2, b), dact, uN, static_cast<std::size_t>(f), uh);
+        A.du = dact;
+        kernels::each(dact.size(), kernels::tanh_grad_elem<T>{A.act.data(), A.du.data()});
+        A.dc.resize(uN * uh);
+        column_backward(A.du.data(), P(tensor::W1, b), A.dc.data(), N, h, f, tp, [&](int k) { return ffn_rows(k, tp); });
+      }
       kernels::ln_backward_input(A.dc.data(), A.xhat2.data(), S.rstd2.data(), P(tensor::LN2G, b).data(), g.data(), g1.data(), uN, uh);
       A.dy = g1;
       loom::linear_kernel::backward_input<T>(g1, P(tensor::WO, b), dout, uN, uh, uh);
@@ -497,12 +555,17 @@ class basic_reference_model {
     for (int b = 0; b < m_.blocks; ++b) {
       auto const& A = p.blocks[static_cast<std::size_t>(b)];
       auto G = [&](tensor t) { return std::span<T>(g[{t, b}]); };
-      auto act = rows(A.act, uf), dz = rows(A.dz, uh), cfull = rows(A.cfull, uh), du = rows(A.du, uf), dc = rows(A.dc, uh),
-           xhat2 = rows(A.xhat2, uh), o = rows(A.o, uh), dy = rows(A.dy, uh), afull = rows(A.afull, uh),
-           dqkv = rows(A.dqkv, 3 * uh), da = rows(A.da, uh), xhat1 = rows(A.xhat1, uh);
-      loom::linear_kernel::backward_weight<T>(act, dz, G(tensor::W2), {}, n, uf, uh);
-      kernels::bias_backward(dz.data(), G(tensor::B2).data(), n, uh);
-      loom::linear_kernel::backward_weight<T>(cfull, du, G(tensor::W1), G(tensor::B1), n, uh, uf);
+      auto cfull = rows(A.cfull, uh), dc = rows(A.dc, uh), xhat2 = rows(A.xhat2, uh), o = rows(A.o, uh), dy = rows(A.dy, uh),
+           afull = rows(A.afull, uh), dqkv = rows(A.dqkv, 3 * uh), da = rows(A.da, uh), xhat1 = rows(A.xhat1, uh);
+      if (m_.moe.is_moe(b)) {  // the router (the experts: `expert_grads`)
+        const auto E = static_cast<std::size_t>(m_.moe.o.experts);
+        loom::linear_kernel::backward_weight<T>(cfull, rows(A.dl, E), G(tensor::ROUTER), {}, n, uh, E);
+      } else {
+        auto act = rows(A.act, uf), dz = rows(A.dz, uh), du = rows(A.du, uf);
+        loom::linear_kernel::backward_weight<T>(act, dz, G(tensor::W2), {}, n, uf, uh);
+        kernels::bias_backward(dz.data(), G(tensor::B2).data(), n, uh);
+        loom::linear_kernel::backward_weight<T>(cfull, du, G(tensor::W1), G(tensor::B1), n, uh, uf);
+      }
       kernels::ln_backward_weight(dc.data(), xhat2.data(), G(tensor::LN2G).data(), G(tensor::LN2B).data(), n, uh);
       loom::linear_kernel::backward_weight<T>(o, dy, G(tensor::WO), {}, n, uh, uh);
       kernels::bias_backward(dy.data(), G(tensor::BO).data(), n, uh);
@@ -512,6 +575,96 @@ class basic_reference_model {
     auto f = rows(p.f, uh), dl = rows(p.dlogits, uV), df = rows(p.df, uh), xhatf = rows(p.xhatf, uh);
     loom::linear_kernel::backward_weight<T>(f, dl, g[{tensor::WOUT, -1}], g[{tensor::BOUT, -1}], n, uh, uV);
     kernels::ln_backward_weight(df.data(), xhatf.data(), g[{tensor::LNFG, -1}].data(), g[{tensor::LNFB, -1}].data(), n, uh);
+    return g;
+  }
+
+  //! An MoE block's branch on one sequence: routes the block's second layer norm `A.cfull` (every
+  //! expert here, so the capacity is the sequence's own: with f > 0 the group's, with f = 0 its
+  //! largest load, where the group's only pads), runs each expert on its slots and combines into `z`.
+  void moe_forward(block_acts& A, int b, std::vector<T>& z) const {
+    const loom::moe_options& o = m_.moe.o;
+    const auto E = static_cast<std::size_t>(o.experts), uN = static_cast<std::size_t>(m_.seq), uh = static_cast<std::size_t>(m_.hidden),
+               uf = static_cast<std::size_t>(m_.ffn);
+    std::vector<T> logits(uN * E);
+    loom::linear_kernel::forward<T>(A.cfull, P(tensor::ROUTER, b), {}, logits, uN, uh, E);
+    A.R = loom::moe_route(o, std::span<const T>(logits));
+    loom::set_capacity(A.R, o, A.R.max_load());
+    const auto C = static_cast<std::size_t>(A.R.capacity);
+    A.xin.assign(E * C * uh, T(0));
+    A.eo.assign(E * C * uh, T(0));
+    A.act.assign(E * C * uf, T(0));
+    loom::moe_dispatch(A.R, std::span<const T>(A.cfull), std::span<T>(A.xin), uh, {});
+    std::vector<T> u(C * uf);
+    for (std::size_t e = 0; e < E; ++e) {
+      const std::span<T> a(A.act.data() + e * C * uf, C * uf);
+      loom::linear_kernel::forward<T>(std::span<const T>(A.xin).subspan(e * C * uh, C * uh), expert(tensor::EW1, b, e), expert(tensor::EB1, b, e), u,
+                                      C, uh, uf);
+      kernels::each(C * uf, kernels::tanh_elem<T>{u.data(), a.data()});
+      loom::linear_kernel::forward<T>(std::span<const T>(a), expert(tensor::EW2, b, e), expert(tensor::EB2, b, e),
+                                      std::span<T>(A.eo).subspan(e * C * uh, C * uh), C, uf, uh);
+    }
+    z.assign(uN * uh, T(0));
+    loom::moe_combine(A.R, std::span<const T>(A.eo), std::span<T>(z), uh);
+    A.aux = loom::moe_aux_loss(A.R);
+  }
+  //! The branch's backward for the gradient `g` of its output: `A.dc` the input's gradient (the
+  //! experts' part plus the router's), `A.drows`, `A.du`, `A.dl` for the weight gradients. The
+  //! auxiliary loss weighs `lambda / sequences`, `scale * seq` being 1 / sequences.
+  void moe_backward(block_acts& A, int b, const std::vector<T>& g, double scale) const {
+    const loom::moe_options& o = m_.moe.o;
+    const auto E = static_cast<std::size_t>(o.experts), k = static_cast<std::size_t>(o.top_k), uN = static_cast<std::size_t>(m_.seq),
+               uh = static_cast<std::size_t>(m_.hidden), uf = static_cast<std::size_t>(m_.ffn), C = static_cast<std::size_t>(A.R.capacity);
+    std::vector<T> dgate(uN * k, T(0)), din(E * C * uh, T(0)), dx(uN * uh, T(0)), dxr(uN * uh, T(0));
+    A.drows.assign(E * C * uh, T(0));
+    A.du.assign(E * C * uf, T(0));
+    loom::moe_combine_backward(A.R, std::span<const T>(A.eo), std::span<const T>(g), std::span<T>(A.drows), std::span<T>(dgate), uh, {});
+    for (std::size_t e = 0; e < E; ++e) {
+      const std::span<T> d(A.du.data() + e * C * uf, C * uf);
+      loom::linear_kernel::backward_input<T>(std::span<const T>(A.drows).subspan(e * C * uh, C * uh), expert(tensor::EW2, b, e), d, C, uf, uh);
+      kernels::each(C * uf, kernels::tanh_grad_elem<T>{A.act.data() + e * C * uf, d.data()});
+      loom::linear_kernel::backward_input<T>(std::span<const T>(d), expert(tensor::EW1, b, e), std::span<T>(din).subspan(e * C * uh, C * uh), C, uh,
+                                             uf);
+    }
+    loom::moe_dispatch_backward(A.R, std::span<const T>(din), std::span<T>(dx), uh, {});
+    A.dl.assign(uN * E, T(0));
+    const T aux_scale = static_cast<T>(scale * m_.seq);
+    loom::moe_route_backward(A.R, o, std::span<const T>(dgate), static_cast<T>(m_.moe.lambda), std::span<T>(A.dl), &aux_scale);
+    loom::linear_kernel::backward_input<T>(std::span<const T>(A.dl), P(tensor::ROUTER, b), std::span<T>(dxr), uN, uh, E);
+    A.dc.resize(uN * uh);
+    for (std::size_t i = 0; i < A.dc.size(); ++i) A.dc[i] = dx[i] + dxr[i];
+  }
+  //! Expert `e`'s part of expert tensor `t` of block `b` (its rows are consecutive).
+  std::span<const T> expert(tensor t, int b, std::size_t e) const {
+    const std::span<const T> all = P(t, b);
+    const std::size_t part = all.size() / static_cast<std::size_t>(m_.moe.o.experts);
+    return all.subspan(e * part, part);
+  }
+  //! The experts' weight gradients of one microbatch whose rows come from `sources` (the
+  //! sequences of the ep replicas sharing the experts, in ep order): per expert one from-zero sum
+  //! over the sources' slots, source-major, as the mesh's rows after the all-to-all.
+  std::map<key, std::vector<T>> expert_grads(const std::vector<const pass*>& sources) const {
+    const auto E = static_cast<std::size_t>(m_.moe.o.experts), uh = static_cast<std::size_t>(m_.hidden), uf = static_cast<std::size_t>(m_.ffn);
+    std::map<key, std::vector<T>> g;
+    for (int b = 0; b < m_.blocks; ++b) {
+      if (!m_.moe.is_moe(b)) continue;
+      for (tensor t : {tensor::EW1, tensor::EB1, tensor::EW2, tensor::EB2}) g[{t, b}].assign(params_.at({t, b}).size(), T(0));
+      for (std::size_t e = 0; e < E; ++e) {
+        std::vector<T> act, drows, xin, du;
+        std::size_t n = 0;
+        for (const pass* p : sources) {
+          auto const& A = p->blocks[static_cast<std::size_t>(b)];
+          const auto C = static_cast<std::size_t>(A.R.capacity);
+          auto take = [&](std::vector<T>& to, const std::vector<T>& from, std::size_t width) {
+            to.insert(to.end(), from.begin() + static_cast<std::ptrdiff_t>(e * C * width), from.begin() + static_cast<std::ptrdiff_t>((e + 1) * C * width));
+          };
+          take(act, A.act, uf), take(drows, A.drows, uh), take(xin, A.xin, uh), take(du, A.du, uf);
+          n += C;
+        }
+        auto part = [&](tensor t, std::size_t size) { return std::span<T>(g[{t, b}]).subspan(e * size, size); };
+        loom::linear_kernel::backward_weight<T>(act, drows, part(tensor::EW2, uh * uf), part(tensor::EB2, uh), n, uf, uh);
+        loom::linear_kernel::backward_weight<T>(xin, du, part(tensor::EW1, uf * uh), part(tensor::EB1, uf), n, uh, uf);
+      }
+    }
     return g;
   }
 
@@ -536,6 +689,7 @@ class basic_reference_model {
   bool use_adam_ = false;
   long adam_t_ = 0;  // steps taken (Adam's bias correction)
   std::vector<double> last_losses_;  // the last step's loss folds
+  std::vector<std::vector<moe_record>> last_moe_;  // the last step's MoE records, per sequence
   std::map<key, std::pair<std::vector<T>, std::vector<T>>> moments_;  // Adam's m, v
 };
 

@@ -87,12 +87,13 @@ struct run_report {
   }
 };
 
-//! The mesh of the example: pipeline outermost, then data, sequence, and tensor parallelism
-//! innermost (adjacent ranks), as Megatron-LM orders its groups.
-using mesh_type = loom::mesh<loom::pp<>, loom::dp<>, loom::sp<>, loom::tp<>>;
+//! The mesh of the example: pipeline outermost, then data, expert, sequence, and tensor
+//! parallelism innermost (adjacent ranks), as Megatron-LM orders its groups (Megatron-core puts
+//! its expert-parallel ranks inside the data-parallel ones too).
+using mesh_type = loom::mesh<loom::pp<>, loom::dp<>, loom::ep<>, loom::sp<>, loom::tp<>>;
 
 inline mesh_type make_mesh(const sharding& s) {
-  return mesh_type{loom::pp<>{s.pp}, loom::dp<>{s.dp}, loom::sp<>{s.sp_ranks()}, loom::tp<>{s.tp}};
+  return mesh_type{loom::pp<>{s.pp}, loom::dp<>{s.dp}, loom::ep<>{s.ep}, loom::sp<>{s.sp_ranks()}, loom::tp<>{s.tp}};
 }
 
 //! Rows of the communication table of one step.
@@ -184,6 +185,67 @@ inline double fp32_bound(const run_options& o) {
   return 2.0 * o.steps * o.adam_lr * (1 - a.beta1) / std::sqrt(1 - a.beta2);
 }
 
+//! The MoE blocks of a step against the reference's (`ref.last_moe()`): every forward record of
+//! this rank's stages (the auxiliary loss, bitwise or within `tol`, and the dropped pairs, equal)
+//! for its sequences `r_index M + j`, and the step's all-to-all bytes on `ep` (`a2a_bytes`, 0
+//! without ep ranks) against the formula: per MoE block and microbatch four all-to-alls (dispatch
+//! and combine, forward and backward) of E C h values, so 4 E h sum C x sizeof(value) over the
+//! rank's forwards. With `print`, rank 0 prints the step's auxiliary loss (the mean over the
+//! sequences and MoE blocks) and the pairs dropped per expert, summed over every rank, beside the
+//! reference's, and its all-to-all bytes beside the formula, as a table. Every rank calls it (a world
+//! reduction). Returns what differs on this rank: records, and the volume (1).
+template <class Mesh, class Pipeline, class Ref>
+long long check_moe(Mesh& g, Pipeline& p, const Ref& ref, const model_spec& m, int M, int r_index, bool bitwise, double tol, bool print, int step,
+                    std::uint64_t a2a_bytes, std::size_t value_bytes, bool has_ep) {
+  const auto E = static_cast<std::size_t>(m.moe.o.experts);
+  long long bad = 0;
+  std::uint64_t slots = 0;  // sum of the capacities of this rank's forwards
+  std::vector<double> sums(1 + E, 0.0);  // the auxiliary losses, then the drops per expert
+  for (auto& st : p.stages())
+    for (int j = 0; j < M; ++j) {
+      const auto& want = ref.last_moe().at(static_cast<std::size_t>(r_index * M + j));
+      for (auto const& [blk, got] : st.moe_records(j)) {
+        auto it = std::find_if(want.begin(), want.end(), [&](auto const& w) { return w.block == blk; });
+        if (it == want.end()) {
+          ++bad;
+          continue;
+        }
+        const double a = static_cast<double>(got.aux), b = static_cast<double>(it->aux);
+        bad += (bitwise ? !same_bits(got.aux, it->aux) : std::abs(a - b) > tol * std::max(std::abs(b), 1.0)) || got.dropped != it->dropped;
+        sums[0] += a;
+        slots += static_cast<std::uint64_t>(got.capacity);
+        for (std::size_t x = 0; x < E && x < got.dropped_per_expert.size(); ++x) sums[1 + x] += static_cast<double>(got.dropped_per_expert[x]);
+      }
+    }
+  const std::uint64_t formula = has_ep ? 4 * E * static_cast<std::uint64_t>(m.hidden) * slots * value_bytes : 0;
+  bad += a2a_bytes != formula ? 1 : 0;
+  g.world().all_reduce(std::span<double>(sums), loom::reduce_op::sum);
+  if (print) {
+    std::vector<double> want(1 + E, 0.0);
+    int units = 0;
+    for (auto const& seq : ref.last_moe())
+      for (auto const& r : seq) {
+        want[0] += static_cast<double>(r.aux);
+        ++units;
+        for (std::size_t x = 0; x < E; ++x) want[1 + x] += static_cast<double>(r.dropped_per_expert[x]);
+      }
+    auto drops = [&](const std::vector<double>& v) {
+      std::string out;
+      for (std::size_t x = 0; x < E; ++x) {
+        if (x > 0) out += ' ';
+        out += std::to_string(static_cast<long long>(v[1 + x]));
+      }
+      return out;
+    };
+    std::printf("the MoE blocks in step %d, all ranks:\n| step | MoE forwards | auxiliary loss (mean) | reference | pairs dropped per expert | "
+                "reference | all-to-all bytes on ep (rank 0) | 4 E h sum C x %zu |\n|---|---|---|---|---|---|---|---|\n",
+                step, value_bytes);
+    std::printf("| %d | %d | %.12f | %.12f | %s | %s | %llu | %llu |\n", step, units, sums[0] / std::max(units, 1), want[0] / std::max(units, 1),
+                drops(sums).c_str(), drops(want).c_str(), static_cast<unsigned long long>(a2a_bytes), static_cast<unsigned long long>(formula));
+  }
+  return bad;
+}
+
 //! `train` with optimizer `optimizer` (`loom::sgd` or `loom::adam<real>`).
 template <class X, class Comm, class Opt>
 run_report train_with(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched, Opt optimizer) {
@@ -202,7 +264,10 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   using C = loom::counted<Comm>;
   loom::mesh_comm g(make_mesh(s), world);
   const bool root = g.rank() == 0;
-  const int tpr = g.coord(loom::dim::tp), spr = g.coord(loom::dim::sp), d = g.coord(loom::dim::dp);
+  const int tpr = g.coord(loom::dim::tp), spr = g.coord(loom::dim::sp), d = g.coord(loom::dim::dp), e = g.coord(loom::dim::ep);
+  // The sequences of the step: dp x ep replicas of M each (ranks that differ in ep hold different
+  // sequences as well as different experts); replica r = d ep + e.
+  const int seq_replicas = s.dp * s.ep, r_index = d * s.ep + e;
   // Ulysses groups (adjacent sp ranks) and the rings across them, split from the sp group.
   // A device stage needs every group (a group of one rank for degree 1); the host passes null.
   std::optional<C> uly, ring;
@@ -211,14 +276,18 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
     ring.emplace(g.sp().split(spr % s.u(), spr / s.u()));
   }
   const bool has_uly = s.sp_ranks() > 1 && s.u() > 1, has_ring = s.sp_ranks() > 1 && s.ring() > 1;
-  stage_comms<C> sc{s.tp > 1 || device ? &g.tp() : nullptr, has_uly || device ? &*uly : nullptr, has_ring || device ? &*ring : nullptr};
+  stage_comms<C> sc{s.tp > 1 || device ? &g.tp() : nullptr, s.ep > 1 || (device && m.moe.every > 0) ? &g.ep() : nullptr,
+                    has_uly || device ? &*uly : nullptr, has_ring || device ? &*ring : nullptr};
   using stage_t = transformer_stage<C, X>;
   // The groups this rank reports and reduces over, made now (a mesh makes a group when first
   // asked): the device memory accounted below starts after the communicators.
   const loom::dim_set reported[] = {loom::dim_set{loom::dim::dp}, loom::dim::dp | loom::dim::tp, loom::dim::dp | loom::dim::sp,
                                     loom::dim::dp | loom::dim::tp | loom::dim::sp};
   for (loom::dim_set x : reported) (void)g.group(x);
-  auto& loss_group = g.group(loom::dim_set{loom::dim::dp} | s.seq_dims());
+  const loom::dim_set dp_ep = s.ep > 1 ? loom::dim::dp | loom::dim::ep : loom::dim_set{loom::dim::dp};
+  if (s.ep > 1)  // the dense parameters' groups: the reducer adds ep to each (`grad_range::expert`)
+    for (loom::dim_set x : reported) (void)g.group(x | loom::dim::ep);
+  auto& loss_group = g.group(dp_ep | s.seq_dims());
 #if defined(LOOM_CUDA_SIM)
   std::size_t mem_before = 0;  // this rank's device memory before its stages, reducer and batch buffers
   if constexpr (device) {
@@ -240,7 +309,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   const auto per_step = static_cast<std::size_t>(M) * static_cast<std::size_t>(T);
   auto inputs = X::template zeros<real>(per_step), targets = X::template zeros<real>(per_step);
   // The loss scale: the mean over the step's tokens; under local SGD each replica's own mean.
-  const double scale = 1.0 / (static_cast<double>(o.local_steps > 0 ? 1 : s.dp) * M * m.seq);
+  const double scale = 1.0 / (static_cast<double>(o.local_steps > 0 ? 1 : seq_replicas) * M * m.seq);
   loom::pipeline p(sched, g.pp(), [&](loom::stage_id id) {
     auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
     return stage_t(m, s, tpr, spr, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale, X::whole(targets).data());
@@ -250,9 +319,11 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   // The communicators whose counts are reported, and the loss group (ranks holding other tokens).
   std::vector<std::pair<std::string, const loom::comm_counters*>> comms{{"pp", &g.pp().counters()}};
   if (s.tp > 1) comms.push_back({"tp", &g.tp().counters()});
+  if (s.ep > 1) comms.push_back({"ep", &g.ep().counters()});
   if (has_uly) comms.push_back({"sp (ulysses)", &sc.ulysses->counters()});
   if (has_ring) comms.push_back({"sp (ring)", &sc.ring->counters()});
   for (loom::dim_set x : reported) comms.push_back({to_string(x), &g.group(x).counters()});
+  if (s.ep > 1) comms.push_back({to_string(dp_ep), &g.group(dp_ep).counters()});
   comms.push_back({"world", &g.world().counters()});
 
   // The default mode's tolerance: 1e-12 relative with SGD. Adam divides by sqrt(v) + eps, so a
@@ -286,11 +357,11 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   double step_sum = 0;
   int step_count = 0;
   for (int step = 0; step < o.steps; ++step) {
-    const batch data = make_batch(m, s.dp * M, step);
+    const batch data = make_batch(m, seq_replicas * M, step);
     std::vector<real> in_host, target_host;
     for (int j = 0; j < M; ++j)
       for (int i = 0; i < T; ++i) {
-        const auto at = static_cast<std::size_t>((d * M + j) * m.seq + s.token(m, tpr, spr, i));
+        const auto at = static_cast<std::size_t>((r_index * M + j) * m.seq + s.token(m, tpr, spr, i));
         in_host.push_back(static_cast<real>(data.tokens[at]));
         target_host.push_back(static_cast<real>(data.targets[at]));
       }
@@ -348,10 +419,13 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
       bad += bitwise ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
       if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
     } else if (o.check) {
-      const double want = ref.step(data, det ? M : s.dp * M, order);
-      if (wide) (void)wide->step(data, s.dp * M, reduction_order::plain());
+      const double want = ref.step(data, det ? M : seq_replicas * M, order);
+      if (wide) (void)wide->step(data, seq_replicas * M, reduction_order::plain());
       bad += bitwise ? !same_bits(loss[0], want) : std::abs(loss[0] - want) > tol * std::abs(want);
       if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, loss[0], want);
+      if (m.moe.every > 0)
+        bad += check_moe(g, p, ref, m, M, r_index, bitwise, tol, root && o.print, step, rep.counts(step, "ep")[loom::comm_op::all_to_all].bytes,
+                         sizeof(real), s.ep > 1);
     } else if (root && o.print) {
       std::printf("step %d: loss %.17g\n", step, loss[0]);
     }
@@ -371,7 +445,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
                                 },
                                 det, sizeof(real), channel_bytes) +
                             dm.between_steps() - dm.released;
-    for (auto& st : p.stages()) predicted += st.own_bytes();
+    for (auto& st : p.stages()) predicted += st.own_bytes() + st.moe_bytes(M);
     predicted += 2 * per_step * sizeof(real);  // this program's inputs and targets of a step
     if constexpr (requires { g.tp().inner().template all_reduce_scratch<real>(std::size_t{1}); }) {
       // cuda_local: the tp group's all-reduce scratch (row-parallel outputs, column-parallel input
@@ -398,7 +472,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
     // temporaries (2 n k + k elements and 3 bytes each while in flight): not in the prediction, the
     // peak is then only bounded below by it.
     const int seq_ranks = s.megatron() ? s.tp : s.sp_ranks();
-    rep.peak_temporaries = !loom::reduces_in_rank_order<Comm> && det && std::max({s.dp, s.tp, s.dp * seq_ranks}) > 2;
+    rep.peak_temporaries = !loom::reduces_in_rank_order<Comm> && det && std::max({s.dp * s.ep, s.tp, s.dp * s.ep * seq_ranks}) > 2;
 #if !defined(LOOM_CUDA_SIM)
     rep.measured_peak = rep.predicted_peak;
 #endif

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -43,6 +44,7 @@
 
 #include "host_exec.hpp"
 #include "kernels.hpp"
+#include "moe_block.hpp"
 
 namespace mesh_example {
 
@@ -55,6 +57,7 @@ struct model_spec {
   int ffn = 16;       //!< MLP hidden features
   int blocks = 4;     //!< transformer blocks (raised to the number of virtual stages)
   double lr = 0.1;    //!< SGD learning rate
+  moe_spec moe{};     //!< MoE blocks (`moe_block.hpp`; none by default)
   int head_dim() const { return hidden / heads; }
 };
 
@@ -78,13 +81,14 @@ struct sharding {
   int dp = 1, tp = 1, pp = 1, sp = 1;
   seq_kind kind = seq_kind::none;
   int ulysses = 1;  //!< USP's Ulysses degree (ulysses: sp; ring: 1)
+  int ep = 1;       //!< expert-parallel ranks (MoE blocks' experts, and the sequences, split over them)
 
   bool megatron() const { return kind == seq_kind::megatron && tp > 1; }
   //! Size of the mesh's sp dimension (Megatron-SP uses the tp group).
   int sp_ranks() const { return kind == seq_kind::megatron || kind == seq_kind::none ? 1 : sp; }
   int u() const { return kind == seq_kind::ulysses ? sp : kind == seq_kind::usp ? ulysses : 1; }
   int ring() const { return kind == seq_kind::ring ? sp : kind == seq_kind::usp ? sp / ulysses : 1; }
-  int world() const { return dp * tp * pp * sp_ranks(); }
+  int world() const { return dp * ep * tp * pp * sp_ranks(); }
   loom::seq_split split(const model_spec& m) const { return {m.seq, u(), ring()}; }
   //! Tokens a rank holds outside the tensor-parallel regions.
   int tokens(const model_spec& m) const { return megatron() ? m.seq / tp : m.seq / sp_ranks(); }
@@ -103,8 +107,8 @@ struct sharding {
   }
   //! "pp2 x dp2 x tp2, sp ring 2" style description.
   std::string describe() const {
-    std::string s = "pp" + std::to_string(pp) + " x dp" + std::to_string(dp) + " x sp" + std::to_string(sp_ranks()) +
-                    " x tp" + std::to_string(tp);
+    std::string s = "pp" + std::to_string(pp) + " x dp" + std::to_string(dp) + (ep > 1 ? " x ep" + std::to_string(ep) : std::string()) +
+                    " x sp" + std::to_string(sp_ranks()) + " x tp" + std::to_string(tp);
     if (kind == seq_kind::megatron) s += ", sequence over tp (megatron)";
     if (kind == seq_kind::usp) s += ", sp usp (ulysses " + std::to_string(u()) + " x ring " + std::to_string(ring()) + ")";
     else if (kind != seq_kind::none && kind != seq_kind::megatron) s += ", sp " + to_string(kind);
@@ -112,8 +116,18 @@ struct sharding {
   }
   //! The rule this layout breaks for model `m`, or "" (one sentence naming the values).
   std::string rule(const model_spec& m) const {
-    for (auto [name, v] : {std::pair<const char*, int>{"dp", dp}, {"tp", tp}, {"pp", pp}, {"sp", sp}})
+    for (auto [name, v] : {std::pair<const char*, int>{"dp", dp}, {"tp", tp}, {"pp", pp}, {"sp", sp}, {"ep", ep}})
       if (v < 1) return std::string("--") + name + " " + std::to_string(v) + ": every dimension needs at least 1 rank";
+    if (m.moe.every > 0) {
+      if (std::string r = loom::moe_rule(m.moe.o); !r.empty()) return r;
+      if (std::string r = loom::ep_rule(m.moe.o.experts, ep); !r.empty()) return r;
+      // Megatron-core splits the tokens over tp before the router; the sp kinds spread a
+      // sequence's tokens their own ways: not built here yet.
+      if (tp > 1 || sp > 1 || kind != seq_kind::none)
+        return "the transformer's MoE blocks (--moe-every) run with --tp 1 and no sequence split so far";
+    } else if (ep > 1) {
+      return "--ep " + std::to_string(ep) + " splits MoE blocks' experts: it needs --experts E and --moe-every K";
+    }
     if (m.hidden % m.heads != 0)
       return "--hidden " + std::to_string(m.hidden) + " is not divisible by --heads " + std::to_string(m.heads);
     if (kind == seq_kind::none) {
@@ -134,7 +148,9 @@ struct sharding {
 };
 
 //! The tensors of the model (per block where it applies).
-enum class tensor : int { E, P, LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2, LNFG, LNFB, WOUT, BOUT };
+//! An MoE block has ROUTER (`[E][h]`) and its experts' MLPs EW1 (`[E f][h]`), EB1 (`[E f]`), EW2
+//! (`[E h][f]`) and EB2 (`[E h]`), expert e's rows consecutive, in place of W1, B1, W2 and B2.
+enum class tensor : int { E, P, LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2, LNFG, LNFB, WOUT, BOUT, ROUTER, EW1, EB1, EW2, EB2 };
 
 //! A reproducible value in [-1, 1) from integer coordinates.
 inline double hashed(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
@@ -157,7 +173,10 @@ inline double initial(const model_spec& m, tensor t, int b, int row, int col) {
     case tensor::LNFG: return 1.0 + 0.1 * r;
     case tensor::WQKV:
     case tensor::W1:
-    case tensor::WOUT: return r / std::sqrt(static_cast<double>(m.hidden));
+    case tensor::WOUT:
+    case tensor::ROUTER:
+    case tensor::EW1: return r / std::sqrt(static_cast<double>(m.hidden));
+    case tensor::EW2: return r / std::sqrt(static_cast<double>(m.ffn));
     case tensor::WO: return r / std::sqrt(static_cast<double>(m.hidden));
     case tensor::W2: return r / std::sqrt(static_cast<double>(m.ffn));
     default: return 0.1 * r;
@@ -178,15 +197,24 @@ inline std::pair<int, int> full_shape(const model_spec& m, tensor t) {
     case tensor::W2: return {h, m.ffn};
     case tensor::WOUT: return {m.vocab, h};
     case tensor::BOUT: return {m.vocab, 1};
+    case tensor::ROUTER: return {m.moe.o.experts, h};
+    case tensor::EW1: return {m.moe.o.experts * m.ffn, h};
+    case tensor::EB1: return {m.moe.o.experts * m.ffn, 1};
+    case tensor::EW2: return {m.moe.o.experts * h, m.ffn};
+    case tensor::EB2: return {m.moe.o.experts * h, 1};
     default: return {h, 1};
   }
 }
 
 //! How a tensor is split over tp.
-enum class split_kind { none, qkv_rows, rows, cols };
+enum class split_kind { none, qkv_rows, rows, cols, experts };
 
 inline split_kind split_of(tensor t) {
   switch (t) {
+    case tensor::EW1:
+    case tensor::EB1:
+    case tensor::EW2:
+    case tensor::EB2: return split_kind::experts;
     case tensor::WQKV:
     case tensor::BQKV: return split_kind::qkv_rows;
     case tensor::W1:
@@ -206,7 +234,10 @@ struct tensor_slot {
   int rows = 0, cols = 0;  //!< local shape
   split_kind split = split_kind::none;
   int tp_rank = 0, tp = 1;
+  int ep_rank = 0;         //!< expert tensors: rows [ep_rank rows, (ep_rank + 1) rows) of the whole
   int heads_local = 1, head_dim = 1, hidden = 1, ffn_local = 1;
+  //! Whether the tensor holds experts (their gradients reduce over dp alone).
+  bool expert() const { return t == tensor::EW1 || t == tensor::EB1 || t == tensor::EW2 || t == tensor::EB2; }
   std::size_t size() const { return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols); }
   int row_of(int r) const {
     if (split == split_kind::qkv_rows) {
@@ -214,28 +245,33 @@ struct tensor_slot {
       return part * hidden + tp_rank * hl + r % hl;
     }
     if (split == split_kind::rows) return tp_rank * rows + r;
+    if (split == split_kind::experts) return ep_rank * rows + r;
     return r;
   }
   int col_of(int c) const { return split == split_kind::cols ? tp_rank * cols + c : c; }
 };
 
 //! The tensors of a stage holding blocks [b0, b1), the embedding and/or the final layers, on tp
-//! rank `t`, with their offsets.
+//! rank `t` and ep rank `e`, with their offsets.
 inline std::vector<tensor_slot> stage_tensors(const model_spec& m, const sharding& s, int t, int b0, int b1, bool embed,
-                                              bool final_layers) {
+                                              bool final_layers, int e = 0) {
   std::vector<tensor_slot> out;
   std::size_t off = 0;
   auto add = [&](tensor x, int block) {
     tensor_slot ts{x, block};
     auto [r, c] = full_shape(m, x);
-    ts.split = s.tp > 1 ? split_of(x) : split_kind::none;
+    ts.split = split_of(x) == split_kind::experts ? (s.ep > 1 ? split_kind::experts : split_kind::none)
+               : s.tp > 1                         ? split_of(x)
+                                                  : split_kind::none;
     ts.tp_rank = t;
+    ts.ep_rank = e;
     ts.tp = s.tp;
     ts.heads_local = m.heads / s.tp;
     ts.head_dim = m.head_dim();
     ts.hidden = m.hidden;
     ts.ffn_local = m.ffn / s.tp;
     if (ts.split == split_kind::qkv_rows || ts.split == split_kind::rows) r /= s.tp;
+    if (ts.split == split_kind::experts) r /= s.ep;
     if (ts.split == split_kind::cols) c /= s.tp;
     ts.rows = r;
     ts.cols = c;
@@ -244,10 +280,13 @@ inline std::vector<tensor_slot> stage_tensors(const model_spec& m, const shardin
     out.push_back(ts);
   };
   if (embed) add(tensor::E, -1), add(tensor::P, -1);
-  for (int b = b0; b < b1; ++b)
-    for (tensor x : {tensor::LN1G, tensor::LN1B, tensor::WQKV, tensor::BQKV, tensor::WO, tensor::BO, tensor::LN2G,
-                     tensor::LN2B, tensor::W1, tensor::B1, tensor::W2, tensor::B2})
-      add(x, b);
+  for (int b = b0; b < b1; ++b) {
+    for (tensor x : {tensor::LN1G, tensor::LN1B, tensor::WQKV, tensor::BQKV, tensor::WO, tensor::BO, tensor::LN2G, tensor::LN2B}) add(x, b);
+    if (m.moe.is_moe(b))
+      for (tensor x : {tensor::ROUTER, tensor::EW1, tensor::EB1, tensor::EW2, tensor::EB2}) add(x, b);
+    else
+      for (tensor x : {tensor::W1, tensor::B1, tensor::W2, tensor::B2}) add(x, b);
+  }
   if (final_layers)
     for (tensor x : {tensor::LNFG, tensor::LNFB, tensor::WOUT, tensor::BOUT}) add(x, -1);
   return out;
@@ -291,6 +330,7 @@ inline batch make_batch(const model_spec& m, int microbatches, int step) {
 template <class C>
 struct stage_comms {
   C* tp = nullptr;       //!< tensor-parallel group
+  C* ep = nullptr;       //!< expert-parallel group (MoE blocks)
   C* ulysses = nullptr;  //!< Ulysses group (inside the sp dimension)
   C* ring = nullptr;     //!< ring group (across the sp dimension)
 };
@@ -325,7 +365,8 @@ class transformer_stage {
         fl_(static_cast<std::size_t>(m.ffn / s.tp)),
         att_(bound(comms.ulysses, own_uly_), bound(comms.ring, own_ring_), s.region_tokens(m),
              loom::attention_dims{m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))}, true) {
-    slots_ = stage_tensors(m, s, tp_rank, b0, b1, embed, final_layers);
+    const int ep_rank = comms.ep == nullptr ? 0 : comms.ep->rank();
+    slots_ = stage_tensors(m, s, tp_rank, b0, b1, embed, final_layers, ep_rank);
     std::size_t n = 0;
     for (auto const& ts : slots_) n += ts.size();
     std::vector<T> init(n);
@@ -336,12 +377,19 @@ class transformer_stage {
     params_ = X::upload(init);
     grads_ = X::template zeros<T>(n);
     for (auto const& ts : slots_)
-      ranges_.push_back({ts.offset, ts.size(), seq_partial(s, ts) ? s.seq_dims() : loom::dim_set{}});
+      ranges_.push_back({ts.offset, ts.size(), seq_partial(s, ts) ? s.seq_dims() : loom::dim_set{}, ts.expert()});
     layout_stash();
     std::vector<int> pos;
     for (std::size_t t = 0; t < T_; ++t) pos.push_back(s_.token(m, tpr_, spr_, static_cast<int>(t)));
     pos_ = X::upload(pos);
     work_ = X::template zeros<T>(work_slots * work_part(m, s));
+    // MoE blocks: one branch each; the auxiliary loss of a routing unit (a rank's sequence)
+    // weighs 1 / (sequences of the step) in the objective, as the loss terms weigh 1 / tokens.
+    if (m.moe.count(b0, b1) > 0) aux_scale_ = X::upload(std::vector<T>{static_cast<T>(loss_scale * m.seq)});
+    for (int blk = b0; blk < b1; ++blk) {
+      auto& br = moe_.emplace_back();
+      if (m.moe.is_moe(blk)) br.emplace(m.moe, T_, h_, static_cast<std::size_t>(m.ffn), comms.ep, X::whole(aux_scale_).data());
+    }
   }
 
   //! The pipeline's sizes of a stage holding blocks [b0, b1) on any tp rank (without building one).
@@ -380,8 +428,23 @@ class transformer_stage {
   const std::vector<tensor_slot>& tensors() const { return slots_; }
   //! `own_bytes` of this stage.
   std::size_t own_bytes() const { return own_bytes(*m_, s_, b0_, b1_, embed_, final_); }
+  //! Bytes of the storage this stage's MoE blocks hold after `microbatches` microbatches
+  //! (`moe_branch::bytes` each, and the auxiliary loss's weight); 0 without MoE blocks.
+  std::size_t moe_bytes(int microbatches) const {
+    const int blocks = m_->moe.count(b0_, b1_);
+    if (blocks == 0) return 0;
+    return sizeof(T) + static_cast<std::size_t>(blocks) * moe_branch<C, X>::bytes(m_->moe, T_, h_, static_cast<std::size_t>(m_->ffn), s_.ep, microbatches);
+  }
   //! A host copy of the parameters (on a device after the work enqueued so far).
   std::vector<T> host_params() { return X::template download<T>(params()); }
+  //! The records of microbatch `mb`'s last forward through this stage's MoE blocks: (block, record)
+  //! in block order.
+  std::vector<std::pair<int, typename moe_branch<C, X>::record>> moe_records(int mb) const {
+    std::vector<std::pair<int, typename moe_branch<C, X>::record>> out;
+    for (int blk = b0_; blk < b1_; ++blk)
+      if (auto const& br = moe_[static_cast<std::size_t>(blk - b0_)]) out.emplace_back(blk, br->last(mb));
+    return out;
+  }
 
   void forward(const loom::stage_context& ctx, loom::forward_buffers<T> b) {
     guard(ctx, [&] {
@@ -390,7 +453,7 @@ class transformer_stage {
       if (embed_) embed_forward(b.input, cur);
       else x_.copy(b.input, cur);
       for (int blk = b0_; blk < b1_; ++blk) {
-        block_forward(blk, cur, next, b.stash);
+        block_forward(ctx, blk, cur, next, b.stash);
         std::swap(cur, next);
       }
       if (final_) final_forward(ctx.microbatch, cur, b.stash, b.output);
@@ -404,7 +467,7 @@ class transformer_stage {
       if (final_) final_backward(ctx.microbatch, b.output_grad, b.stash, g);
       else x_.copy(b.output_grad, g);
       for (int blk = b1_ - 1; blk >= b0_; --blk) {
-        block_backward_input(blk, g, gn, b.stash);
+        block_backward_input(ctx, blk, g, gn, b.stash);
         std::swap(g, gn);
       }
       if (embed_) x_.copy(std::span<const T>(g), st(b.stash, emb_grad_, T_ * h_));
@@ -421,7 +484,7 @@ class transformer_stage {
                                                    gw + slot(tensor::P, -1).offset, T_, h_},
                 "embedding backward");
       }
-      for (int blk = b0_; blk < b1_; ++blk) block_backward_weight(blk, b.stash, gw);
+      for (int blk = b0_; blk < b1_; ++blk) block_backward_weight(ctx, blk, b.stash, gw);
       if (final_) final_backward_weight(b.stash, gw);
     });
   }
@@ -465,7 +528,7 @@ class transformer_stage {
     }
   }
   void abort_peers(const std::string& why) {
-    for (C* c : {c_.tp, c_.ulysses, c_.ring})
+    for (C* c : {c_.tp, c_.ep, c_.ulysses, c_.ring})
       if (c != nullptr && c->size() > 1) {
         c->abort(why);
         return;
@@ -581,7 +644,7 @@ class transformer_stage {
   }
 
   // ---- one block ----------------------------------------------------------------------------
-  void block_forward(int blk, std::span<const T> x, std::span<T> y, std::span<T> stash) {
+  void block_forward(const loom::stage_context& ctx, int blk, std::span<const T> x, std::span<T> y, std::span<T> stash) {
     auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
     std::span<T> a(work(2), T_ * h_), qkv_tok(work(3), Tr_ * 3 * hl_), qkv(work(4), Tr_ * 3 * hl_), part(work(5), Tr_ * h_),
         out(work(6), T_ * h_);
@@ -596,10 +659,16 @@ class transformer_stage {
     loom::row_parallel_linear<K> wo{hl_, h_, x_.linear()};
     wo.forward(tp_, std::span<const T>(o), P(tensor::WO, blk), P(tensor::BO, blk), part, out);
     add(x.data(), out.data(), y.data());  // x1, kept in y
-    // MLP branch
+    // MLP branch (an MoE block: the MoE branch)
     std::span<T> c(work(2), T_ * h_), u(work(3), Tr_ * fl_);
     ln_forward(y.data(), P(tensor::LN2G, blk).data(), P(tensor::LN2B, blk).data(), c.data(), st(stash, bs.xhat2, T_ * h_).data(),
                st(stash, bs.rstd2, T_).data());
+    if (auto& br = moe_[static_cast<std::size_t>(blk - b0_)]) {
+      x_.copy(std::span<const T>(c), st(stash, bs.cfull, T_ * h_));
+      br->forward(ctx, std::span<const T>(c), moe_weights(blk), out);
+      add(y.data(), out.data(), y.data());
+      return;
+    }
     loom::column_parallel_linear<K> w1{h_, fl_, x_.linear()};
     w1.forward(tp_, std::span<const T>(c), st(stash, bs.cfull, Tr_ * h_), P(tensor::W1, blk), P(tensor::B1, blk), u);
     std::span<T> act = st(stash, bs.act, Tr_ * fl_);
@@ -610,9 +679,24 @@ class transformer_stage {
   }
 
   //! `g` is the gradient of the block's output; `gx` receives the gradient of its input.
-  void block_backward_input(int blk, std::span<const T> g, std::span<T> gx, std::span<T> stash) {
+  void block_backward_input(const loom::stage_context& ctx, int blk, std::span<const T> g, std::span<T> gx, std::span<T> stash) {
     auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
-    // MLP branch: g is also dz (the gradient of W2's output, this rank's tokens).
+    std::span<T> scratch(work(5), Tr_ * h_), g1 = st(stash, bs.dyin, T_ * h_);  // the gradient of x1 is dy of the attention branch
+    if (auto& br = moe_[static_cast<std::size_t>(blk - b0_)]) {
+      std::span<T> dc = st(stash, bs.dc, T_ * h_);
+      br->backward_input(ctx, g, moe_weights(blk), dc);
+      ln_backward_input(dc.data(), st(stash, bs.xhat2, T_ * h_).data(), st(stash, bs.rstd2, T_).data(), P(tensor::LN2G, blk).data(),
+                        g.data(), g1.data());
+    } else {
+      mlp_backward_input(blk, g, g1, scratch, stash);
+    }
+    attention_backward_input(blk, g1, gx, scratch, stash);
+  }
+
+  //! The MLP branch's backward (`g`: also dz, the gradient of W2's output, this rank's tokens);
+  //! `g1` receives the gradient of the block's x1.
+  void mlp_backward_input(int blk, std::span<const T> g, std::span<T> g1, std::span<T> scratch, std::span<T> stash) {
+    auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
     std::span<T> dzin = st(stash, bs.dzin, T_ * h_);
     x_.copy(g, dzin);
     loom::row_parallel_linear<K> w2{fl_, h_, x_.linear()};
@@ -621,12 +705,15 @@ class transformer_stage {
     std::span<const T> act = st(stash, bs.act, Tr_ * fl_);
     x_.each(du.size(), kernels::tanh_grad_elem<T>{act.data(), du.data()}, "tanh backward");
     loom::column_parallel_linear<K> w1{h_, fl_, x_.linear()};
-    std::span<T> dc = st(stash, bs.dc, T_ * h_), scratch(work(5), Tr_ * h_);
+    std::span<T> dc = st(stash, bs.dc, T_ * h_);
     w1.backward_input(tp_, std::span<const T>(du), P(tensor::W1, blk), scratch, dc);
-    std::span<T> g1 = st(stash, bs.dyin, T_ * h_);  // the gradient of x1 is dy of the attention branch
     ln_backward_input(dc.data(), st(stash, bs.xhat2, T_ * h_).data(), st(stash, bs.rstd2, T_).data(), P(tensor::LN2G, blk).data(),
                       g.data(), g1.data());
-    // attention branch
+  }
+
+  //! The attention branch's backward: `g1` the gradient of x1, `gx` receives the block input's.
+  void attention_backward_input(int blk, std::span<const T> g1, std::span<T> gx, std::span<T> scratch, std::span<T> stash) {
+    auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
     loom::row_parallel_linear<K> wo{hl_, h_, x_.linear()};
     std::span<T> dout(work(2), Tr_ * hl_);
     wo.backward_input(tp_, std::span<const T>(g1), st(stash, bs.dyfull, Tr_ * h_), P(tensor::WO, blk), dout);
@@ -640,18 +727,22 @@ class transformer_stage {
                       g1.data(), gx.data());
   }
 
-  void block_backward_weight(int blk, std::span<T> stash, T* gw) {
+  void block_backward_weight(const loom::stage_context& ctx, int blk, std::span<T> stash, T* gw) {
     auto const& bs = bstash_[static_cast<std::size_t>(blk - b0_)];
     auto G = [&](tensor t) {
       auto const& ts = slot(t, blk);
       return std::span<T>(gw + ts.offset, ts.size());
     };
     auto c = [&](std::size_t at, std::size_t n) { return std::span<const T>(st(stash, at, n)); };
-    loom::row_parallel_linear<K> w2{fl_, h_, x_.linear()};
-    w2.backward_weight(c(bs.act, Tr_ * fl_), c(bs.dzfull, Tr_ * h_), G(tensor::W2));
-    bias_backward(c(bs.dzin, T_ * h_).data(), G(tensor::B2).data());
-    loom::column_parallel_linear<K> w1{h_, fl_, x_.linear()};
-    w1.backward_weight(c(bs.cfull, Tr_ * h_), c(bs.du, Tr_ * fl_), G(tensor::W1), G(tensor::B1));
+    if (auto& br = moe_[static_cast<std::size_t>(blk - b0_)]) {
+      br->backward_weight(ctx, c(bs.cfull, T_ * h_), {G(tensor::ROUTER), G(tensor::EW1), G(tensor::EB1), G(tensor::EW2), G(tensor::EB2)});
+    } else {
+      loom::row_parallel_linear<K> w2{fl_, h_, x_.linear()};
+      w2.backward_weight(c(bs.act, Tr_ * fl_), c(bs.dzfull, Tr_ * h_), G(tensor::W2));
+      bias_backward(c(bs.dzin, T_ * h_).data(), G(tensor::B2).data());
+      loom::column_parallel_linear<K> w1{h_, fl_, x_.linear()};
+      w1.backward_weight(c(bs.cfull, Tr_ * h_), c(bs.du, Tr_ * fl_), G(tensor::W1), G(tensor::B1));
+    }
     ln_backward_weight(c(bs.dc, T_ * h_).data(), c(bs.xhat2, T_ * h_).data(), G(tensor::LN2G).data(), G(tensor::LN2B).data());
     loom::row_parallel_linear<K> wo{hl_, h_, x_.linear()};
     wo.backward_weight(c(bs.o, Tr_ * hl_), c(bs.dyfull, Tr_ * h_), G(tensor::WO));
@@ -659,6 +750,11 @@ class transformer_stage {
     loom::column_parallel_linear<K> wqkv{h_, 3 * hl_, x_.linear()};
     wqkv.backward_weight(c(bs.afull, Tr_ * h_), c(bs.dqkv, Tr_ * 3 * hl_), G(tensor::WQKV), G(tensor::BQKV));
     ln_backward_weight(c(bs.da, T_ * h_).data(), c(bs.xhat1, T_ * h_).data(), G(tensor::LN1G).data(), G(tensor::LN1B).data());
+  }
+
+  //! This rank's weights of MoE block `blk`.
+  typename moe_branch<C, X>::weights moe_weights(int blk) {
+    return {P(tensor::ROUTER, blk), P(tensor::EW1, blk), P(tensor::EB1, blk), P(tensor::EW2, blk), P(tensor::EB2, blk)};
   }
 
   //! `[tokens][3][heads][d]` (the Q/K/V projection's rows) to `[3][tokens][heads][d]`.
@@ -724,6 +820,8 @@ class transformer_stage {
   std::vector<loom::grad_range> ranges_;
   buffer<T> params_, grads_, work_;
   buffer<int> pos_;  //!< global position of each local token
+  buffer<T> aux_scale_;  //!< the objective's weight of one routing unit's auxiliary loss (MoE blocks)
+  std::vector<std::optional<moe_branch<C, X>>> moe_;  //!< per block of the stage: its MoE branch, if an MoE block
   std::vector<block_stash> bstash_;
   std::size_t fin_xhat_ = 0, fin_rstd_ = 0, fin_f_ = 0, fin_probs_ = 0, fin_dlogits_ = 0, fin_df_ = 0, emb_grad_ = 0;
   std::size_t stash_total_ = 0;
