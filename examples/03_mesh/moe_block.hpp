@@ -50,27 +50,30 @@ class moe_branch {
  public:
   using T = typename X::value_type;  //!< the precision
   template <class U>
-  using buffer = typename X::template buffer<U>;
-  using routing = typename moe::moe_ops<X>::routing;
+  using buffer = typename X::template buffer<U>;  //!< the executor's storage
+  using routing = typename moe::moe_ops<X>::routing;  //!< one microbatch's routing (host or device memory)
 
   //! This rank's weights of the branch: the router `[E][h]` and, for each held expert e in order,
   //! W1 `[f][h]`, B1 `[f]`, W2 `[h][f]`, B2 `[h]` (each tensor's experts consecutive).
   struct weights {
-    std::span<const T> router, w1, b1, w2, b2;
+    std::span<const T> router, w1, b1, w2, b2;  //!< the router, then the held experts' tensors
   };
   //! The gradients of the same tensors.
   struct grads {
-    std::span<T> router, w1, b1, w2, b2;
+    std::span<T> router, w1, b1, w2, b2;  //!< as `weights`
   };
   //! What the forward of microbatch `mb` gave: the auxiliary loss of its routing unit, its
   //! dropped (token, choice) pairs, the drops per expert and the capacity (slots per expert).
   struct record {
-    T aux = 0;
-    std::vector<std::pair<int, int>> dropped;
-    std::vector<long long> dropped_per_expert;
-    long long capacity = 0;
+    T aux = 0;                                 //!< GShard's auxiliary loss of the routing unit
+    std::vector<std::pair<int, int>> dropped;  //!< (token, choice), in the contract's order
+    std::vector<long long> dropped_per_expert;  //!< [E]
+    long long capacity = 0;                    //!< C
   };
 
+  //! The branch of a stage: the options `s` (kept by address), `n` tokens, width `h`, the
+  //! experts' hidden features `f`, the ep group `ep` and the auxiliary loss's weight `aux_scale`
+  //! (see the class comment). Throws `config_error` when E does not split over ep.
   moe_branch(const moe_spec& s, std::size_t n, std::size_t h, std::size_t f, C* ep, const T* aux_scale)
       : s_(&s), n_(n), h_(h), f_(f), ep_(ep), aux_scale_(aux_scale) {
     const int ranks = ep == nullptr ? 1 : ep->size();

@@ -92,10 +92,10 @@ class basic_reference_model {
   //! What one MoE block did to one sequence in the last step: its auxiliary loss, dropped
   //! (token, choice) pairs and drops per expert.
   struct moe_record {
-    int block = 0;
-    T aux = 0;
-    std::vector<std::pair<int, int>> dropped;
-    std::vector<long long> dropped_per_expert;
+    int block = 0;                              //!< the MoE block
+    T aux = 0;                                  //!< its auxiliary loss on the sequence
+    std::vector<std::pair<int, int>> dropped;   //!< (token, choice) pairs dropped
+    std::vector<long long> dropped_per_expert;  //!< [E]
   };
   //! The last step's MoE records, per sequence of the batch (its index in `make_batch`), MoE blocks
   //! in order.
