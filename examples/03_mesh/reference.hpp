@@ -20,7 +20,10 @@
 //!   replica, and, for parameters that only see some tokens, the rank holding them), the fold of
 //!   that member's per-microbatch gradients in microbatch order (each over the member's tokens in
 //!   its local order), and then the members' folds added in group order (replica-major); the
-//!   step's loss likewise.
+//!   step's loss likewise;
+//! - an MoE block routes each sequence alone (every expert here), and each expert's weight
+//!   gradient of a microbatch is one sum from zero over the rows of the `ep` replicas' sequences,
+//!   source-major (the all-to-all's layout), folded over microbatches and then over dp.
 
 #include <algorithm>
 #include <cmath>

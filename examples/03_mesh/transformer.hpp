@@ -18,6 +18,8 @@
 //!   sequence by Ulysses all-to-alls, ring attention or both (USP).
 //! Blocks are cut into pipeline stages (stage 0 also embeds, the last stage also computes the
 //! loss), the stages run by any loom schedule over `pp`, and the whole is replicated over `dp`.
+//! With `model_spec::moe`, every K-th block's MLP is an MoE branch whose experts split over `ep`
+//! (`moe_block.hpp`); ranks that differ in ep hold different sequences too.
 //!
 //! Every kernel fixes its order of additions. A deterministic run is bitwise equal to the
 //! single-rank reference of `reference.hpp` computed with the same blocking (the reduction order
@@ -206,7 +208,7 @@ inline std::pair<int, int> full_shape(const model_spec& m, tensor t) {
   }
 }
 
-//! How a tensor is split over tp.
+//! How a tensor is split over tp (`experts`: the MoE tensors' rows over ep).
 enum class split_kind { none, qkv_rows, rows, cols, experts };
 
 inline split_kind split_of(tensor t) {
