@@ -121,7 +121,7 @@ for ls in "--local-steps 2" "--local-steps 3 --one-shot"; do
     --deterministic 2>&1 | tee -a "$out/mesh.txt" | tail -1 | tee -a "$out/summary.txt"
 done
 # The transformer of examples/03_mesh in fp32 on device kernels (mesh_gpu), 8 ranks as streams of
-# the one GPU: dp2 x pp2 x tp2 (and with ZeRO-3 and Adam), and two sp kinds; each within 1e-5 of
+# the one GPU: dp2 x pp2 x tp2 (and with ZeRO-3 and Adam), two sp kinds and MoE blocks; each within 1e-5 of
 # the host float reference (Adam: its step bound) and within the bound of the double one.
 mesh_gpu_run() {  # $1: the summary lines' pattern; $2: the options
   echo "# mesh_gpu --backend cuda_local $2" | tee -a "$out/mesh.txt" >>"$out/summary.txt"
@@ -130,7 +130,8 @@ mesh_gpu_run() {  # $1: the summary lines' pattern; $2: the options
 }
 for args in "--dp 2 --pp 2 --tp 2 --schedule zb-h1 --deterministic" "--dp 2 --pp 2 --tp 2 --schedule zb-h1" \
             "--dp 2 --pp 2 --tp 2 --schedule interleaved-1f1b --zero-stage 3 --optimizer adam" \
-            "--sp 4 --sp-kind usp --pp 2 --schedule dualpipe-v" "--sp 2 --sp-kind ring --dp 2 --tp 2 --deterministic"; do
+            "--sp 4 --sp-kind usp --pp 2 --schedule dualpipe-v" "--sp 2 --sp-kind ring --dp 2 --tp 2 --deterministic" \
+            "--experts 4 --top-k 2 --capacity-factor 0.5 --moe-every 1 --ep 2 --dp 2 --pp 2 --schedule zb-h1"; do
   mesh_gpu_run "fp32 against|device memory|reference check|mesh:" "$args"
 done
 # The MoE model of examples/03_mesh (--experts) in fp32 on device kernels, 8 ranks as streams of the

@@ -162,13 +162,13 @@ std::string moe_rule(const options& o, const CLI::App& app) {
   if (o.experts < 0) return "--experts " + std::to_string(o.experts) + " is negative";
   if (o.moe_every < 0) return "--moe-every " + std::to_string(o.moe_every) + " is negative";
   if (!std::isfinite(o.aux_weight) || o.aux_weight < 0) return "--aux-weight must be a finite number >= 0";
+  if ((o.backend == "cuda_local" || o.backend == "nccl") && o.capacity_factor == 0)
+    return "--experts on a device backend needs --capacity-factor above 0: with 0 the capacity is the group's largest load, which the host "
+           "would read inside a stage call that a device pipeline enqueues ahead of the device";
   if (o.moe_every > 0) {  // the transformer with MoE blocks
     for (const char* name : {"--moe-layout", "--moe-chunks", "--moe-node-size", "--adaptive-r"})
       if (app.count(name) > 0)
         return std::string(name) + " applies to the MoE model: the transformer's MoE blocks (--moe-every) exchange flat over --ep so far";
-    if ((o.backend == "cuda_local" || o.backend == "nccl") && o.capacity_factor == 0)
-      return "--moe-every on a device backend needs --capacity-factor above 0: with 0 the capacity is the group's largest load, which the "
-             "host would read inside a stage call that a device pipeline enqueues ahead of the device";
     if (o.local_steps > 0) return "--local-steps: the transformer's MoE blocks reduce their experts' gradients every step";
     return {};
   }
@@ -176,9 +176,6 @@ std::string moe_rule(const options& o, const CLI::App& app) {
   for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--sync-after-step",
                            "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--adam-lr"})
     if (app.count(name) > 0) return std::string(name) + " applies to the transformer: the MoE model (--experts) has linear stages of width 4";
-  if ((o.backend == "cuda_local" || o.backend == "nccl") && o.capacity_factor == 0)
-    return "--experts on a device backend needs --capacity-factor above 0: with 0 the capacity is the group's largest load, which the host "
-           "would read inside a stage call that a device pipeline enqueues ahead of the device";
   if (o.optimizer != "sgd") return "--experts trains with SGD (the reference's optimizer)";
   if (o.zero_stage == 3) return "--experts: ZeRO stage 3 needs stages that release their parameters between steps; the MoE model's do not";
   if (o.one_shot) return "--one-shot: the MoE model averages local SGD's replicas every --local-steps H";

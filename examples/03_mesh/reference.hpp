@@ -139,12 +139,12 @@ class basic_reference_model {
     std::vector<std::map<key, std::vector<T>>> fold_part(static_cast<std::size_t>(ord.replicas * groups)),
         fold_full(static_cast<std::size_t>(ord.replicas));
     std::vector<double> loss_fold(static_cast<std::size_t>(ord.replicas * groups), 0.0);
-    std::vector<pass> passes;
+    std::vector<pass> passes;  // kept for the experts' sums (MoE blocks only)
     last_moe_.assign(static_cast<std::size_t>(ord.replicas * per_replica), {});
     for (int d = 0; d < ord.replicas; ++d)
       for (int j = 0; j < per_replica; ++j) {
         const int mb = d * per_replica + j;
-        pass& p = passes.emplace_back(run(data, mb, scale, ord));
+        pass p = run(data, mb, scale, ord);
         for (int b = 0; b < m_.blocks; ++b)
           if (m_.moe.is_moe(b)) {
             auto const& A = p.blocks[static_cast<std::size_t>(b)];
@@ -158,6 +158,7 @@ class basic_reference_model {
           fold(fold_part[gi], weight_grads(p, group_tokens(g)), ord, true);
         }
         fold(fold_full[static_cast<std::size_t>(d)], weight_grads(p, all), ord, false);
+        if (m_.moe.every > 0) passes.push_back(std::move(p));
       }
     // The experts (MoE blocks): each microbatch's rows of the ep replicas that share the experts
     // meet at each expert, source-major, one from-zero sum per microbatch (as the all-to-all
