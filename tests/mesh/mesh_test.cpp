@@ -5,7 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <set>
 #include <string>
@@ -35,6 +37,22 @@ using m_ep = loom::mesh<loom::dp<2>, loom::ep<2>, loom::tp<2>>;
 static_assert(m_ep{}.size(dim::ep) == 2 && m_ep{}.coord(dim::ep, 2) == 1 && m_ep{}.coord(dim::dp, 4) == 1);
 static_assert(m_ep{}.size(dim::dp | dim::ep) == 4 && m_ep{}.group_member(dim::dp | dim::ep, 1, 3) == 7);
 static_assert(loom::to_string(dim::dp | dim::ep) == "dp x ep" && m_ep{}.describe() == "dp2 x ep2 x tp2");
+
+// Tensor-parallel grids (issue 25): the shape, the position of each member and the groups.
+using m_2d = loom::mesh<loom::pp<2>, loom::tp<4, loom::tp_kind::d2>>;
+static_assert(m_2d::is_static && m_2d{}.size() == 8 && m_2d{}.grid().q == 2 && m_2d{}.grid().depth == 1);
+static_assert(m_2d{}.describe() == "pp2 x tp4[2d 2x2]");
+using m_25d = loom::mesh<loom::dp<2>, loom::tp<8, loom::tp_kind::d2_5, 2>>;
+static_assert(m_25d{}.grid() == loom::tp_grid{loom::tp_kind::d2_5, 8, 2, 2} && m_25d{}.describe() == "dp2 x tp8[2.5d 2x2x2]");
+static_assert(loom::mesh<loom::tp<27, loom::tp_kind::d3>>{}.grid() == loom::tp_grid{loom::tp_kind::d3, 27, 3, 3});
+static_assert(loom::mesh<loom::tp<4>>{}.grid() == loom::tp_grid{loom::tp_kind::d1, 4, 1, 1}, "1D: no grid");
+static_assert(loom::mesh<loom::dp<2>>{}.grid().ranks == 1);
+static_assert(!loom::tp<4, loom::tp_kind::d2_5>::is_static && !loom::tp<4, loom::tp_kind::dynamic>::is_static);
+// Member 6 of a 3 x 3 grid: row 2, column 0; its row is 6, 7, 8 and its column 0, 3, 6.
+constexpr loom::tp_grid g33 = loom::make_tp_grid(loom::tp_kind::d2, 9);
+static_assert(g33.row(6) == 2 && g33.column(6) == 0 && g33.group_member(loom::grid_group::row, 6, 2) == 8);
+static_assert(g33.group_member(loom::grid_group::column, 6, 1) == 3 && g33.size(loom::grid_group::depth) == 1);
+static_assert(g33.describe() == "2d 3x3");
 
 template <class M>
 void check_round_trip(const M& m) {
@@ -140,6 +158,92 @@ TEST_CASE("mesh: the communicator of each dimension and of each pair groups the 
       CHECK(g.ep().size() == epn);
       CHECK(g.pp().counters()[loom::comm_op::all_gather].calls == 1);
       std::lock_guard lk(mu);
+      ++checked;
+    });
+    CHECK(checked == m.size());
+  }
+}
+
+TEST_CASE("mesh: a tensor-parallel grid's row, column and depth groups hold the ranks agreeing on the other grid coordinates") {
+  for (auto [kind, n, depth] : {std::tuple{loom::tp_kind::d2, 4, 0}, std::tuple{loom::tp_kind::d2, 9, 0},
+                                std::tuple{loom::tp_kind::d2_5, 8, 2}, std::tuple{loom::tp_kind::d2_5, 12, 3},
+                                std::tuple{loom::tp_kind::d3, 8, 0}, std::tuple{loom::tp_kind::d3, 27, 0}}) {
+    const loom::tp_grid g = loom::make_tp_grid(kind, n, depth);
+    INFO(std::string(g.describe().view()));
+    CHECK(g.q * g.q * g.depth == n);
+    for (int t = 0; t < n; ++t) {
+      CHECK(g.member(g.layer(t), g.row(t), g.column(t)) == t);
+      for (auto x : {loom::grid_group::row, loom::grid_group::column, loom::grid_group::depth}) {
+        const int idx = g.group_index(x, t);
+        CHECK(g.group_member(x, t, idx) == t);
+        int members = 0;
+        for (int u = 0; u < n; ++u) {
+          const bool same_row = g.row(u) == g.row(t), same_col = g.column(u) == g.column(t), same_layer = g.layer(u) == g.layer(t);
+          const bool expected = x == loom::grid_group::row      ? same_row && same_layer
+                                : x == loom::grid_group::column ? same_col && same_layer
+                                                                : same_row && same_col;
+          CHECK((g.group_id(x, u) == g.group_id(x, t)) == expected);
+          members += expected ? 1 : 0;
+        }
+        CHECK(members == g.size(x));
+      }
+    }
+  }
+}
+
+TEST_CASE("mesh: a tensor-parallel grid that does not fit is refused at run time with one sentence") {
+  using tpd = loom::tp<loom::dynamic, loom::tp_kind::dynamic>;
+  CHECK_THROWS_WITH_AS(tpd(8, loom::tp_kind::d2), "tensor parallel 2d needs q x q ranks; tp 8 is not a square", loom::config_error);
+  CHECK_THROWS_WITH_AS(tpd(9, loom::tp_kind::d3), "tensor parallel 3d needs q x q x q ranks; tp 9 is not a cube", loom::config_error);
+  CHECK_THROWS_WITH_AS(tpd(8, loom::tp_kind::d2_5, 3),
+                       "tensor parallel 2.5d needs q x q x depth ranks; tp 8 is not q x q x 3 for any q", loom::config_error);
+  CHECK_THROWS_WITH_AS(tpd(8, loom::tp_kind::d2_5), "tensor parallel 2.5d needs a depth of at least 1; it was given 0",
+                       loom::config_error);
+  CHECK_THROWS_WITH_AS(tpd(4, loom::tp_kind::d2, 2), "tensor parallel 2d takes no depth (only 2.5d does); it was given 2",
+                       loom::config_error);
+  CHECK_THROWS_WITH_AS(tpd(4, loom::tp_kind::dynamic), "tensor parallel: the kind must be 1d, 2d, 2.5d or 3d", loom::config_error);
+  CHECK_THROWS_WITH_AS((loom::tp<4, loom::tp_kind::d2>{4, loom::tp_kind::d3}),
+                       "mesh dimension tp of kind 2d was given the kind 3d", loom::config_error);
+  CHECK_THROWS_WITH_AS((loom::tp<8, loom::tp_kind::d2_5, 2>{8, loom::tp_kind::d2_5, 4}),
+                       "mesh dimension tp of depth 2 was given the depth 4", loom::config_error);
+  CHECK(tpd(8, loom::tp_kind::d2_5, 2).grid() == loom::tp_grid{loom::tp_kind::d2_5, 8, 2, 2});
+  CHECK(tpd(4).grid().kind == loom::tp_kind::d1);
+  loom::tp_kind k{};
+  CHECK((loom::parse_tp_kind("2.5d", k) && k == loom::tp_kind::d2_5));
+  CHECK_FALSE(loom::parse_tp_kind("4d", k));
+  // A 1D mesh has no grid groups: asking for one is an error, not a silent whole group.
+  loom::run_threads(2, [&](loom::threads::comm& c) {
+    loom::mesh_comm g(loom::mesh<loom::tp<2>>{}, c);
+    CHECK_THROWS_WITH_AS(g.grid(loom::grid_group::row),
+                         "mesh tp2: tensor parallel 1d has no row group (only the grid kinds 2d, 2.5d and 3d do)", loom::config_error);
+  });
+}
+
+TEST_CASE("mesh: mesh_comm splits a grid's row, column and depth groups with the members in grid order") {
+  using tpd = loom::tp<loom::dynamic, loom::tp_kind::dynamic>;
+  for (auto [dpn, kind, n, depth] : {std::tuple{2, loom::tp_kind::d2, 4, 0}, std::tuple{1, loom::tp_kind::d2, 9, 0},
+                                     std::tuple{1, loom::tp_kind::d2_5, 8, 2}, std::tuple{1, loom::tp_kind::d3, 8, 0}}) {
+    loom::mesh<loom::dp<>, tpd> m{loom::dp<>{dpn}, tpd{n, kind, depth}};
+    INFO(std::string(m.describe().view()));
+    std::atomic<int> checked{0};
+    loom::run_threads(m.size(), [&](loom::threads::comm& c) {
+      loom::mesh_comm g(m, c);
+      const loom::tp_grid& grid = m.grid();
+      const int t = g.coord(dim::tp);
+      for (auto x : {loom::grid_group::row, loom::grid_group::column, loom::grid_group::depth}) {
+        auto& sub = g.grid(x);
+        CHECK(sub.size() == grid.size(x));
+        CHECK(sub.rank() == grid.group_index(x, t));
+        std::vector<std::int32_t> mine{c.rank()}, all(static_cast<std::size_t>(sub.size()));
+        sub.all_gather(std::span<const std::int32_t>(mine), std::span<std::int32_t>(all));
+        for (int i = 0; i < sub.size(); ++i) {
+          const int member = m.group_member(dim::tp, c.rank(), grid.group_member(x, t, i));
+          CHECK(all[static_cast<std::size_t>(i)] == member);
+        }
+        CHECK(sub.counters()[loom::comm_op::all_gather].bytes == 4u * static_cast<unsigned>(sub.size()));
+      }
+      g.reset_counters();
+      CHECK(g.grid(loom::grid_group::column).counters() == loom::comm_counters{});
       ++checked;
     });
     CHECK(checked == m.size());

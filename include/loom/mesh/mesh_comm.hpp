@@ -19,6 +19,10 @@
 //! is a `counted` device communicator (its collectives take device memory and a stream; on
 //! `nccl` the groups come from `ncclCommSplit`), counted exactly as on the host.
 //!
+//! When the mesh's tensor-parallel dimension is a grid (`tp<4, tp_kind::d2>`, see `loom::tp_grid`),
+//! the constructor also splits the tp group into the grid's row, column and depth groups (in that
+//! order, collective over the tp group), which `grid(g)` returns, counted as the others.
+//!
 //! Errors: a mesh whose size differs from the world's throws `config_error` on every rank from
 //! the constructor, before any communication (it compares two local numbers); with a
 //! `loom::static_world<N>` argument and a static mesh, the mismatch does not compile.
@@ -50,6 +54,12 @@ class mesh_comm {
     coords_ = m_.coords(rank_);
     world_ = std::make_unique<comm_type>(world.split(0, rank_));
     for (dim d : all_dims) (void)group(dim_set{d});
+    if (const tp_grid& g = m_.grid(); g.is_grid()) {
+      const int t = coord(dim::tp);
+      for (grid_group x : {grid_group::row, grid_group::column, grid_group::depth})
+        grid_groups_[static_cast<std::size_t>(x)] =
+            std::make_unique<comm_type>(tp().inner().split(g.group_id(x, t), g.group_index(x, t)));
+    }
   }
   //! As above, and for a static mesh checks at compile time that it has `N` ranks (the
   //! diagnostic names both sizes).
@@ -87,6 +97,17 @@ class mesh_comm {
   //! The expert-parallel group (the ranks that share the experts of a layer between them).
   comm_type& ep() { return of(dim::ep); }
 
+  //! The grid group `g` holding this rank (the ranks of its row, its column or its depth line of
+  //! the tensor-parallel grid, see `loom::grid_group`). Throws `config_error` when the mesh's
+  //! tensor parallelism is 1D.
+  comm_type& grid(grid_group g) {
+    auto& c = grid_groups_[static_cast<std::size_t>(g)];
+    if (!c)
+      throw config_error("mesh " + m_.describe() + ": tensor parallel 1d has no " + text(to_string(g)) +
+                         " group (only the grid kinds 2d, 2.5d and 3d do)");
+    return *c;
+  }
+
   //! The communicator of the ranks that differ only in the dimensions of `s`, ordered row-major
   //! over them in mesh order. Collective the first time a set is asked for: every rank must ask
   //! for new sets in the same order. Later calls return the same communicator.
@@ -101,6 +122,8 @@ class mesh_comm {
     world_->reset_counters();
     for (auto& g : groups_)
       if (g) g->reset_counters();
+    for (auto& g : grid_groups_)
+      if (g) g->reset_counters();
   }
 
  private:
@@ -109,6 +132,7 @@ class mesh_comm {
   mesh_coords coords_{};
   std::unique_ptr<comm_type> world_;
   std::array<std::unique_ptr<comm_type>, std::size_t{1} << dim_count> groups_;
+  std::array<std::unique_ptr<comm_type>, 3> grid_groups_;
 };
 
 }  // namespace loom
