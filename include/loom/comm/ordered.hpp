@@ -183,4 +183,38 @@ void ordered_reduce_scatter(C& c, std::span<const T> in, std::span<T> out) {
   }
 }
 
+//! Sums `data` over the group of `c` into rank `root`'s `data`, in rank order, `((x_0 + x_1) + x_2)
+//! + ...` (the other ranks' `data` unchanged), as the tensor-parallel grids' deterministic mode
+//! needs. The backend's own `reduce` where its sums are rank-ordered or the group has at most two
+//! ranks; elsewhere every other rank sends its buffer to the root, which receives them in rank
+//! order and adds them in that order: the root receives `size() - 1` buffers and every other
+//! rank sends one, the bytes of a linear reduce (a tree reduce moves the same per rank but the
+//! root's, in fewer steps). Blocking; collective over the group.
+template <rooted_communicator C, comm_element T>
+void ordered_reduce(C& c, std::span<T> data, int root) {
+  if (c.size() == 1) return;
+  if (reduces_in_rank_order<C> || c.size() == 2) return c.reduce(data, root, reduce_op::sum);
+  if (root < 0 || root >= c.size()) return c.reduce(data, root, reduce_op::sum);  // the backend names the bad root
+  if (c.rank() != root) {
+    auto r = isend_values(c, root, std::span<const T>(data));
+    return c.wait(r);
+  }
+  const auto n = static_cast<std::size_t>(c.size()), k = data.size();
+  std::vector<T> recv((n - 1) * k);
+  std::vector<typename C::request> reqs;
+  reqs.reserve(n - 1);
+  for (std::size_t j = 0, slot = 0; j < n; ++j)
+    if (static_cast<int>(j) != root) reqs.push_back(irecv_values(c, static_cast<int>(j), std::span<T>(recv).subspan(slot++ * k, k)));
+  wait_all(c, std::span<typename C::request>(reqs));
+  // The sum in rank order: the root's own contribution sits at its rank's place.
+  std::vector<T> acc(k);
+  for (std::size_t j = 0, slot = 0; j < n; ++j) {
+    const T* src = static_cast<int>(j) == root ? data.data() : recv.data() + slot++ * k;
+    if (j == 0) std::copy(src, src + k, acc.begin());
+    else
+      for (std::size_t i = 0; i < k; ++i) acc[i] += src[i];
+  }
+  std::copy(acc.begin(), acc.end(), data.begin());
+}
+
 }  // namespace loom

@@ -104,6 +104,17 @@ struct linear_items {
     for (std::size_t i = 0; i < in; ++i) z += x[t * in + i] * w[o * in + i];
     y[e] = z;
   }
+  //! Forward of item `e = t * out + o` continuing a running sum: `y[t][o] += sum_i x[t][i]
+  //! w[o][i]`, the terms added one by one to `y[t][o]` in order of `i`. A product split by input
+  //! features into blocks, run block after block into the same `y` (SUMMA's rounds, the 2D
+  //! tensor-parallel grid's forward) gives `forward`'s bits over the whole input when `y` starts
+  //! as the bias.
+  LOOM_HOST_DEVICE void forward_add(std::size_t e) const {
+    const std::size_t t = e / out, o = e % out;
+    T z = y[e];
+    for (std::size_t i = 0; i < in; ++i) z += x[t * in + i] * w[o * in + i];
+    y[e] = z;
+  }
   //! Input gradient of item `e = t * in + i`: `dx[t][i] = sum_o dy[t][o] w[o][i]`.
   LOOM_HOST_DEVICE void backward_input(std::size_t e) const {
     const std::size_t t = e / in, i = e % in;

@@ -159,6 +159,14 @@ struct linear_kernel {
     const linear_items<T> f{x.data(), w.data(), b.empty() ? nullptr : b.data(), nullptr, y.data(), nullptr, nullptr, n, in, out};
     for (std::size_t e = 0; e < n * out; ++e) f.forward(e);
   }
+  //! `y[t][o] += sum_i x[t][i] w[o][i]`, each term added to the running `y[t][o]` in order of `i`
+  //! (`linear_items::forward_add`: the rounds of the tensor-parallel grids' forward).
+  template <class T>
+  static void forward_add(std::span<const T> x, std::span<const T> w, std::span<T> y, std::size_t n, std::size_t in,
+                          std::size_t out) {
+    const linear_items<T> f{x.data(), w.data(), nullptr, nullptr, y.data(), nullptr, nullptr, n, in, out};
+    for (std::size_t e = 0; e < n * out; ++e) f.forward_add(e);
+  }
   //! `dx[t][i] = sum_o dy[t][o] w[o][i]`.
   template <class T>
   static void backward_input(std::span<const T> dy, std::span<const T> w, std::span<T> dx, std::size_t n,

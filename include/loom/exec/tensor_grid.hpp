@@ -1,0 +1,412 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+//! \file
+//! Tensor parallelism over a grid of ranks (issue 25): the linear layer `y = x W^T + b` of
+//! `loom/exec/tensor_parallel.hpp` with both the weights *and* the activations split over a
+//! `q x q` grid, by SUMMA (van de Geijn and Watts 1997) as Optimus uses it for 2D tensor
+//! parallelism (Xu et al. 2021, "An Efficient 2D Method for Training Super-Large Deep Learning
+//! Models", §3), and over `depth` such grids, each on its own slice of the tokens, for 2.5D
+//! (Wang et al., ICPP 2022, "Tesseract: Parallelize the Tensor Parallelism Efficiently", §3).
+//! The communication pattern (a broadcast along the row and one along the column per round, the
+//! backward's partial products reduced to the round's root, the bias's pieces all-gathered over
+//! the column) follows ColossalAI's legacy 2D operations (`hpcaitech/ColossalAI`,
+//! `colossalai/legacy/nn/layer/parallel_2d/_operation.py`, `Matmul_AB_2D`, `Matmul_ABT_2D`,
+//! `Matmul_ATB_2D`, `add_bias_2d`, at commit a7cca4df5ed46fcf3be622bbb7a240ba83c4b9b7); the code is
+//! loom's own, over its communicators and its kernels' interface.
+//!
+//! **Layout.** Member `(layer k, row i, column j)` of the grid (`loom::tp_grid`) holds
+//! - `X_{k q + i, j}`: token block `k q + i` of `depth x q` (contiguous, in order) and input
+//!   feature block `j` of `q`, `[n][in / q]`;
+//! - `W_{j, i}`: output block `j` and input block `i` of the weight `[out][in]`, stored
+//!   `[out / q][in / q]`, the same on every layer (2.5D replicates the weights over depth);
+//! - piece `i` of bias block `j`: `out / q^2` biases, `b[j out / q + i out / q^2 ...]`;
+//! - `Y_{k q + i, j}`: the output, token block as its input, output feature block `j`,
+//!   `[n][out / q]`: the layout of the next layer's input, so layers chain.
+//!
+//! **Forward** (`q` rounds): the column all-gathers the bias block, `Y` starts as it; in round `l`
+//! the row broadcasts `X_{., l}` from its column `l`, the column broadcasts `W_{j, l}` from its row
+//! `l`, and `Y += X_{., l} W_{j, l}^T`, each output element's running sum continued
+//! (`linear_items::forward_add`). The inputs are added in their global order starting from the
+//! bias, so the output is **bitwise** the single-rank `linear_kernel::forward`.
+//!
+//! **Backward, input** (`q` rounds): in round `l` the column broadcasts `W_{j, l}`, every member
+//! forms `dY_{., j} W_{j, l}` (a sum over output block `j`) and the row reduces the `q` products to
+//! its column `l`, which keeps `dX_{., l}`. **Backward, weight** (`q` rounds): in round `l` the row
+//! broadcasts `X_{., l}`, every member forms `dY_{., j}^T X_{., l}` (a sum over its tokens) and the
+//! column reduces them to its row `l`, which keeps the gradient of its own `W_{j, l}`; 2.5D sums
+//! it over the depth group (an all-reduce: the weights are replicated there) before adding it to
+//! `gw`. The bias gradient is each member's column sum of `dY`, reduce-scattered over the column
+//! to the pieces (and all-reduced over depth). The two halves are separate calls, as loom's
+//! split backward (zero-bubble schedules) wants.
+//!
+//! **What the sums equal.** The backward adds blocks' partial sums: `dX` is `((P_0 + P_1) + ...)`
+//! over the output blocks, each `P_j` a sum from zero over its block; the weight and bias
+//! gradients likewise over token blocks (rows, then layers). `summa_reference` computes exactly
+//! these sums on one rank; in deterministic mode (`tp_grid_comms::ordered`, rank-ordered sums on
+//! every backend: `loom::ordered_reduce`, `ordered_reduce_scatter`, `ordered_all_reduce`) the grid
+//! equals it bit for bit; otherwise within rounding.
+//!
+//! **Volume per rank** (elements, a broadcast and a reduce counted as their buffer, as
+//! `loom::counted` counts them; `n` tokens per member, `in`, `out` whole):
+//! forward `q (n in / q) + q (out in / q^2) + out / q` (broadcasts, then the bias all-gather's
+//! output); backward input `q (out in / q^2)` broadcast `+ q (n in / q)` reduced; backward weight
+//! `q (n in / q)` broadcast `+ q (out in / q^2)` reduced `+ out / q` reduce-scattered, and with
+//! depth `d > 1` an all-reduce of `out in / q^2 + out / q^2` over the depth group.
+//! `summa_volume` returns these; the tests compare them with the counters. A group of one rank
+//! (`q = 1`, or depth 1) sends nothing.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/comm/ordered.hpp"
+#include "loom/exec/tensor_parallel.hpp"
+#include "loom/mesh/mesh.hpp"
+#include "loom/mesh/mesh_comm.hpp"
+#include "loom/schedule/error.hpp"
+
+namespace loom {
+
+//! One member's view of a tensor-parallel grid: its row, column and depth groups (any
+//! communicator with `broadcast`, `reduce`, `all_gather`, `reduce_scatter` and `all_reduce`), the
+//! grid's shape, the member's place, and whether sums are rank-ordered (deterministic mode).
+template <class C>
+struct tp_grid_comms {
+  C* row = nullptr;     //!< the member's row of its layer, ordered by column
+  C* column = nullptr;  //!< the member's column of its layer, ordered by row
+  C* depth = nullptr;   //!< the members at its (row, column) of every layer, ordered by layer
+  tp_grid shape{};      //!< the grid
+  int member = 0;       //!< the member's index in the tensor-parallel group
+  bool ordered = false; //!< rank-ordered sums (bitwise reproducible on every backend)
+
+  //! The side of the grid.
+  std::size_t q() const { return static_cast<std::size_t>(shape.q); }
+  //! The member's row.
+  int row_index() const { return shape.row(member); }
+  //! The member's column.
+  int column_index() const { return shape.column(member); }
+  //! The member's layer.
+  int layer_index() const { return shape.layer(member); }
+};
+
+//! The grid groups of this rank of `mc` (its mesh's tensor-parallel dimension must be a grid).
+template <class Mesh, class Comm>
+tp_grid_comms<typename mesh_comm<Mesh, Comm>::comm_type> grid_comms(mesh_comm<Mesh, Comm>& mc, bool ordered) {
+  return {&mc.grid(grid_group::row), &mc.grid(grid_group::column), &mc.grid(grid_group::depth), mc.mesh().grid(),
+          mc.coord(dim::tp), ordered};
+}
+
+//! The rule a SUMMA linear layer of `in` x `out` features over `tokens` tokens (the whole
+//! batch of one tensor-parallel group) breaks on the grid `g`, or "": the features split into
+//! `q` blocks (the biases into `q^2` pieces) and the tokens into `depth x q` blocks.
+constexpr text summa_rule(std::size_t in, std::size_t out, std::size_t tokens, const tp_grid& g) {
+  const auto q = static_cast<std::size_t>(g.q), d = static_cast<std::size_t>(g.depth);
+  const text name = "tensor parallel " + text(g.describe());
+  if (g.kind != tp_kind::d2 && g.kind != tp_kind::d2_5) return name + ": SUMMA's layer runs on the 2d and 2.5d grids";
+  if (in % q != 0) return name + ": " + detail::to_text(in) + " input features are not divisible by q = " + detail::to_text(q);
+  if (out % (q * q) != 0)
+    return name + ": " + detail::to_text(out) + " output features are not divisible by q x q = " + detail::to_text(q * q) +
+           " (the biases are split over the grid)";
+  if (tokens % (q * d) != 0)
+    return name + ": " + detail::to_text(tokens) + " tokens are not divisible by q x depth = " + detail::to_text(q * d);
+  return {};
+}
+
+//! Elements one member moves per call of the SUMMA linear layer (see the file comment), by kind
+//! of collective and group.
+struct summa_volume {
+  std::size_t row_broadcast = 0;     //!< broadcast over the row
+  std::size_t column_broadcast = 0;  //!< broadcast over the column
+  std::size_t row_reduce = 0;        //!< reduced over the row
+  std::size_t column_reduce = 0;     //!< reduced over the column
+  std::size_t column_gather = 0;     //!< all-gathered over the column (output elements)
+  std::size_t column_scatter = 0;    //!< reduce-scattered over the column (input elements)
+  std::size_t depth_reduce = 0;      //!< all-reduced over depth
+
+  //! Every element.
+  constexpr std::size_t total() const {
+    return row_broadcast + column_broadcast + row_reduce + column_reduce + column_gather + column_scatter + depth_reduce;
+  }
+  friend constexpr bool operator==(const summa_volume&, const summa_volume&) = default;
+
+  //! The forward's volume for `n` tokens per member (with a bias).
+  static constexpr summa_volume forward(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q);
+    if (q == 1) return {};
+    return {.row_broadcast = q * (n * in / q), .column_broadcast = q * (out / q) * (in / q), .column_gather = out / q};
+  }
+  //! The input gradient's.
+  static constexpr summa_volume backward_input(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q);
+    if (q == 1) return {};
+    return {.column_broadcast = q * (out / q) * (in / q), .row_reduce = q * (n * in / q)};
+  }
+  //! The weight and bias gradients'.
+  static constexpr summa_volume backward_weight(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q);
+    if (q == 1) return {.depth_reduce = g.depth > 1 ? out * in + out : 0};
+    return {.row_broadcast = q * (n * in / q),
+            .column_reduce = q * (out / q) * (in / q),
+            .column_scatter = out / q,
+            .depth_reduce = g.depth > 1 ? (out / q) * (in / q) + out / (q * q) : 0};
+  }
+};
+
+//! Scratch of one member for `summa_linear` (host memory; a device layer passes device spans of
+//! the same sizes): `x` one input block, `w` one weight block, `b` one bias block, `part` one
+//! partial product (the larger of an input block and a weight block plus a bias block), `grad`
+//! the member's own weight and bias gradient before the depth sum.
+template <class T>
+struct summa_scratch {
+  std::span<T> x, w, b, part, grad;  //!< the buffers (see the struct comment)
+};
+
+//! `summa_scratch` over owned host vectors, sized for `n` tokens per member.
+template <class T>
+class summa_host_scratch {
+ public:
+  //! Buffers for the layer `in` x `out` on a grid of side `q`, `n` tokens per member.
+  summa_host_scratch(std::size_t n, std::size_t in, std::size_t out, std::size_t q)
+      : x_(n * in / q), w_((out / q) * (in / q)), b_(out / q),
+        part_(std::max(n * in / q, (out / q) * (in / q) + out / q)), grad_((out / q) * (in / q) + out / (q * q)) {}
+  //! The spans.
+  summa_scratch<T> spans() { return {x_, w_, b_, part_, grad_}; }
+
+ private:
+  std::vector<T> x_, w_, b_, part_, grad_;
+};
+
+//! The linear layer `y = x W^T + b` on a 2D or 2.5D grid (see the file comment). `in` and `out`
+//! are the whole layer's features; the spans each member passes are its blocks. `Kernel` is
+//! the local product (`linear_kernel` by default; it needs `forward_add`, `backward_input` and
+//! `backward_weight` with `linear_kernel`'s signatures).
+template <class Kernel = linear_kernel>
+struct summa_linear {
+  std::size_t in = 0;   //!< input features (whole)
+  std::size_t out = 0;  //!< output features (whole)
+  Kernel kernel{};      //!< the local products
+
+  //! `y` (`[n][out / q]`) = this member's output block: `x` its input block `[n][in / q]`, `w` its
+  //! weight block `[out / q][in / q]`, `b` its bias piece `[out / q^2]` (empty: no bias).
+  template <class C, class T>
+  void forward(tp_grid_comms<C>& g, std::span<const T> x, std::span<const T> w, std::span<const T> b, std::span<T> y,
+               summa_scratch<T> s) const {
+    const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, x.size());
+    expect("output", y.size(), n * outq);
+    expect("weight block", w.size(), outq * inq);
+    if (!b.empty()) {
+      expect("bias piece", b.size(), outq / q);
+      gather(*g.column, b, s.b.first(outq));
+      for (std::size_t t = 0; t < n; ++t) std::copy_n(s.b.begin(), outq, y.begin() + static_cast<std::ptrdiff_t>(t * outq));
+    } else {
+      std::fill(y.begin(), y.end(), T{});
+    }
+    const std::span<T> xb = s.x.first(n * inq), wb = s.w.first(outq * inq);
+    for (std::size_t l = 0; l < q; ++l) {
+      const int root = static_cast<int>(l);
+      if (g.column_index() == root) std::copy(x.begin(), x.end(), xb.begin());
+      broadcast(*g.row, xb, root);
+      if (g.row_index() == root) std::copy(w.begin(), w.end(), wb.begin());
+      broadcast(*g.column, wb, root);
+      kernel.forward_add(std::span<const T>(xb), std::span<const T>(wb), y, n, inq, outq);
+    }
+  }
+
+  //! `dx` (`[n][in / q]`) = this member's input gradient block, from its output gradient block
+  //! `dy` (`[n][out / q]`) and weight block `w`.
+  template <class C, class T>
+  void backward_input(tp_grid_comms<C>& g, std::span<const T> dy, std::span<const T> w, std::span<T> dx,
+                      summa_scratch<T> s) const {
+    const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, dx.size());
+    expect("output gradient", dy.size(), n * outq);
+    const std::span<T> wb = s.w.first(outq * inq), part = s.part.first(n * inq);
+    for (std::size_t l = 0; l < q; ++l) {
+      const int root = static_cast<int>(l);
+      if (g.row_index() == root) std::copy(w.begin(), w.end(), wb.begin());
+      broadcast(*g.column, wb, root);
+      kernel.backward_input(dy, std::span<const T>(wb), part, n, inq, outq);
+      reduce(g, *g.row, part, root);
+      if (g.column_index() == root) std::copy(part.begin(), part.end(), dx.begin());
+    }
+  }
+
+  //! Adds this member's weight-block gradient to `gw` (`[out / q][in / q]`) and its bias-piece
+  //! gradient to `gb` (`[out / q^2]`; empty: no bias), from its input block `x` and output
+  //! gradient block `dy`.
+  template <class C, class T>
+  void backward_weight(tp_grid_comms<C>& g, std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb,
+                       summa_scratch<T> s) const {
+    const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, x.size());
+    expect("output gradient", dy.size(), n * outq);
+    expect("weight gradient block", gw.size(), outq * inq);
+    const std::span<T> xb = s.x.first(n * inq), part = s.part.first(outq * inq), own = s.grad.first(outq * inq);
+    for (std::size_t l = 0; l < q; ++l) {
+      const int root = static_cast<int>(l);
+      if (g.column_index() == root) std::copy(x.begin(), x.end(), xb.begin());
+      broadcast(*g.row, xb, root);
+      std::fill(part.begin(), part.end(), T{});
+      kernel.backward_weight(std::span<const T>(xb), dy, part, std::span<T>{}, n, inq, outq);
+      reduce(g, *g.column, part, root);
+      if (g.row_index() == root) std::copy(part.begin(), part.end(), own.begin());
+    }
+    std::size_t own_size = outq * inq;
+    if (!gb.empty()) {
+      expect("bias gradient piece", gb.size(), outq / q);
+      const std::span<T> col = s.part.first(outq);
+      std::fill(col.begin(), col.end(), T{});
+      kernel.backward_weight(std::span<const T>{}, dy, std::span<T>{}, col, n, 0, outq);
+      const std::span<T> piece = s.grad.subspan(outq * inq, outq / q);
+      if (g.column->size() == 1) std::copy(col.begin(), col.end(), piece.begin());
+      else if (g.ordered) ordered_reduce_scatter(*g.column, std::span<const T>(col), piece);
+      else g.column->reduce_scatter(std::span<const T>(col), piece, reduce_op::sum);
+      own_size += outq / q;
+    }
+    const std::span<T> mine = s.grad.first(own_size);
+    if (g.shape.depth > 1) {
+      if (g.ordered) ordered_all_reduce(*g.depth, mine);
+      else g.depth->all_reduce(mine, reduce_op::sum);
+    }
+    for (std::size_t i = 0; i < outq * inq; ++i) gw[i] += mine[i];
+    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] += mine[outq * inq + i];
+  }
+
+ private:
+  // On a group of one rank nothing is sent (and nothing counted).
+  template <class C, class T>
+  static void broadcast(C& c, std::span<T> data, int root) {
+    if (c.size() > 1) c.broadcast(data, root);
+  }
+  template <class C, class T>
+  static void gather(C& c, std::span<const T> in, std::span<T> out) {
+    if (c.size() > 1) c.all_gather(in, out);
+    else std::copy(in.begin(), in.end(), out.begin());
+  }
+  template <class C, class T>
+  static void reduce(tp_grid_comms<C>& g, C& c, std::span<T> data, int root) {
+    if (c.size() == 1) return;
+    if (g.ordered) ordered_reduce(c, data, root);
+    else c.reduce(data, root, reduce_op::sum);
+  }
+  template <class C>
+  std::size_t tokens(const tp_grid_comms<C>& g, std::size_t block) const {
+    if (!g.shape.is_grid() || g.shape.kind == tp_kind::d3)
+      throw config_error("tensor parallel " + std::string(g.shape.describe().view()) +
+                         ": SUMMA's layer runs on the 2d and 2.5d grids");
+    const std::size_t q = g.q();
+    if (in % q != 0 || out % (q * q) != 0)
+      throw config_error(std::string(summa_rule(in, out, q * static_cast<std::size_t>(g.shape.depth), g.shape).view()));
+    const std::size_t inq = in / q;
+    if (block % inq != 0)
+      throw std::length_error("loom summa_linear: an activation block of " + std::to_string(block) +
+                              " elements is not a whole number of tokens of " + std::to_string(inq) + " features");
+    return block / inq;
+  }
+  static void expect(const char* what, std::size_t got, std::size_t want) {
+    if (got != want)
+      throw std::length_error(std::string("loom summa_linear: the ") + what + " has " + std::to_string(got) +
+                              " elements; the layer needs " + std::to_string(want));
+  }
+};
+
+//! The sums of `summa_linear` on one rank, over whole matrices (tokens `[N]`, `N` a multiple of
+//! `depth x q`): the order in which the grid adds its blocks' partial sums (see the file
+//! comment). The forward needs none: it is `linear_kernel::forward`.
+struct summa_reference {
+  //! `dx[t][i] = ((P_0 + P_1) + ...)`, `P_j = sum_{o in output block j} dy[t][o] w[o][i]` from zero.
+  template <class T>
+  static void backward_input(std::span<const T> dy, std::span<const T> w, std::span<T> dx, std::size_t n, std::size_t in,
+                             std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q);
+    const std::size_t outq = out / q;
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < in; ++i) {
+        T acc{};
+        for (std::size_t j = 0; j < q; ++j) {
+          T p{};
+          for (std::size_t o = j * outq; o < (j + 1) * outq; ++o) p += dy[t * out + o] * w[o * in + i];
+          acc = j == 0 ? p : acc + p;
+        }
+        dx[t * in + i] = acc;
+      }
+  }
+  //! `gw[o][i] += sum over layers k of (sum over rows r of P_{k q + r})`, each `P_b = sum_{t in
+  //! token block b} dy[t][o] x[t][i]` from zero, the sums in order; `gb` likewise (may be empty).
+  template <class T>
+  static void backward_weight(std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb, std::size_t n,
+                              std::size_t in, std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q), d = static_cast<std::size_t>(g.depth);
+    const std::size_t nb = n / (q * d);
+    auto sum = [&](auto term) {
+      T total{};
+      for (std::size_t k = 0; k < d; ++k) {
+        T layer{};
+        for (std::size_t r = 0; r < q; ++r) {
+          T p{};
+          const std::size_t b = k * q + r;
+          for (std::size_t t = b * nb; t < (b + 1) * nb; ++t) p += term(t);
+          layer = r == 0 ? p : layer + p;
+        }
+        total = k == 0 ? layer : total + layer;
+      }
+      return total;
+    };
+    for (std::size_t o = 0; o < out; ++o) {
+      for (std::size_t i = 0; i < in; ++i) gw[o * in + i] += sum([&](std::size_t t) { return dy[t * out + o] * x[t * in + i]; });
+      if (!gb.empty()) gb[o] += sum([&](std::size_t t) { return dy[t * out + o]; });
+    }
+  }
+};
+
+//! Where a member's blocks sit in the whole matrices (see the file comment), to cut them out of
+//! a single-rank model and put results back.
+struct summa_layout {
+  tp_grid grid{};   //!< the grid
+  int member = 0;   //!< the member
+
+  //! Copies the member's block of an activation `[N][features]` (its token block, feature
+  //! block `column`) out of `whole` into `block`, or back when `to_whole`.
+  template <class T>
+  void activation(std::span<T> whole, std::span<T> block, std::size_t tokens, std::size_t features, bool to_whole) const {
+    const auto q = static_cast<std::size_t>(grid.q);
+    const std::size_t nb = tokens / (q * static_cast<std::size_t>(grid.depth)), fq = features / q;
+    const std::size_t t0 = static_cast<std::size_t>(grid.layer(member) * grid.q + grid.row(member)) * nb;
+    const std::size_t f0 = static_cast<std::size_t>(grid.column(member)) * fq;
+    copy(whole, block, t0, nb, f0, fq, features, to_whole);
+  }
+  //! The member's weight block `W_{column, row}` of `whole` `[out][in]`, as `activation`.
+  template <class T>
+  void weight(std::span<T> whole, std::span<T> block, std::size_t in, std::size_t out, bool to_whole) const {
+    const auto q = static_cast<std::size_t>(grid.q);
+    copy(whole, block, static_cast<std::size_t>(grid.column(member)) * (out / q), out / q,
+         static_cast<std::size_t>(grid.row(member)) * (in / q), in / q, in, to_whole);
+  }
+  //! The member's bias piece of `whole` `[out]`, as `activation`.
+  template <class T>
+  void bias(std::span<T> whole, std::span<T> block, std::size_t out, bool to_whole) const {
+    const auto q = static_cast<std::size_t>(grid.q);
+    const std::size_t at = static_cast<std::size_t>(grid.column(member)) * (out / q) +
+                           static_cast<std::size_t>(grid.row(member)) * (out / (q * q));
+    copy(whole, block, 0, 1, at, out / (q * q), out, to_whole);
+  }
+
+ private:
+  template <class T>
+  static void copy(std::span<T> whole, std::span<T> block, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols,
+                   std::size_t stride, bool to_whole) {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) {
+        T& w = whole[(r0 + r) * stride + c0 + c];
+        T& b = block[r * cols + c];
+        if (to_whole) w = b;
+        else b = w;
+      }
+  }
+};
+
+}  // namespace loom

@@ -1,0 +1,80 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// The tensor-parallel grids' linear layer (loom/exec/tensor_grid.hpp) on the threads backend:
+// 2D (q = 2, 3) and 2.5D (q = 2, depth 2), alone and beside data parallelism, against the
+// single-rank products, with the counters against the documented volumes; and its refusals.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "loom/comm/threads.hpp"
+#include "tensor_grid_suite.hpp"
+
+namespace {
+
+using grid_suite::grid_case;
+
+void run(grid_case c, bool ordered) {
+  const int world = c.dp * c.tp;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  loom::run_threads(world, [&](loom::threads::comm& w) {
+    try {
+      grid_suite::summa_matches_reference(w, c, ordered, true);
+    } catch (const grid_suite::failure& e) {
+      std::lock_guard lk(mu);
+      errors.emplace_back(e.what());
+    }
+  });
+  for (auto& e : errors) FAIL_CHECK(e);
+}
+
+}  // namespace
+
+TEST_CASE("tensor grid: SUMMA's forward is bitwise the single-rank layer, its backward the grid-ordered sums, on 2d and 2.5d grids") {
+  for (grid_case c : {grid_case{1, loom::tp_kind::d2, 4, 0}, grid_case{1, loom::tp_kind::d2, 9, 0},
+                      grid_case{2, loom::tp_kind::d2, 4, 0}, grid_case{1, loom::tp_kind::d2_5, 8, 2},
+                      grid_case{1, loom::tp_kind::d2_5, 4, 1}, grid_case{1, loom::tp_kind::d2, 1, 0},
+                      grid_case{2, loom::tp_kind::d2_5, 2, 2}})
+    for (bool ordered : {true, false}) {
+      INFO("dp " << c.dp << " tp " << c.tp << " " << std::string(loom::to_string(c.kind)) << std::string(ordered ? " deterministic" : ""));
+      run(c, ordered);
+    }
+}
+
+TEST_CASE("tensor grid: a layer that does not fit its grid, and blocks of the wrong size, are refused with one sentence") {
+  using loom::tp_grid;
+  const tp_grid g2 = loom::make_tp_grid(loom::tp_kind::d2, 4), g3 = loom::make_tp_grid(loom::tp_kind::d3, 8);
+  CHECK(loom::summa_rule(8, 8, 4, g2).empty());
+  CHECK(loom::summa_rule(7, 8, 4, g2) == "tensor parallel 2d 2x2: 7 input features are not divisible by q = 2");
+  CHECK(loom::summa_rule(8, 6, 4, g2) ==
+        "tensor parallel 2d 2x2: 6 output features are not divisible by q x q = 4 (the biases are split over the grid)");
+  CHECK(loom::summa_rule(8, 8, 3, g2) == "tensor parallel 2d 2x2: 3 tokens are not divisible by q x depth = 2");
+  CHECK(loom::summa_rule(8, 8, 4, g3) == "tensor parallel 3d 2x2x2: SUMMA's layer runs on the 2d and 2.5d grids");
+  std::mutex mu;
+  std::vector<std::string> errors;
+  loom::run_threads(4, [&](loom::threads::comm& w) {
+    loom::mesh_comm mc(loom::mesh<loom::tp<4, loom::tp_kind::d2>>{}, w);
+    auto gc = loom::grid_comms(mc, true);
+    loom::summa_host_scratch<double> s(2, 8, 8, 2);
+    std::vector<double> x(2 * 4), wt(4 * 4), b(2), y(2 * 4);
+    auto attempt = [&](const loom::summa_linear<>& layer, std::span<const double> xs) {
+      try {
+        layer.forward(gc, xs, std::span<const double>(wt), std::span<const double>(b), std::span<double>(y), s.spans());
+      } catch (const std::exception& e) {
+        std::lock_guard lk(mu);
+        errors.emplace_back(e.what());
+      }
+    };
+    attempt(loom::summa_linear<>{7, 8}, std::span<const double>(x));                  // every rank refuses before communicating
+    attempt(loom::summa_linear<>{8, 8}, std::span<const double>(x).first(7));         // not whole tokens
+  });
+  REQUIRE(errors.size() == 8);
+  CHECK(std::count(errors.begin(), errors.end(), "tensor parallel 2d 2x2: 7 input features are not divisible by q = 2") == 4);
+  CHECK(std::count(errors.begin(), errors.end(),
+                   "loom summa_linear: an activation block of 7 elements is not a whole number of tokens of 4 features") == 4);
+}
