@@ -155,4 +155,111 @@ void summa_matches_reference(World& world, grid_case c, bool ordered, bool count
   if (count) check_volume(mc, loom::summa_volume::backward_weight(n, in, out, g), rank, "backward weight");
 }
 
+//! Checks the counters of the grid groups of `mc` against the 3D layer's volume `v` for a layer
+//! of parity `odd`, then zeroes them.
+template <class MC>
+void check_volume(MC& mc, const loom::cube_volume& v, bool odd, int rank, const std::string& step) {
+  using loom::comm_op;
+  const loom::cube_roles r{0, 0, 0, odd};
+  auto& input = mc.grid(r.input()).counters();
+  auto& weight = mc.grid(loom::cube_roles::weight()).counters();
+  auto& output = mc.grid(r.output()).counters();
+  expect_bytes(input[comm_op::all_gather].bytes, v.input_gather, rank, step + ": input all-gather");
+  expect_bytes(weight[comm_op::all_gather].bytes, v.weight_gather, rank, step + ": weight all-gather");
+  expect_bytes(output[comm_op::all_gather].bytes, v.output_gather, rank, step + ": output all-gather");
+  expect_bytes(input[comm_op::reduce_scatter].bytes, v.input_scatter, rank, step + ": input reduce-scatter");
+  expect_bytes(weight[comm_op::reduce_scatter].bytes, v.weight_scatter, rank, step + ": weight reduce-scatter");
+  expect_bytes(output[comm_op::reduce_scatter].bytes, v.output_scatter, rank, step + ": output reduce-scatter");
+  mc.reset_counters();
+}
+
+//! Two consecutive 3D layers (`in -> mid -> out`, even then odd, so the first one's output
+//! slices are the second one's input slices) on `dp` replicas of a `q x q x q` cube over the
+//! world `world` (collective), against `summa_reference`'s blocked sums: bitwise when `ordered`
+//! (or the groups have at most two ranks), within 1e-12 relative otherwise; `count`: the
+//! counters against `cube_volume`.
+template <class World>
+void cube_matches_reference(World& world, int dp, int tp, bool ordered, bool count) {
+  using tpd = loom::tp<loom::dynamic, loom::tp_kind::dynamic>;
+  const loom::mesh<loom::dp<>, tpd> m{loom::dp<>{dp}, tpd{tp, loom::tp_kind::d3}};
+  loom::mesh_comm mc(m, world);
+  const loom::tp_grid& g = m.grid();
+  const auto q = static_cast<std::size_t>(g.q);
+  const std::size_t in = 4 * q, mid = 2 * q * q, out = 3 * q * q, tokens = 3 * q * q, n = tokens / (q * q);
+  const int rank = world.rank();
+  for (std::size_t f : {mid, out})
+    if (auto rule = loom::cube_rule(f == mid ? in : mid, f, tokens, g); !rule.empty()) throw failure(std::string(rule.view()));
+  const bool exact = ordered || q <= 2;
+
+  const auto seed = 100 + static_cast<std::uint64_t>(mc.coord(loom::dim::dp)) * 16;
+  auto x = values(seed + 1, tokens * in), w1 = values(seed + 2, mid * in), b1 = values(seed + 3, mid),
+       w2 = values(seed + 4, out * mid), b2 = values(seed + 5, out), dy2 = values(seed + 6, tokens * out),
+       g1 = values(seed + 7, mid * in), gb1 = values(seed + 8, mid), g2 = values(seed + 9, out * mid), gb2 = values(seed + 10, out);
+  using ref = loom::summa_reference;
+  std::vector<double> y1(tokens * mid), y2(tokens * out), dy1(tokens * mid), dx(tokens * in);
+  ref::blocked_forward(std::span<const double>(x), std::span<const double>(w1), std::span<const double>(b1), std::span<double>(y1),
+                       tokens, in, mid, q);
+  ref::blocked_forward(std::span<const double>(y1), std::span<const double>(w2), std::span<const double>(b2), std::span<double>(y2),
+                       tokens, mid, out, q);
+  ref::backward_input(std::span<const double>(dy2), std::span<const double>(w2), std::span<double>(dy1), tokens, mid, out, g);
+  ref::backward_input(std::span<const double>(dy1), std::span<const double>(w1), std::span<double>(dx), tokens, in, mid, g);
+  std::vector<double> g1r = g1, gb1r = gb1, g2r = g2, gb2r = gb2;
+  ref::blocked_weight(std::span<const double>(y1), std::span<const double>(dy2), std::span<double>(g2r), std::span<double>(gb2r),
+                      tokens, mid, out, q, 1);
+  ref::blocked_weight(std::span<const double>(x), std::span<const double>(dy1), std::span<double>(g1r), std::span<double>(gb1r),
+                      tokens, in, mid, q, 1);
+
+  const int t = mc.coord(loom::dim::tp);
+  const loom::cube_layout even{g, t, false}, odd{g, t, true};
+  auto cut_in = [&](const loom::cube_layout& at, std::vector<double>& whole, std::size_t f) {
+    std::vector<double> v(n * f / q);
+    at.input(std::span<double>(whole), std::span<double>(v), tokens, f, false);
+    return v;
+  };
+  auto cut_out = [&](const loom::cube_layout& at, std::vector<double>& whole, std::size_t f) {
+    std::vector<double> v(n * f / q);
+    at.output(std::span<double>(whole), std::span<double>(v), tokens, f, false);
+    return v;
+  };
+  auto cut_w = [&](const loom::cube_layout& at, std::vector<double>& whole, std::size_t fin, std::size_t fout) {
+    std::vector<double> v((fout / (q * q)) * (fin / q));
+    at.weight(std::span<double>(whole), std::span<double>(v), fin, fout, false);
+    return v;
+  };
+  auto cut_b = [&](const loom::cube_layout& at, std::vector<double>& whole, std::size_t fout) {
+    std::vector<double> v(fout / (q * q));
+    at.bias(std::span<double>(whole), std::span<double>(v), fout, false);
+    return v;
+  };
+  auto xs = cut_in(even, x, in), w1s = cut_w(even, w1, in, mid), b1s = cut_b(even, b1, mid), w2s = cut_w(odd, w2, mid, out),
+       b2s = cut_b(odd, b2, out), dy2s = cut_out(odd, dy2, out), g1s = cut_w(even, g1, in, mid), gb1s = cut_b(even, gb1, mid),
+       g2s = cut_w(odd, g2, mid, out), gb2s = cut_b(odd, gb2, out);
+
+  auto gc = loom::grid_comms(mc, ordered);
+  const loom::cube_linear<> first{in, mid, false}, second{mid, out, true};
+  loom::cube_host_scratch<double> s1(n, in, mid, q), s2(n, mid, out, q);
+  mc.reset_counters();
+  std::vector<double> y1s(n * mid / q), y2s(n * out / q), dy1s(n * mid / q), dxs(n * in / q);
+  auto c = [](const std::vector<double>& v) { return std::span<const double>(v); };
+  first.forward(gc, c(xs), c(w1s), c(b1s), std::span<double>(y1s), s1.spans());
+  compare(y1s, cut_out(even, y1, mid), exact, rank, "first layer's output");
+  if (count) check_volume(mc, loom::cube_volume::forward(n, in, mid, g), false, rank, "first forward");
+  if (y1s != cut_in(odd, y1, mid)) throw failure("rank " + std::to_string(rank) + ": an even layer's output slice is not the odd layer's input slice");
+  second.forward(gc, c(y1s), c(w2s), c(b2s), std::span<double>(y2s), s2.spans());
+  compare(y2s, cut_out(odd, y2, out), exact, rank, "second layer's output");
+  if (count) check_volume(mc, loom::cube_volume::forward(n, mid, out, g), true, rank, "second forward");
+  second.backward_input(gc, c(dy2s), c(w2s), std::span<double>(dy1s), s2.spans());
+  compare(dy1s, cut_in(odd, dy1, mid), exact, rank, "second layer's input gradient");
+  if (count) check_volume(mc, loom::cube_volume::backward_input(n, mid, out, g), true, rank, "second backward input");
+  second.backward_weight(gc, c(y1s), c(dy2s), std::span<double>(g2s), std::span<double>(gb2s), s2.spans());
+  compare(g2s, cut_w(odd, g2r, mid, out), exact, rank, "second layer's weight gradient");
+  compare(gb2s, cut_b(odd, gb2r, out), exact, rank, "second layer's bias gradient");
+  if (count) check_volume(mc, loom::cube_volume::backward_weight(n, mid, out, g), true, rank, "second backward weight");
+  first.backward_input(gc, c(dy1s), c(w1s), std::span<double>(dxs), s1.spans());
+  compare(dxs, cut_in(even, dx, in), exact, rank, "first layer's input gradient");
+  first.backward_weight(gc, c(xs), c(dy1s), std::span<double>(g1s), std::span<double>(gb1s), s1.spans());
+  compare(g1s, cut_w(even, g1r, in, mid), exact, rank, "first layer's weight gradient");
+  compare(gb1s, cut_b(even, gb1r, mid), exact, rank, "first layer's bias gradient");
+}
+
 }  // namespace grid_suite

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/threads.hpp"
@@ -46,6 +47,24 @@ TEST_CASE("tensor grid: SUMMA's forward is bitwise the single-rank layer, its ba
     }
 }
 
+TEST_CASE("tensor grid: two chained 3D layers equal the blocked single-rank sums, the counters the documented volume") {
+  for (auto [dp, tp] : {std::pair{1, 8}, std::pair{2, 8}, std::pair{1, 27}, std::pair{2, 1}})
+    for (bool ordered : {true, false}) {
+      INFO("dp " << dp << " tp " << tp << std::string(ordered ? " deterministic" : ""));
+      std::mutex mu;
+      std::vector<std::string> errors;
+      loom::run_threads(dp * tp, [&](loom::threads::comm& w) {
+        try {
+          grid_suite::cube_matches_reference(w, dp, tp, ordered, true);
+        } catch (const grid_suite::failure& e) {
+          std::lock_guard lk(mu);
+          errors.emplace_back(e.what());
+        }
+      });
+      for (auto& e : errors) FAIL_CHECK(e);
+    }
+}
+
 TEST_CASE("tensor grid: a layer that does not fit its grid, and blocks of the wrong size, are refused with one sentence") {
   using loom::tp_grid;
   const tp_grid g2 = loom::make_tp_grid(loom::tp_kind::d2, 4), g3 = loom::make_tp_grid(loom::tp_kind::d3, 8);
@@ -55,6 +74,10 @@ TEST_CASE("tensor grid: a layer that does not fit its grid, and blocks of the wr
         "tensor parallel 2d 2x2: 6 output features are not divisible by q x q = 4 (the biases are split over the grid)");
   CHECK(loom::summa_rule(8, 8, 3, g2) == "tensor parallel 2d 2x2: 3 tokens are not divisible by q x depth = 2");
   CHECK(loom::summa_rule(8, 8, 4, g3) == "tensor parallel 3d 2x2x2: SUMMA's layer runs on the 2d and 2.5d grids");
+  CHECK(loom::cube_rule(8, 8, 4, g3).empty());
+  CHECK(loom::cube_rule(8, 6, 4, g3) == "tensor parallel 3d 2x2x2: 6 output features are not divisible by q x q = 4");
+  CHECK(loom::cube_rule(8, 8, 6, g3) == "tensor parallel 3d 2x2x2: 6 tokens are not divisible by q x q = 4");
+  CHECK(loom::cube_rule(8, 8, 4, g2) == "tensor parallel 2d 2x2: the 3D layer runs on the 3d grid");
   std::mutex mu;
   std::vector<std::string> errors;
   loom::run_threads(4, [&](loom::threads::comm& w) {

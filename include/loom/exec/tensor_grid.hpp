@@ -314,7 +314,7 @@ struct summa_linear {
   }
 };
 
-//! The sums of `summa_linear` on one rank, over whole matrices (tokens `[N]`, `N` a multiple of
+//! The sums of `summa_linear` and `cube_linear` on one rank, over whole matrices (tokens `[N]`, `N` a multiple of
 //! `depth x q`): the order in which the grid adds its blocks' partial sums (see the file
 //! comment). The forward needs none: it is `linear_kernel::forward`.
 struct summa_reference {
@@ -340,7 +340,31 @@ struct summa_reference {
   template <class T>
   static void backward_weight(std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb, std::size_t n,
                               std::size_t in, std::size_t out, const tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q), d = static_cast<std::size_t>(g.depth);
+    blocked_weight(x, dy, gw, gb, n, in, out, static_cast<std::size_t>(g.q), static_cast<std::size_t>(g.depth));
+  }
+  //! `dx` as `backward_input`, and the 3D grid's forward: `y[t][o] = ((P_0 + P_1) + ...) + b[o]`,
+  //! `P_j = sum_{i in input block j} x[t][i] w[o][i]` from zero over the `q` input blocks (`b`
+  //! may be empty).
+  template <class T>
+  static void blocked_forward(std::span<const T> x, std::span<const T> w, std::span<const T> b, std::span<T> y, std::size_t n,
+                              std::size_t in, std::size_t out, std::size_t q) {
+    const std::size_t inq = in / q;
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t o = 0; o < out; ++o) {
+        T acc{};
+        for (std::size_t j = 0; j < q; ++j) {
+          T p{};
+          for (std::size_t i = j * inq; i < (j + 1) * inq; ++i) p += x[t * in + i] * w[o * in + i];
+          acc = j == 0 ? p : acc + p;
+        }
+        y[t * out + o] = b.empty() ? acc : acc + b[o];
+      }
+  }
+  //! `gw[o][i] += sum over layers k of (sum over rows r of P_{k rows + r})` over `rows x layers`
+  //! equal token blocks, each `P` from zero, the sums in order; `gb` likewise (may be empty).
+  template <class T>
+  static void blocked_weight(std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb, std::size_t n,
+                             std::size_t in, std::size_t out, std::size_t q, std::size_t d) {
     const std::size_t nb = n / (q * d);
     auto sum = [&](auto term) {
       T total{};
@@ -406,6 +430,295 @@ struct summa_layout {
         if (to_whole) w = b;
         else b = w;
       }
+  }
+};
+
+//! The rule a 3D linear layer of `in` x `out` features over `tokens` tokens (one grid's batch)
+//! breaks on the cube `g`, or "": the input features split into `q` blocks, the output features
+//! into `q^2` pieces (weights and biases over the weight group) and the tokens into `q^2` slices.
+constexpr text cube_rule(std::size_t in, std::size_t out, std::size_t tokens, const tp_grid& g) {
+  const auto q = static_cast<std::size_t>(g.q);
+  const text name = "tensor parallel " + text(g.describe());
+  if (g.kind != tp_kind::d3) return name + ": the 3D layer runs on the 3d grid";
+  if (in % q != 0) return name + ": " + detail::to_text(in) + " input features are not divisible by q = " + detail::to_text(q);
+  if (out % (q * q) != 0)
+    return name + ": " + detail::to_text(out) + " output features are not divisible by q x q = " + detail::to_text(q * q);
+  if (tokens % (q * q) != 0)
+    return name + ": " + detail::to_text(tokens) + " tokens are not divisible by q x q = " + detail::to_text(q * q);
+  return {};
+}
+
+//! Which grid axis plays which part in one 3D layer (Bian et al. 2021, §3; the groups of
+//! ColossalAI's `linear_3d`, `hpcaitech/ColossalAI`,
+//! `colossalai/legacy/nn/layer/parallel_3d/_operation.py`, commit
+//! f085c54430bc94d648ee8b0c35a698156d246dd7): the member `(layer k, row i, column j)` of the cube
+//! is `(a, b, c)` = `(k, i, j)` in an even layer and `(k, j, i)` in an odd one, where `a` is the
+//! token block, `b` the input feature block and `c` the output feature block. Its input group
+//! varies `c`, its weight group `a` (the depth group), its output group `b`; an odd layer swaps
+//! the row and column groups, so each layer's output is laid out as the next one's input.
+struct cube_roles {
+  int a = 0, b = 0, c = 0;  //!< the member's token block, input block and output block
+  bool odd = false;         //!< the layer's parity
+
+  //! The roles of member `t` of `g` in a layer of parity `odd`.
+  static constexpr cube_roles of(const tp_grid& g, int t, bool odd) {
+    return odd ? cube_roles{g.layer(t), g.column(t), g.row(t), true} : cube_roles{g.layer(t), g.row(t), g.column(t), false};
+  }
+  //! The grid group serving as the input group (varies `c`).
+  constexpr grid_group input() const { return odd ? grid_group::column : grid_group::row; }
+  //! The weight group (varies `a`).
+  static constexpr grid_group weight() { return grid_group::depth; }
+  //! The output group (varies `b`).
+  constexpr grid_group output() const { return odd ? grid_group::row : grid_group::column; }
+};
+
+//! Elements one member moves per call of `cube_linear` (all-gathers counted by their output,
+//! reduce-scatters by their input, as `loom::counted` counts them), for `n` tokens per member.
+struct cube_volume {
+  std::size_t input_gather = 0;    //!< all-gathered over the input group
+  std::size_t weight_gather = 0;   //!< all-gathered over the weight group (weights and biases)
+  std::size_t output_gather = 0;   //!< all-gathered over the output group
+  std::size_t input_scatter = 0;   //!< reduce-scattered over the input group
+  std::size_t weight_scatter = 0;  //!< reduce-scattered over the weight group
+  std::size_t output_scatter = 0;  //!< reduce-scattered over the output group
+
+  //! Every element.
+  constexpr std::size_t total() const {
+    return input_gather + weight_gather + output_gather + input_scatter + weight_scatter + output_scatter;
+  }
+  friend constexpr bool operator==(const cube_volume&, const cube_volume&) = default;
+
+  //! The forward's (with a bias).
+  static constexpr cube_volume forward(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q);
+    if (q == 1) return {};
+    return {.input_gather = q * n * (in / q), .weight_gather = (out / q) * (in / q) + out / q, .output_scatter = q * n * (out / q)};
+  }
+  //! The input gradient's.
+  static constexpr cube_volume backward_input(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q);
+    if (q == 1) return {};
+    return {.weight_gather = (out / q) * (in / q), .output_gather = q * n * (out / q), .input_scatter = q * n * (in / q)};
+  }
+  //! The weight and bias gradients'.
+  static constexpr cube_volume backward_weight(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
+    const auto q = static_cast<std::size_t>(g.q);
+    if (q == 1) return {};
+    return {.input_gather = q * n * (in / q), .output_gather = q * n * (out / q), .weight_scatter = (out / q) * (in / q) + out / q};
+  }
+};
+
+//! Scratch of one member for `cube_linear`, sized by `cube_host_scratch`: `x` a gathered input
+//! block `[q n][in / q]`, `w` a gathered weight block `[out / q][in / q]` and its bias block
+//! `[out / q]` after it, `dy` a gathered output (gradient) block `[q n][out / q]`, `part` the
+//! larger of a partial product `[q n][max(in, out) / q]` and a partial weight and bias gradient,
+//! `grad` the member's own weight and bias gradient pieces.
+template <class T>
+struct cube_scratch {
+  std::span<T> x, w, dy, part, grad;  //!< the buffers (see the struct comment)
+};
+
+//! `cube_scratch` over owned host vectors, for `n` tokens per member.
+template <class T>
+class cube_host_scratch {
+ public:
+  //! Buffers for the layer `in` x `out` on a cube of side `q`, `n` tokens per member.
+  cube_host_scratch(std::size_t n, std::size_t in, std::size_t out, std::size_t q)
+      : x_(q * n * (in / q)), w_((out / q) * (in / q) + out / q), dy_(q * n * (out / q)),
+        part_(std::max(q * n * (std::max(in, out) / q), (out / q) * (in / q) + out / q)),
+        grad_((out / (q * q)) * (in / q) + out / (q * q)) {}
+  //! The spans.
+  cube_scratch<T> spans() { return {x_, w_, dy_, part_, grad_}; }
+
+ private:
+  std::vector<T> x_, w_, dy_, part_, grad_;
+};
+
+//! The linear layer `y = x W^T + b` on a 3D grid (Bian et al. 2021): each member all-gathers its
+//! input block over the input group and its weight block over the weight group, multiplies, and
+//! reduce-scatters the product over the output group (then adds the bias); the backward
+//! all-gathers the output gradient over the output group, reduce-scatters the input gradient
+//! over the input group and the weight and bias gradients over the weight group. Member `(a, b,
+//! c)` (`cube_roles`) holds token slice `c` of `X_{a, b}` (`[n][in / q]`, `n = N / q^2`), rows
+//! slice `a` of `W_{c, b}` (`[out / q^2][in / q]`), piece `a` of bias block `c` (`[out / q^2]`),
+//! and receives token slice `b` of `Y_{a, c}` (`[n][out / q]`): the next layer, of the other
+//! parity (`odd`), takes it as its input. Every sum is a reduce-scatter, rank-ordered in
+//! deterministic mode: the forward is `summa_reference::blocked_forward`, the input gradient
+//! `summa_reference::backward_input` and the weight gradient `summa_reference::blocked_weight`
+//! over `q` token blocks, bit for bit.
+template <class Kernel = linear_kernel>
+struct cube_linear {
+  std::size_t in = 0;   //!< input features (whole)
+  std::size_t out = 0;  //!< output features (whole)
+  bool odd = false;     //!< the layer's parity (`cube_roles`)
+  Kernel kernel{};      //!< the local products
+
+  //! `y` (`[n][out / q]`) = this member's output slice, from its input slice `x` (`[n][in / q]`),
+  //! weight piece `w` (`[out / q^2][in / q]`) and bias piece `b` (`[out / q^2]`; empty: none).
+  template <class C, class T>
+  void forward(tp_grid_comms<C>& g, std::span<const T> x, std::span<const T> w, std::span<const T> b, std::span<T> y,
+               cube_scratch<T> s) const {
+    const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, x.size());
+    expect("output", y.size(), n * outq);
+    expect("weight piece", w.size(), (outq / q) * inq);
+    const cube_roles r = cube_roles::of(g.shape, g.member, odd);
+    C& input = group(g, r.input());
+    C& weights = group(g, cube_roles::weight());
+    C& output = group(g, r.output());
+    const std::span<T> xb = s.x.first(q * n * inq), wb = s.w.first(outq * inq), part = s.part.first(q * n * outq);
+    gather(input, x, xb);
+    gather(weights, w, wb);
+    kernel.forward(std::span<const T>(xb), std::span<const T>(wb), std::span<const T>{}, part, q * n, inq, outq);
+    scatter(g, output, std::span<const T>(part), y);
+    if (b.empty()) return;
+    expect("bias piece", b.size(), outq / q);
+    const std::span<T> bb = s.w.subspan(outq * inq, outq);
+    gather(weights, b, bb);
+    if constexpr (requires { kernel.add_bias(y, std::span<const T>(bb), n, outq); }) kernel.add_bias(y, std::span<const T>(bb), n, outq);
+    else linear_kernel::add_bias(y, std::span<const T>(bb), n, outq);
+  }
+
+  //! `dx` (`[n][in / q]`) = this member's input gradient slice, from its output gradient slice
+  //! `dy` (`[n][out / q]`) and weight piece `w`.
+  template <class C, class T>
+  void backward_input(tp_grid_comms<C>& g, std::span<const T> dy, std::span<const T> w, std::span<T> dx,
+                      cube_scratch<T> s) const {
+    const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, dx.size());
+    expect("output gradient", dy.size(), n * outq);
+    const cube_roles r = cube_roles::of(g.shape, g.member, odd);
+    const std::span<T> dyb = s.dy.first(q * n * outq), wb = s.w.first(outq * inq), part = s.part.first(q * n * inq);
+    gather(group(g, r.output()), dy, dyb);
+    gather(group(g, cube_roles::weight()), w, wb);
+    kernel.backward_input(std::span<const T>(dyb), std::span<const T>(wb), part, q * n, inq, outq);
+    scatter(g, group(g, r.input()), std::span<const T>(part), dx);
+  }
+
+  //! Adds this member's weight-piece gradient to `gw` (`[out / q^2][in / q]`) and bias-piece
+  //! gradient to `gb` (`[out / q^2]`; empty: none), from its input slice `x` and output gradient
+  //! slice `dy`.
+  template <class C, class T>
+  void backward_weight(tp_grid_comms<C>& g, std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb,
+                       cube_scratch<T> s) const {
+    const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, x.size());
+    expect("output gradient", dy.size(), n * outq);
+    expect("weight gradient piece", gw.size(), (outq / q) * inq);
+    const cube_roles r = cube_roles::of(g.shape, g.member, odd);
+    C& weights = group(g, cube_roles::weight());
+    const std::span<T> xb = s.x.first(q * n * inq), dyb = s.dy.first(q * n * outq);
+    gather(group(g, r.input()), x, xb);
+    gather(group(g, r.output()), dy, dyb);
+    const std::size_t wsize = outq * inq, bsize = gb.empty() ? 0 : outq;
+    const std::span<T> pw = s.part.first(wsize), pb = s.part.subspan(wsize, bsize);
+    std::fill(pw.begin(), pw.end(), T{});
+    std::fill(pb.begin(), pb.end(), T{});
+    kernel.backward_weight(std::span<const T>(xb), std::span<const T>(dyb), pw, pb, q * n, inq, outq);
+    // The weight pieces, then the bias pieces, each reduce-scattered over the weight group.
+    const std::span<T> sw = s.grad.first(wsize / q), sb = s.grad.subspan(wsize / q, bsize / q);
+    scatter(g, weights, std::span<const T>(pw), sw);
+    if (!gb.empty()) {
+      expect("bias gradient piece", gb.size(), outq / q);
+      scatter(g, weights, std::span<const T>(pb), sb);
+    }
+    for (std::size_t i = 0; i < sw.size(); ++i) gw[i] += sw[i];
+    for (std::size_t i = 0; i < sb.size(); ++i) gb[i] += sb[i];
+  }
+
+ private:
+  template <class C>
+  static C& group(tp_grid_comms<C>& g, grid_group x) {
+    switch (x) {
+      case grid_group::row: return *g.row;
+      case grid_group::column: return *g.column;
+      case grid_group::depth: return *g.depth;
+    }
+    return *g.row;
+  }
+  template <class C, class T>
+  static void gather(C& c, std::span<const T> in, std::span<T> out) {
+    if (c.size() > 1) c.all_gather(in, out);
+    else std::copy(in.begin(), in.end(), out.begin());
+  }
+  template <class C, class T>
+  static void scatter(tp_grid_comms<C>& g, C& c, std::span<const T> in, std::span<T> out) {
+    if (c.size() == 1) std::copy(in.begin(), in.end(), out.begin());
+    else if (g.ordered) ordered_reduce_scatter(c, in, out);
+    else c.reduce_scatter(in, out, reduce_op::sum);
+  }
+  template <class C>
+  std::size_t tokens(const tp_grid_comms<C>& g, std::size_t block) const {
+    const std::size_t q = g.q();
+    if (g.shape.kind != tp_kind::d3 || in % q != 0 || out % (q * q) != 0)
+      throw config_error(std::string(cube_rule(in, out, q * q, g.shape).view()));
+    const std::size_t inq = in / q;
+    if (block % inq != 0)
+      throw std::length_error("loom cube_linear: an activation slice of " + std::to_string(block) +
+                              " elements is not a whole number of tokens of " + std::to_string(inq) + " features");
+    return block / inq;
+  }
+  static void expect(const char* what, std::size_t got, std::size_t want) {
+    if (got != want)
+      throw std::length_error(std::string("loom cube_linear: the ") + what + " has " + std::to_string(got) +
+                              " elements; the layer needs " + std::to_string(want));
+  }
+};
+
+//! Where a member's slices sit in the whole matrices of a 3D layer of parity `odd` (see
+//! `cube_linear`), to cut them out of a single-rank model and put results back.
+struct cube_layout {
+  tp_grid grid{};    //!< the cube
+  int member = 0;    //!< the member
+  bool odd = false;  //!< the layer's parity
+
+  //! The member's input slice of an activation `[N][features]` (token slice `c` of block `a`,
+  //! feature block `b`), copied out of `whole` into `block`, or back when `to_whole`. The output
+  //! slice of a layer is the input slice of the next (`odd` flipped).
+  template <class T>
+  void input(std::span<T> whole, std::span<T> block, std::size_t tokens, std::size_t features, bool to_whole) const {
+    const cube_roles r = cube_roles::of(grid, member, odd);
+    slice(whole, block, tokens, features, r.a, r.c, r.b, to_whole);
+  }
+  //! The member's output slice of `[N][features]` (token slice `b` of block `a`, feature block `c`).
+  template <class T>
+  void output(std::span<T> whole, std::span<T> block, std::size_t tokens, std::size_t features, bool to_whole) const {
+    const cube_roles r = cube_roles::of(grid, member, odd);
+    slice(whole, block, tokens, features, r.a, r.b, r.c, to_whole);
+  }
+  //! The member's weight piece of `whole` `[out][in]` (rows slice `a` of output block `c`, input
+  //! block `b`).
+  template <class T>
+  void weight(std::span<T> whole, std::span<T> block, std::size_t in, std::size_t out, bool to_whole) const {
+    const cube_roles r = cube_roles::of(grid, member, odd);
+    const auto q = static_cast<std::size_t>(grid.q);
+    const std::size_t rows = out / (q * q), cols = in / q;
+    const std::size_t r0 = static_cast<std::size_t>(r.c) * (out / q) + static_cast<std::size_t>(r.a) * rows;
+    const std::size_t c0 = static_cast<std::size_t>(r.b) * cols;
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < cols; ++j) move(whole[(r0 + i) * in + c0 + j], block[i * cols + j], to_whole);
+  }
+  //! The member's bias piece of `whole` `[out]` (piece `a` of block `c`).
+  template <class T>
+  void bias(std::span<T> whole, std::span<T> block, std::size_t out, bool to_whole) const {
+    const cube_roles r = cube_roles::of(grid, member, odd);
+    const auto q = static_cast<std::size_t>(grid.q);
+    const std::size_t at = static_cast<std::size_t>(r.c) * (out / q) + static_cast<std::size_t>(r.a) * (out / (q * q));
+    for (std::size_t i = 0; i < out / (q * q); ++i) move(whole[at + i], block[i], to_whole);
+  }
+
+ private:
+  template <class T>
+  static void move(T& whole, T& block, bool to_whole) {
+    if (to_whole) whole = block;
+    else block = whole;
+  }
+  template <class T>
+  void slice(std::span<T> whole, std::span<T> block, std::size_t tokens, std::size_t features, int blk, int sl, int fb,
+             bool to_whole) const {
+    const auto q = static_cast<std::size_t>(grid.q);
+    const std::size_t n = tokens / (q * q), fq = features / q;
+    const std::size_t t0 = static_cast<std::size_t>(blk) * (tokens / q) + static_cast<std::size_t>(sl) * n;
+    const std::size_t f0 = static_cast<std::size_t>(fb) * fq;
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t f = 0; f < fq; ++f) move(whole[(t0 + t) * features + f0 + f], block[t * fq + f], to_whole);
   }
 };
 
