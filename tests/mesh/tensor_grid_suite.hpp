@@ -262,4 +262,80 @@ void cube_matches_reference(World& world, int dp, int tp, bool ordered, bool cou
   compare(gb1s, cut_b(even, gb1r, mid), exact, rank, "first layer's bias gradient");
 }
 
+//! A layer norm over the grid's activations (2D and 2.5D: `summa_linear`'s layout; 3D: the input
+//! layout of a layer of parity `odd`) against `grid_norm_reference`: forward, input gradient (with
+//! a residual) and the weights' gradients; bitwise when `ordered` or every group has at most two
+//! ranks, within 1e-12 otherwise; `count`: the counters against `norm_volume`.
+template <class World>
+void norm_matches_reference(World& world, grid_case c, bool odd, bool ordered, bool count) {
+  using tpd = loom::tp<loom::dynamic, loom::tp_kind::dynamic>;
+  const loom::mesh<loom::dp<>, tpd> m{loom::dp<>{c.dp}, tpd{c.tp, c.kind, c.depth}};
+  loom::mesh_comm mc(m, world);
+  const loom::tp_grid& g = m.grid();
+  const bool cube = g.kind == loom::tp_kind::d3;
+  const auto q = static_cast<std::size_t>(g.q), layers = static_cast<std::size_t>(g.depth);
+  const std::size_t h = 2 * q * q, tokens = 3 * q * layers, n = tokens / (q * layers);
+  const int rank = world.rank(), t = mc.coord(loom::dim::tp);
+  const bool exact = ordered || q <= 2;
+
+  const auto seed = 200 + static_cast<std::uint64_t>(mc.coord(loom::dim::dp)) * 16;
+  auto x = values(seed + 1, tokens * h), gw = values(seed + 2, h), bw = values(seed + 3, h), dy = values(seed + 4, tokens * h),
+       res = values(seed + 5, tokens * h), gg = values(seed + 6, h), gb = values(seed + 7, h);
+  for (auto& v : gw) v += 1.5;  // weights away from zero
+  const loom::grid_norm_reference ref{h, q};
+  std::vector<double> y(x.size()), xhat(x.size()), rstd(tokens), dx(x.size()), ggr = gg, gbr = gb;
+  auto cs = [](const std::vector<double>& v) { return std::span<const double>(v); };
+  ref.forward(cs(x), cs(gw), cs(bw), std::span<double>(y), std::span<double>(xhat), std::span<double>(rstd), tokens);
+  ref.backward_input(cs(dy), cs(xhat), cs(rstd), cs(gw), cs(res), std::span<double>(dx), tokens);
+  ref.backward_weight(cs(dy), cs(xhat), std::span<double>(ggr), std::span<double>(gbr), tokens, q, layers);
+
+  // The member's token range, feature block and piece of its feature block.
+  const loom::cube_roles r = loom::cube_roles::of(g, t, odd);
+  const std::size_t t0 = cube ? static_cast<std::size_t>(r.a) * (tokens / q) + static_cast<std::size_t>(r.c) * n
+                              : static_cast<std::size_t>(g.layer(t) * g.q + g.row(t)) * n;
+  const std::size_t fb = static_cast<std::size_t>(cube ? r.b : g.column(t)), piece = static_cast<std::size_t>(cube ? r.c : g.row(t));
+  const std::size_t hq = h / q, pq = hq / q;
+  auto rows = [&](const std::vector<double>& whole) {
+    std::vector<double> v(n * hq);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t f = 0; f < hq; ++f) v[i * hq + f] = whole[(t0 + i) * h + fb * hq + f];
+    return v;
+  };
+  auto pieces = [&](const std::vector<double>& whole) {
+    return std::vector<double>(whole.begin() + static_cast<std::ptrdiff_t>(fb * hq + piece * pq),
+                               whole.begin() + static_cast<std::ptrdiff_t>(fb * hq + (piece + 1) * pq));
+  };
+  std::vector<double> want_rstd(rstd.begin() + static_cast<std::ptrdiff_t>(t0), rstd.begin() + static_cast<std::ptrdiff_t>(t0 + n));
+
+  auto gc = loom::grid_comms(mc, ordered);
+  auto ng = cube ? loom::norm_groups<typename decltype(mc)::comm_type>::of_cube(gc, odd)
+                 : loom::norm_groups<typename decltype(mc)::comm_type>::of_summa(gc);
+  const loom::grid_layer_norm norm{h};
+  loom::norm_host_scratch<double> s(n, h, q);
+  const std::size_t reps = static_cast<std::size_t>(ng.replicas->size());
+  mc.reset_counters();
+  std::vector<double> yb(n * hq), xhb(n * hq), rb(n), dxb(n * hq), ggb = pieces(gg), gbb = pieces(gb);
+  norm.forward(ng, cs(rows(x)), cs(pieces(gw)), cs(pieces(bw)), std::span<double>(yb), std::span<double>(xhb), std::span<double>(rb),
+               s.spans());
+  compare(yb, rows(y), exact, rank, "layer norm output");
+  compare(rb, want_rstd, exact, rank, "layer norm 1 / sigma");
+  auto check_norm = [&](const loom::norm_volume& v, const std::string& step) {
+    using loom::comm_op;
+    expect_bytes(ng.features->counters()[comm_op::all_reduce].bytes, v.features_reduce, rank, step + ": features all-reduce");
+    expect_bytes(ng.pieces->counters()[comm_op::all_gather].bytes, v.pieces_gather, rank, step + ": pieces all-gather");
+    expect_bytes(ng.pieces->counters()[comm_op::reduce_scatter].bytes, v.pieces_scatter, rank, step + ": pieces reduce-scatter");
+    expect_bytes(reps > 1 ? ng.replicas->counters()[comm_op::all_reduce].bytes : 0, v.replicas_reduce, rank,
+                 step + ": replicas all-reduce");
+    mc.reset_counters();
+  };
+  if (count) check_norm(loom::norm_volume::forward(n, h, q, q), "norm forward");
+  norm.backward_input(ng, cs(rows(dy)), cs(xhb), cs(rb), cs(pieces(gw)), cs(rows(res)), std::span<double>(dxb), s.spans());
+  compare(dxb, rows(dx), exact, rank, "layer norm input gradient");
+  if (count) check_norm(loom::norm_volume::backward_input(n, h, q, q), "norm backward input");
+  norm.backward_weight(ng, cs(rows(dy)), cs(xhb), std::span<double>(ggb), std::span<double>(gbb), s.spans());
+  compare(ggb, pieces(ggr), exact, rank, "layer norm weight gradient");
+  compare(gbb, pieces(gbr), exact, rank, "layer norm bias gradient");
+  if (count) check_norm(loom::norm_volume::backward_weight(h, q, q, reps), "norm backward weight");
+}
+
 }  // namespace grid_suite

@@ -19,13 +19,14 @@ namespace {
 
 using grid_suite::grid_case;
 
-void run(grid_case c, bool ordered) {
-  const int world = c.dp * c.tp;
+// Runs `body(world)` on `world` threads and reports every rank's failure.
+template <class Body>
+void run(int world, const Body& body) {
   std::mutex mu;
   std::vector<std::string> errors;
   loom::run_threads(world, [&](loom::threads::comm& w) {
     try {
-      grid_suite::summa_matches_reference(w, c, ordered, true);
+      body(w);
     } catch (const grid_suite::failure& e) {
       std::lock_guard lk(mu);
       errors.emplace_back(e.what());
@@ -43,7 +44,7 @@ TEST_CASE("tensor grid: SUMMA's forward is bitwise the single-rank layer, its ba
                       grid_case{2, loom::tp_kind::d2_5, 2, 2}})
     for (bool ordered : {true, false}) {
       INFO("dp " << c.dp << " tp " << c.tp << " " << std::string(loom::to_string(c.kind)) << std::string(ordered ? " deterministic" : ""));
-      run(c, ordered);
+      run(c.dp * c.tp, [&](loom::threads::comm& w) { grid_suite::summa_matches_reference(w, c, ordered, true); });
     }
 }
 
@@ -51,17 +52,18 @@ TEST_CASE("tensor grid: two chained 3D layers equal the blocked single-rank sums
   for (auto [dp, tp] : {std::pair{1, 8}, std::pair{2, 8}, std::pair{1, 27}, std::pair{2, 1}})
     for (bool ordered : {true, false}) {
       INFO("dp " << dp << " tp " << tp << std::string(ordered ? " deterministic" : ""));
-      std::mutex mu;
-      std::vector<std::string> errors;
-      loom::run_threads(dp * tp, [&](loom::threads::comm& w) {
-        try {
-          grid_suite::cube_matches_reference(w, dp, tp, ordered, true);
-        } catch (const grid_suite::failure& e) {
-          std::lock_guard lk(mu);
-          errors.emplace_back(e.what());
-        }
-      });
-      for (auto& e : errors) FAIL_CHECK(e);
+      run(dp * tp, [&](loom::threads::comm& w) { grid_suite::cube_matches_reference(w, dp, tp, ordered, true); });
+    }
+}
+
+TEST_CASE("tensor grid: the layer norm over a grid's feature blocks equals the blocked single-rank norm, forward and backward") {
+  for (auto [c, odd] : {std::pair{grid_case{1, loom::tp_kind::d2, 4, 0}, false}, std::pair{grid_case{2, loom::tp_kind::d2, 9, 0}, false},
+                        std::pair{grid_case{1, loom::tp_kind::d2_5, 8, 2}, false}, std::pair{grid_case{1, loom::tp_kind::d3, 8, 0}, false},
+                        std::pair{grid_case{1, loom::tp_kind::d3, 8, 0}, true}, std::pair{grid_case{1, loom::tp_kind::d3, 27, 0}, true}})
+    for (bool ordered : {true, false}) {
+      INFO("dp " << c.dp << " tp " << c.tp << " " << std::string(loom::to_string(c.kind)) << (odd ? " odd" : "")
+                 << std::string(ordered ? " deterministic" : ""));
+      run(c.dp * c.tp, [&](loom::threads::comm& w) { grid_suite::norm_matches_reference(w, c, odd, ordered, true); });
     }
 }
 

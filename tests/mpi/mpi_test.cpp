@@ -64,7 +64,7 @@ TEST_CASE("mpi: ordered sums equal the rank-order sum bit for bit") {
   run_suite([](auto& c) { comm_suite::ordered_sums_are_rank_order(c); });
 }
 
-TEST_CASE("mpi: the tensor grids' SUMMA and 3D layers equal the single-rank reference (bitwise when deterministic) with the documented volume") {
+TEST_CASE("mpi: the tensor grids' SUMMA and 3D layers and layer norm equal the single-rank reference (bitwise when deterministic) with the documented volume") {
   // The grids that fit the world: 2 and 3 processes run 1 x 1 grids beside data parallelism, 4 a
   // 2 x 2 grid, 8 two 2 x 2 grids over dp and a 2.5D grid of depth 2, 9 a 3 x 3 grid (where the
   // deterministic mode's rank-ordered reduce is the sends to the root, counted as sends).
@@ -78,11 +78,20 @@ TEST_CASE("mpi: the tensor grids' SUMMA and 3D layers equal the single-rank refe
       default: cases = {grid_case{c.size(), loom::tp_kind::d2, 1, 0}}; break;
     }
     for (const grid_case& g : cases)
-      for (bool ordered : {true, false})
-        grid_suite::summa_matches_reference(c, g, ordered, !ordered || loom::make_tp_grid(g.kind, g.tp, g.depth).q <= 2);
-    // The 3D layers: a 2 x 2 x 2 cube on 8 processes, 1 x 1 x 1 cubes beside data parallelism on 2 and 3.
+      for (bool ordered : {true, false}) {
+        const bool count = !ordered || loom::make_tp_grid(g.kind, g.tp, g.depth).q <= 2;
+        grid_suite::summa_matches_reference(c, g, ordered, count);
+        grid_suite::norm_matches_reference(c, g, false, ordered, count);
+      }
+    // The 3D layers and the norm on their two layouts: a 2 x 2 x 2 cube on 8 processes, 1 x 1 x 1
+    // cubes beside data parallelism on 2 and 3.
     if (c.size() == 8 || c.size() < 4)
-      for (bool ordered : {true, false}) grid_suite::cube_matches_reference(c, c.size() == 8 ? 1 : c.size(), c.size() == 8 ? 8 : 1, ordered, true);
+      for (bool ordered : {true, false}) {
+        grid_suite::cube_matches_reference(c, c.size() == 8 ? 1 : c.size(), c.size() == 8 ? 8 : 1, ordered, true);
+        for (bool odd : {false, true})
+          grid_suite::norm_matches_reference(c, grid_case{c.size() == 8 ? 1 : c.size(), loom::tp_kind::d3, c.size() == 8 ? 8 : 1, 0},
+                                             odd, ordered, true);
+      }
   });
 }
 

@@ -722,4 +722,303 @@ struct cube_layout {
   }
 };
 
+//! The groups a layer norm over grid-split activations uses (see `grid_layer_norm`): `features`
+//! holds a token's feature blocks (ordered by block), `pieces` the members with the same feature
+//! block and other tokens of one grid layer (ordered by token block; the norm's weights are
+//! split over it in pieces), `replicas` the members that hold the same pieces (2.5D's and 3D's
+//! depth group; one rank on a 2D grid).
+template <class C>
+struct norm_groups {
+  C* features = nullptr;  //!< sums of a token's statistics
+  C* pieces = nullptr;    //!< the weights' pieces (all-gathered, gradients reduce-scattered)
+  C* replicas = nullptr;  //!< the pieces' replicas (gradients all-reduced)
+  bool ordered = false;   //!< rank-ordered sums (deterministic mode)
+
+  //! On a 2D or 2.5D grid (`summa_linear`'s layout): the row, the column and the depth group.
+  static norm_groups of_summa(const tp_grid_comms<C>& g) { return {g.row, g.column, g.depth, g.ordered}; }
+  //! On a 3D grid, for activations laid out as the input of a layer of parity `odd`
+  //! (`cube_linear`): the output group (it varies the feature block), the input group (the token
+  //! slice) and the depth group (the token block).
+  static norm_groups of_cube(const tp_grid_comms<C>& g, bool odd) {
+    const cube_roles r{0, 0, 0, odd};
+    auto pick = [&](grid_group x) { return x == grid_group::row ? g.row : x == grid_group::column ? g.column : g.depth; };
+    return {pick(r.output()), pick(r.input()), g.depth, g.ordered};
+  }
+};
+
+//! Scratch of one member for `grid_layer_norm`: `w` the gathered weight and bias blocks (`2 x
+//! h / q`), `stats` two values per token, `part` the weights' partial gradients (`2 x h / q`),
+//! `grad` their pieces (`2 x h / q^2`).
+template <class T>
+struct norm_scratch {
+  std::span<T> w, stats, part, grad;  //!< the buffers (see the struct comment)
+};
+
+//! `norm_scratch` over owned host vectors, for `n` tokens per member, `h` features, side `q`.
+template <class T>
+class norm_host_scratch {
+ public:
+  //! The buffers.
+  norm_host_scratch(std::size_t n, std::size_t h, std::size_t q) : w_(2 * (h / q)), stats_(2 * n), part_(2 * (h / q)), grad_(2 * (h / (q * q))) {}
+  //! The spans.
+  norm_scratch<T> spans() { return {w_, stats_, part_, grad_}; }
+
+ private:
+  std::vector<T> w_, stats_, part_, grad_;
+};
+
+//! A layer norm `y = (x - mean) / sqrt(var + eps) g + b` over `h` features split into `q` blocks
+//! over the `features` group (Optimus' and Tesseract's layer norm on the grid; ColossalAI's
+//! `layernorm_3d` for the 3D one): each member sums its block of every token's row, the group
+//! all-reduces the sums (the mean first, then the variance around it: two passes, as the
+//! single-rank norm), and each member normalises its block. The backward all-reduces the two
+//! row sums of `dxhat = dy g`. The weights `g` and `b` are split like `summa_linear`'s biases:
+//! each member holds piece `p` (its index in `pieces`) of its feature block, `h / q^2` values,
+//! all-gathered over `pieces` in the forward; their gradients are each member's sums over its
+//! tokens, reduce-scattered over `pieces` and all-reduced over `replicas`.
+//!
+//! Every sum is blocked: a row's statistic is `((S_0 + S_1) + ...)` over the feature blocks, each
+//! from zero; a weight's gradient sums its token blocks as `summa_reference::blocked_weight`.
+//! `grid_norm_reference` computes the same sums on one rank.
+struct grid_layer_norm {
+  std::size_t h = 0;   //!< features (whole)
+  double eps = 1e-5;   //!< added to the variance
+
+  //! `y`, `xhat` (`[n][h / q]`) and `rstd` (`[n]`, `1 / sigma` per token) from `x` and the
+  //! member's pieces `g`, `b` (`[h / q^2]`).
+  template <class C, class T>
+  void forward(norm_groups<C>& ng, std::span<const T> x, std::span<const T> g, std::span<const T> b, std::span<T> y,
+               std::span<T> xhat, std::span<T> rstd, norm_scratch<T> s) const {
+    const std::size_t hq = block(ng), n = rstd.size();
+    check(x.size(), n * hq, "input");
+    check(g.size() + b.size(), 2 * (hq / size(ng.pieces)), "weight and bias pieces");
+    const std::span<T> gw = s.w.first(hq), bw = s.w.subspan(hq, hq), sum = s.stats.first(n);
+    gather(*ng.pieces, g, gw);
+    gather(*ng.pieces, b, bw);
+    for (std::size_t t = 0; t < n; ++t) {
+      T z{};
+      for (std::size_t f = 0; f < hq; ++f) z += x[t * hq + f];
+      sum[t] = z;
+    }
+    all_sum(ng, sum);
+    for (std::size_t t = 0; t < n; ++t) {
+      const T mu = sum[t] / static_cast<T>(h);
+      T z{};
+      for (std::size_t f = 0; f < hq; ++f) z += (x[t * hq + f] - mu) * (x[t * hq + f] - mu);
+      s.stats[n + t] = z;
+      sum[t] = mu;
+    }
+    const std::span<T> var = s.stats.subspan(n, n);
+    all_sum(ng, var);
+    for (std::size_t t = 0; t < n; ++t) {
+      const T r = T(1) / device_math::sqrt(var[t] / static_cast<T>(h) + static_cast<T>(eps));
+      rstd[t] = r;
+      for (std::size_t f = 0; f < hq; ++f) {
+        const std::size_t e = t * hq + f;
+        xhat[e] = (x[e] - sum[t]) * r;
+        y[e] = xhat[e] * gw[f] + bw[f];
+      }
+    }
+  }
+
+  //! `dx = res + rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))`, `dxhat = dy g` (`res`
+  //! empty: none), the means over the whole row.
+  template <class C, class T>
+  void backward_input(norm_groups<C>& ng, std::span<const T> dy, std::span<const T> xhat, std::span<const T> rstd,
+                      std::span<const T> g, std::span<const T> res, std::span<T> dx, norm_scratch<T> s) const {
+    const std::size_t hq = block(ng), n = rstd.size();
+    check(dy.size(), n * hq, "output gradient");
+    const std::span<T> gw = s.w.first(hq), m = s.stats.first(2 * n);
+    gather(*ng.pieces, g, gw);
+    for (std::size_t t = 0; t < n; ++t) {
+      T m1{}, m2{};
+      for (std::size_t f = 0; f < hq; ++f) {
+        const T d = dy[t * hq + f] * gw[f];
+        m1 += d;
+        m2 += d * xhat[t * hq + f];
+      }
+      m[2 * t] = m1;
+      m[2 * t + 1] = m2;
+    }
+    all_sum(ng, m);
+    for (std::size_t t = 0; t < n; ++t) {
+      const T m1 = m[2 * t] / static_cast<T>(h), m2 = m[2 * t + 1] / static_cast<T>(h);
+      for (std::size_t f = 0; f < hq; ++f) {
+        const std::size_t e = t * hq + f;
+        const T d = dy[e] * gw[f];
+        const T v = rstd[t] * (d - m1 - xhat[e] * m2);
+        dx[e] = res.empty() ? v : res[e] + v;
+      }
+    }
+  }
+
+  //! Adds the member's pieces of the weight and bias gradients to `gg`, `gb` (`[h / q^2]`).
+  template <class C, class T>
+  void backward_weight(norm_groups<C>& ng, std::span<const T> dy, std::span<const T> xhat, std::span<T> gg, std::span<T> gb,
+                       norm_scratch<T> s) const {
+    const std::size_t hq = block(ng), n = dy.size() / hq, pq = hq / size(ng.pieces);
+    check(gg.size() + gb.size(), 2 * pq, "weight and bias gradient pieces");
+    const std::span<T> pg = s.part.first(hq), pb = s.part.subspan(hq, hq);
+    for (std::size_t f = 0; f < hq; ++f) {
+      T a{}, c{};
+      for (std::size_t t = 0; t < n; ++t) {
+        a += dy[t * hq + f] * xhat[t * hq + f];
+        c += dy[t * hq + f];
+      }
+      pg[f] = a;
+      pb[f] = c;
+    }
+    const std::span<T> mine = s.grad.first(2 * pq);
+    scatter(ng, std::span<const T>(pg), mine.first(pq));
+    scatter(ng, std::span<const T>(pb), mine.subspan(pq, pq));
+    if (size(ng.replicas) > 1) {
+      if (ng.ordered) ordered_all_reduce(*ng.replicas, mine);
+      else ng.replicas->all_reduce(mine, reduce_op::sum);
+    }
+    for (std::size_t i = 0; i < pq; ++i) {
+      gg[i] += mine[i];
+      gb[i] += mine[pq + i];
+    }
+  }
+
+ private:
+  template <class C>
+  static std::size_t size(C* c) { return c == nullptr ? 1 : static_cast<std::size_t>(c->size()); }
+  template <class C>
+  std::size_t block(const norm_groups<C>& ng) const {
+    const std::size_t q = size(ng.features), p = size(ng.pieces);
+    if (h % (q * p) != 0)
+      throw config_error("tensor parallel layer norm: " + std::to_string(h) + " features are not divisible by " +
+                         std::to_string(q) + " blocks x " + std::to_string(p) + " pieces");
+    return h / q;
+  }
+  static void check(std::size_t got, std::size_t want, const char* what) {
+    if (got != want)
+      throw std::length_error(std::string("loom grid_layer_norm: the ") + what + " has " + std::to_string(got) +
+                              " elements; the norm needs " + std::to_string(want));
+  }
+  template <class C, class T>
+  static void gather(C& c, std::span<const T> in, std::span<T> out) {
+    if (c.size() > 1) c.all_gather(in, out);
+    else std::copy(in.begin(), in.end(), out.begin());
+  }
+  template <class C, class T>
+  static void all_sum(norm_groups<C>& ng, std::span<T> data) {
+    if (size(ng.features) == 1) return;
+    if (ng.ordered) ordered_all_reduce(*ng.features, data);
+    else ng.features->all_reduce(data, reduce_op::sum);
+  }
+  template <class C, class T>
+  static void scatter(norm_groups<C>& ng, std::span<const T> in, std::span<T> out) {
+    if (size(ng.pieces) == 1) std::copy(in.begin(), in.end(), out.begin());
+    else if (ng.ordered) ordered_reduce_scatter(*ng.pieces, in, out);
+    else ng.pieces->reduce_scatter(in, out, reduce_op::sum);
+  }
+};
+
+//! Elements one member moves per call of `grid_layer_norm` for `n` tokens of `h` features, `q`
+//! feature blocks, `p` pieces and `r` replicas (all-gathers counted by their output,
+//! reduce-scatters by their input, all-reduces by their buffer; nothing on a group of one).
+struct norm_volume {
+  std::size_t features_reduce = 0;  //!< all-reduced over the features group (row statistics)
+  std::size_t pieces_gather = 0;    //!< all-gathered over the pieces group (weights)
+  std::size_t pieces_scatter = 0;   //!< reduce-scattered over the pieces group (gradients)
+  std::size_t replicas_reduce = 0;  //!< all-reduced over the replicas (gradients)
+  friend constexpr bool operator==(const norm_volume&, const norm_volume&) = default;
+
+  //! The forward's: the two statistics, the weight and bias blocks.
+  static constexpr norm_volume forward(std::size_t n, std::size_t h, std::size_t q, std::size_t p) {
+    return {.features_reduce = q > 1 ? 2 * n : 0, .pieces_gather = p > 1 ? 2 * (h / q) : 0};
+  }
+  //! The input gradient's: the two row sums, the weight block.
+  static constexpr norm_volume backward_input(std::size_t n, std::size_t h, std::size_t q, std::size_t p) {
+    return {.features_reduce = q > 1 ? 2 * n : 0, .pieces_gather = p > 1 ? h / q : 0};
+  }
+  //! The weights' gradients.
+  static constexpr norm_volume backward_weight(std::size_t h, std::size_t q, std::size_t p, std::size_t r) {
+    return {.pieces_scatter = p > 1 ? 2 * (h / q) : 0, .replicas_reduce = r > 1 ? 2 * (h / (q * p)) : 0};
+  }
+};
+
+//! `grid_layer_norm`'s sums on one rank over whole matrices `[N][h]`: row statistics blocked
+//! over `q` feature blocks, the weights' gradients over `rows x layers` token blocks (see
+//! `summa_reference::blocked_weight`).
+struct grid_norm_reference {
+  std::size_t h = 0;        //!< features
+  std::size_t q = 1;        //!< feature blocks
+  double eps = 1e-5;        //!< added to the variance
+
+  //! Forward over `n` tokens.
+  template <class T>
+  void forward(std::span<const T> x, std::span<const T> g, std::span<const T> b, std::span<T> y, std::span<T> xhat,
+               std::span<T> rstd, std::size_t n) const {
+    for (std::size_t t = 0; t < n; ++t) {
+      const T* row = x.data() + t * h;
+      const T mu = blocked(row, [](T v) { return v; }) / static_cast<T>(h);
+      const T var = blocked(row, [mu](T v) { return (v - mu) * (v - mu); }) / static_cast<T>(h);
+      const T r = T(1) / device_math::sqrt(var + static_cast<T>(eps));
+      rstd[t] = r;
+      for (std::size_t f = 0; f < h; ++f) {
+        xhat[t * h + f] = (row[f] - mu) * r;
+        y[t * h + f] = xhat[t * h + f] * g[f] + b[f];
+      }
+    }
+  }
+  //! Input gradient over `n` tokens (`res` may be empty).
+  template <class T>
+  void backward_input(std::span<const T> dy, std::span<const T> xhat, std::span<const T> rstd, std::span<const T> g,
+                      std::span<const T> res, std::span<T> dx, std::size_t n) const {
+    const std::size_t hq = h / q;
+    for (std::size_t t = 0; t < n; ++t) {
+      T m1{}, m2{};
+      for (std::size_t j = 0; j < q; ++j) {
+        T a{}, c{};
+        for (std::size_t f = j * hq; f < (j + 1) * hq; ++f) {
+          const T d = dy[t * h + f] * g[f];
+          a += d;
+          c += d * xhat[t * h + f];
+        }
+        m1 = j == 0 ? a : m1 + a;
+        m2 = j == 0 ? c : m2 + c;
+      }
+      m1 /= static_cast<T>(h);
+      m2 /= static_cast<T>(h);
+      for (std::size_t f = 0; f < h; ++f) {
+        const std::size_t e = t * h + f;
+        const T v = rstd[t] * (dy[e] * g[f] - m1 - xhat[e] * m2);
+        dx[e] = res.empty() ? v : res[e] + v;
+      }
+    }
+  }
+  //! Adds the weight and bias gradients over `n` tokens in `rows x layers` blocks.
+  template <class T>
+  void backward_weight(std::span<const T> dy, std::span<const T> xhat, std::span<T> gg, std::span<T> gb, std::size_t n,
+                       std::size_t rows, std::size_t layers) const {
+    // dg = sum dy xhat and db = sum dy: a linear layer's weight and bias gradients with
+    // "input" xhat, one feature at a time.
+    for (std::size_t f = 0; f < h; ++f) {
+      std::vector<T> x1(n), d1(n);
+      for (std::size_t t = 0; t < n; ++t) {
+        x1[t] = xhat[t * h + f];
+        d1[t] = dy[t * h + f];
+      }
+      summa_reference::blocked_weight(std::span<const T>(x1), std::span<const T>(d1), gg.subspan(f, 1), gb.subspan(f, 1), n, 1, 1,
+                                      rows, layers);
+    }
+  }
+
+ private:
+  template <class T, class F>
+  T blocked(const T* row, F term) const {
+    const std::size_t hq = h / q;
+    T acc{};
+    for (std::size_t j = 0; j < q; ++j) {
+      T p{};
+      for (std::size_t f = j * hq; f < (j + 1) * hq; ++f) p += term(row[f]);
+      acc = j == 0 ? p : acc + p;
+    }
+    return acc;
+  }
+};
+
 }  // namespace loom
