@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/counting.hpp"
 #include "loom/comm/ordered.hpp"
 #include "loom/exec/tensor_parallel.hpp"
 #include "loom/mesh/mesh.hpp"
@@ -134,6 +135,18 @@ struct summa_volume {
     return row_broadcast + column_broadcast + row_reduce + column_reduce + column_gather + column_scatter + depth_reduce;
   }
   friend constexpr bool operator==(const summa_volume&, const summa_volume&) = default;
+  //! Elements over the member's link in the bandwidth-optimal algorithms (`loom::bus_factor`:
+  //! broadcasts and reduces once, gathers and scatters `(q - 1) / q`, the depth all-reduce
+  //! `2 (d - 1) / d`), as `loom::counted`'s bus bytes count them.
+  constexpr double bus(const tp_grid& g) const {
+    return static_cast<double>(row_broadcast) * bus_factor(comm_op::broadcast, g.q) +
+           static_cast<double>(column_broadcast) * bus_factor(comm_op::broadcast, g.q) +
+           static_cast<double>(row_reduce) * bus_factor(comm_op::reduce, g.q) +
+           static_cast<double>(column_reduce) * bus_factor(comm_op::reduce, g.q) +
+           static_cast<double>(column_gather) * bus_factor(comm_op::all_gather, g.q) +
+           static_cast<double>(column_scatter) * bus_factor(comm_op::reduce_scatter, g.q) +
+           static_cast<double>(depth_reduce) * bus_factor(comm_op::all_reduce, g.depth);
+  }
 
   //! The forward's volume for `n` tokens per member (with a bias).
   static constexpr summa_volume forward(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
@@ -487,6 +500,9 @@ struct cube_volume {
     return input_gather + weight_gather + output_gather + input_scatter + weight_scatter + output_scatter;
   }
   friend constexpr bool operator==(const cube_volume&, const cube_volume&) = default;
+  //! Elements over the member's link in the bandwidth-optimal algorithms (every collective a
+  //! gather or a scatter over `q` ranks: `(q - 1) / q` of its counted size).
+  constexpr double bus(const tp_grid& g) const { return static_cast<double>(total()) * bus_factor(comm_op::all_gather, g.q); }
 
   //! The forward's (with a bias).
   static constexpr cube_volume forward(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
