@@ -8,16 +8,19 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/comm/counting.hpp"
 #include "loom/comm/threads.hpp"
 #include "loom/exec/sequence_parallel.hpp"
 #include "loom/exec/tensor_parallel.hpp"
+#include "token_ring_suite.hpp"
 
 namespace {
 
@@ -121,6 +124,27 @@ TEST_CASE("sequence parallel: USP, Ulysses and ring attention equal plain causal
       CHECK(worst < 1e-13);
       for (int x : computed) CHECK(x == computed[0]);
     }
+}
+
+TEST_CASE("sequence parallel: TokenRing keeps K and V home, equals its single-rank order bitwise and ring attention's backward bitwise") {
+  for (int R : {1, 2, 3, 4})
+    for (bool causal : {true, false})
+      for (int round = 0; round < 3; ++round) {  // no delay, then the ranks started late in two orders
+        INFO("ring " << R << (causal ? " causal" : "") << " round " << round);
+        std::mutex mu;
+        std::vector<std::string> errors;
+        loom::run_threads(R, [&](loom::threads::comm& world) {
+          const int r = world.rank();
+          if (round > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2 * (round == 1 ? r : R - 1 - r)));
+          try {
+            token_ring_suite::matches_reference(world, causal);
+          } catch (const token_ring_suite::failure& e) {
+            std::lock_guard lk(mu);
+            errors.emplace_back(e.what());
+          }
+        });
+        for (auto& e : errors) FAIL_CHECK(e);
+      }
 }
 
 TEST_CASE("sequence parallel: a split that cannot work is refused with one sentence") {

@@ -24,8 +24,11 @@
 
 #include "loom/exec/tensor_grid.hpp"
 #include "loom/mesh.hpp"
+#include "suite_values.hpp"
 
 namespace grid_suite {
+
+using suite_values::value;
 
 //! A check that did not hold on this rank.
 struct failure : std::runtime_error {
@@ -39,15 +42,6 @@ struct grid_case {
   int tp = 4;                            //!< ranks per grid
   int depth = 0;                         //!< 2.5D's depth (0 otherwise)
 };
-
-//! A value in [-1, 1) from a seed and an index (splitmix64), the same on every rank.
-inline double value(std::uint64_t seed, std::uint64_t i) {
-  std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + i + 1;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) / static_cast<double>(1ULL << 52) - 1.0;
-}
 
 inline std::vector<double> values(std::uint64_t seed, std::size_t n) {
   std::vector<double> v(n);

@@ -13,6 +13,7 @@
 #include "../comm/comm_suite.hpp"
 #include "../comm/nonblocking_suite.hpp"
 #include "../mesh/tensor_grid_suite.hpp"
+#include "../mesh/token_ring_suite.hpp"
 #include "loom/comm/mpi.hpp"
 
 namespace {
@@ -92,6 +93,12 @@ TEST_CASE("mpi: the tensor grids' SUMMA and 3D layers and layer norm equal the s
           grid_suite::norm_matches_reference(c, grid_case{c.size() == 8 ? 1 : c.size(), loom::tp_kind::d3, c.size() == 8 ? 8 : 1, 0},
                                              odd, ordered, true);
       }
+  });
+}
+
+TEST_CASE("mpi: TokenRing keeps K and V home and equals its single-rank order, its backward ring attention's, bitwise") {
+  run_suite([](auto& c) {
+    for (bool causal : {true, false}) token_ring_suite::matches_reference(c, causal);
   });
 }
 

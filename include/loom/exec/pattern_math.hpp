@@ -270,6 +270,29 @@ struct attention_block {
   }
 };
 
+//! Merges a partial attention result into a running one, item `r` = one row and head: `(y, lb)`
+//! (a softmax output over some keys and its log-sum-exp) into `(o, lse)` by `attention_block`'s
+//! rule, `l = log(e^lse + e^lb)` (about their maximum), `o = o e^(lse - l) + y e^(lb - l)`.
+//! TokenRing's owner merges the partial outputs that come home with it.
+template <class T>
+struct attention_merge_rows {
+  T* o = nullptr;           //!< running output `[rows][head_dim]`
+  T* lse = nullptr;         //!< running log-sum-exp `[rows]`
+  const T* y = nullptr;     //!< partial output
+  const T* lb = nullptr;    //!< its log-sum-exp
+  int head_dim = 1;         //!< features per head
+  //! Item `r`.
+  LOOM_HOST_DEVICE void operator()(std::size_t r) const {
+    const auto D = static_cast<std::size_t>(head_dim);
+    const T L = lse[r], b = lb[r];
+    const T mx = device_math::max(L, b);
+    const T nl = mx + device_math::log(device_math::exp(L - mx) + device_math::exp(b - mx));
+    const T wa = device_math::exp(L - nl), wb = device_math::exp(b - nl);
+    for (std::size_t d = 0; d < D; ++d) o[r * D + d] = o[r * D + d] * wa + y[r * D + d] * wb;
+    lse[r] = nl;
+  }
+};
+
 //! `delta[r] = sum_d dout[r][d] o[r][d]` for row-and-head `r` (rows of `head_dim` features).
 template <class T>
 struct attention_delta_rows {

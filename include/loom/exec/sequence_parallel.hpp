@@ -27,6 +27,9 @@
 //!   Ulysses alone is `R = 1` and ring attention alone `u = 1`: `usp_attention` is the one
 //!   implementation of all three (and, with `u = R = 1`, of plain local attention).
 //!
+//! - **TokenRing** (Wang et al. 2024): ring attention's layout with the queries travelling and
+//!   K and V kept at home, the partial outputs returning the other way (`token_ring_attention`).
+//!
 //! Layouts: Q, K, V, O are `[tokens][heads][head_dim]`, the log-sum-exp `[tokens][heads]`.
 //! Sums run over their index in increasing order and blocks are merged in a fixed order
 //! (documented at `ring_attention`), so deterministic runs are reproducible bit for bit; a
@@ -423,6 +426,227 @@ class ring_attention {
   sp_faults faults_{};
   int skipped_ = 0, computed_ = 0;
 };
+
+//! TokenRing (Wang et al. 2024, "TokenRing: An Efficient Parallelism Framework for Infinite-Context
+//! LLMs via Bidirectional Communication", §3): ring attention's layout (each of `R` positions holds
+//! two zig-zag chunks of Q, K and V) with the roles of the tensors exchanged. **K and V never leave
+//! their owner**; the queries travel (position `p` sends the queries it holds to `p - 1`), and in
+//! the forward the partial outputs with their log-sum-exp travel the other way, straight back to
+//! the queries' owner, so both directions of the links carry data at once. At step `s` position
+//! `p` holds the queries of owner `(p + s) mod R` and attends them to its own keys (the zig-zag
+//! chunk blocks, masked ones skipped, as `ring_attention`).
+//!
+//! **Forward.** Step 0 merges the owner's own blocks straight into its output, as ring attention
+//! does. At step `s > 0` the position computes the owner's blocks into a fresh partial (for each
+//! query chunk, the key chunks lower first, from `o = 0`, `lse = -inf`) and sends it (`tokens x
+//! heads x (head_dim + 1)` values) to the owner, which has posted a receive per step into its own
+//! buffer and merges them in step order, `s = 1, ..., R - 1` (`attention_merge_rows`): the result
+//! does not depend on the order in which the partials arrive. The key sources are merged in ring
+//! attention's order (`p, p - 1, ...`), but a step's two key chunks are merged with each other
+//! before they meet the running output, so the forward is not ring attention's bits;
+//! `token_ring_reference_forward` is the single-rank computation in TokenRing's order.
+//!
+//! **Backward** (the paper leaves it open; loom's design). The queries travel again with their
+//! output gradient, log-sum-exp and `delta` (`tokens x heads x (2 head_dim + 2)` values per hop,
+//! sent before the step's blocks), and with their gradient `dQ`, which accumulates as it travels
+//! (sent after the step's blocks) and takes one more hop home at the end. `dK` and `dV` accumulate
+//! at their owner from the query blocks that visit it. Both accumulate in ring attention's order
+//! (a query's key sources `p, p - 1, ...`; a key's query sources `p, p + 1, ...`), so the backward
+//! is **bitwise ring attention's backward** given the same `o` and `lse`.
+//!
+//! **Volume per position** (elements, `n = tokens x heads x head_dim`, `m = tokens x heads`):
+//! forward `(R - 1) n` queries one way and `(R - 1)(n + m)` partials the other; backward
+//! `(R - 1)(2n + 2m)` query bundles and `R n` query gradients; no K or V. Ring attention sends
+//! `2 (R - 1) n` forward and `2 (R - 1) n + 2 R n` backward, all one way.
+//!
+//! Host groups (threads, MPI, their `counted` wrappers); the device form is not written yet.
+//! Construction is not collective.
+template <class C, class T>
+class token_ring_attention {
+  static_assert(!detail::device_group<C>, "loom: token_ring_attention runs on host groups (its device form is not written yet)");
+
+ public:
+  //! TokenRing on `ring` for `tokens` tokens of this rank (two equal zig-zag chunks when the ring
+  //! has more than one rank), `dims` heads and head size.
+  token_ring_attention(C* ring, int tokens, attention_dims dims, bool causal)
+      : c_(ring), R_(ring == nullptr ? 1 : ring->size()), pos_(ring == nullptr ? 0 : ring->rank()), T_(tokens), a_(dims),
+        causal_(causal) {
+    if (R_ > 1 && tokens % 2 != 0)
+      throw config_error("token ring attention: " + std::to_string(tokens) + " tokens per rank cannot form two zig-zag chunks");
+    n_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim);
+    m_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads);
+  }
+
+  //! Elements this position sends in one forward and one backward (see the class comment).
+  std::size_t forward_elements() const { return R_ == 1 ? 0 : static_cast<std::size_t>(R_ - 1) * (2 * n_ + m_); }
+  //! As `forward_elements`, for the backward.
+  std::size_t backward_elements() const {
+    return R_ == 1 ? 0 : static_cast<std::size_t>(R_ - 1) * (2 * n_ + 2 * m_) + static_cast<std::size_t>(R_) * n_;
+  }
+
+  //! `o` and `lse` of this rank's queries over the whole sequence (see the class comment).
+  void forward(std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> o, std::span<T> lse) {
+    std::fill(o.begin(), o.end(), T{});
+    std::fill(lse.begin(), lse.end(), -std::numeric_limits<T>::infinity());
+    if (R_ == 1) return blocks(pos_, q, k, v, o, lse);
+    const std::size_t part = n_ + m_;
+    std::vector<T> qcur(q.begin(), q.end()), qnext(n_), sent(static_cast<std::size_t>(R_ - 1) * part),
+        got(static_cast<std::size_t>(R_ - 1) * part);
+    std::vector<typename C::request> recvs(static_cast<std::size_t>(R_)), sends;
+    // The partial of step s comes from position p - s. The last one (s = R - 1) comes from p + 1,
+    // which also sends the queries: it is posted after their receives, in the order they are sent.
+    auto post_partial = [&](int st) {
+      recvs[static_cast<std::size_t>(st)] = irecv_values(*c_, (pos_ - st + R_) % R_, slot(got, st, part));
+    };
+    for (int st = 1; st < R_ - 1; ++st) post_partial(st);
+    for (int st = 0; st < R_; ++st) {
+      typename C::request rq{}, sq{};
+      if (st + 1 < R_) {
+        rq = irecv_values(*c_, next(), std::span<T>(qnext));
+        sq = isend_values(*c_, prev(), std::span<const T>(qcur));
+        if (st + 1 == R_ - 1) post_partial(R_ - 1);
+      }
+      const int owner = (pos_ + st) % R_;
+      if (st == 0) {
+        blocks(owner, std::span<const T>(qcur), k, v, o, lse);
+      } else {
+        std::span<T> out = slot(sent, st, part);
+        std::fill(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n_), T{});
+        std::fill(out.begin() + static_cast<std::ptrdiff_t>(n_), out.end(), -std::numeric_limits<T>::infinity());
+        blocks(owner, std::span<const T>(qcur), k, v, out.first(n_), out.subspan(n_, m_));
+        sends.push_back(isend_values(*c_, owner, std::span<const T>(out)));
+      }
+      if (st + 1 < R_) {
+        c_->wait(rq);
+        c_->wait(sq);
+        std::swap(qcur, qnext);
+      }
+    }
+    // Merge in step order, whatever the order of arrival.
+    for (int st = 1; st < R_; ++st) {
+      c_->wait(recvs[static_cast<std::size_t>(st)]);
+      const std::span<T> in = slot(got, st, part);
+      const attention_merge_rows<T> merge{o.data(), lse.data(), in.data(), in.data() + n_, a_.head_dim};
+      for (std::size_t r = 0; r < m_; ++r) merge(r);
+    }
+    for (auto& r : sends) c_->wait(r);
+  }
+
+  //! Gradients of this rank's `q`, `k`, `v` (overwritten) given the forward's `o`, `lse` and the
+  //! output gradient `dout`.
+  void backward(std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<const T> o, std::span<const T> lse,
+                std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) {
+    // The travelling bundle: queries, output gradient, log-sum-exp, delta; and the query gradient.
+    const std::size_t bundle = 2 * n_ + 2 * m_;
+    std::vector<T> cur(bundle), nxt(bundle), gq(n_, T{}), gq_next(n_);
+    std::copy(q.begin(), q.end(), cur.begin());
+    std::copy(dout.begin(), dout.end(), cur.begin() + static_cast<std::ptrdiff_t>(n_));
+    std::copy(lse.begin(), lse.end(), cur.begin() + static_cast<std::ptrdiff_t>(2 * n_));
+    const attention_delta_rows<T> delta{o.data(), dout.data(), cur.data() + 2 * n_ + m_, a_.head_dim};
+    for (std::size_t r = 0; r < m_; ++r) delta(r);
+    std::fill(dk.begin(), dk.end(), T{});
+    std::fill(dv.begin(), dv.end(), T{});
+    for (int st = 0; st < R_; ++st) {
+      typename C::request rb{}, sb{}, rg{}, sg{};
+      if (st + 1 < R_) {
+        rb = irecv_values(*c_, next(), std::span<T>(nxt));
+        rg = irecv_values(*c_, next(), std::span<T>(gq_next));
+        sb = isend_values(*c_, prev(), std::span<const T>(cur));
+      }
+      const int owner = (pos_ + st) % R_;
+      for_blocks(owner, [&](int q0, int k0, int n, block_mask mask) {
+        const attention_block<T> b{cur.data(), k.data(), v.data(), nullptr, cur.data() + 2 * n_, cur.data() + n_,
+                                   cur.data() + 2 * n_ + m_, gq.data(), dk.data(), dv.data(), a_.heads, a_.head_dim,
+                                   static_cast<T>(a_.scale), q0, n, k0, n, mask};
+        detail::host_backward(b);
+      });
+      if (st + 1 < R_) {
+        sg = isend_values(*c_, prev(), std::span<const T>(gq));
+        c_->wait(rb);
+        c_->wait(rg);
+        c_->wait(sb);
+        c_->wait(sg);
+        std::swap(cur, nxt);
+        std::swap(gq, gq_next);
+      }
+    }
+    if (R_ == 1) {
+      std::copy(gq.begin(), gq.end(), dq.begin());
+      return;
+    }
+    // The last query gradient held belongs to p - 1: one hop home; ours comes from p + 1.
+    auto rg = irecv_values(*c_, next(), dq);
+    auto sg = isend_values(*c_, prev(), std::span<const T>(gq));
+    c_->wait(rg);
+    c_->wait(sg);
+  }
+
+  //! Calls `f(q0, k0, rows, mask)` for the unmasked chunk blocks of the queries of `owner` against
+  //! this position's keys, in merge order (query chunk, then key chunk, lower first).
+  template <class F>
+  void for_blocks(int owner, F&& f) const {
+    if (R_ == 1) return f(0, 0, T_, causal_ ? block_mask::causal : block_mask::full);
+    const int c = T_ / 2;
+    const int qch[2] = {owner, 2 * R_ - 1 - owner}, kch[2] = {pos_, 2 * R_ - 1 - pos_};
+    for (int qa = 0; qa < 2; ++qa)
+      for (int kb = 0; kb < 2; ++kb)
+        if (const block_mask m = chunk_mask(qch[qa], kch[kb], causal_); m != block_mask::none) f(qa * c, kb * c, c, m);
+  }
+
+ private:
+  int prev() const { return (pos_ + R_ - 1) % R_; }
+  int next() const { return (pos_ + 1) % R_; }
+  static std::span<T> slot(std::vector<T>& v, int st, std::size_t part) {
+    return std::span<T>(v).subspan(static_cast<std::size_t>(st - 1) * part, part);
+  }
+  void blocks(int owner, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> o, std::span<T> lse) const {
+    for_blocks(owner, [&](int q0, int k0, int n, block_mask mask) {
+      detail::host_forward(attention_block<T>{q.data(), k.data(), v.data(), o.data(), lse.data(), nullptr, nullptr, nullptr,
+                                              nullptr, nullptr, a_.heads, a_.head_dim, static_cast<T>(a_.scale), q0, n, k0, n, mask});
+    });
+  }
+
+  C* c_;
+  int R_, pos_, T_;
+  attention_dims a_;
+  bool causal_;
+  std::size_t n_ = 0, m_ = 0;
+};
+
+//! TokenRing's forward on one rank (`token_ring_attention`'s order of merging), for the `R`
+//! positions' local tensors `q[p]`, `k[p]`, `v[p]` (each `tokens x heads x head_dim`, its two
+//! zig-zag chunks): `o[p]`, `lse[p]` receive what position `p` computes.
+template <class T>
+void token_ring_reference_forward(const attention_dims& a, int tokens, bool causal, const std::vector<std::vector<T>>& q,
+                                  const std::vector<std::vector<T>>& k, const std::vector<std::vector<T>>& v,
+                                  std::vector<std::vector<T>>& o, std::vector<std::vector<T>>& lse) {
+  const int R = static_cast<int>(q.size());
+  const auto n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(a.heads) * static_cast<std::size_t>(a.head_dim);
+  const auto m = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(a.heads);
+  const T inf = std::numeric_limits<T>::infinity();
+  o.assign(static_cast<std::size_t>(R), std::vector<T>(n, T{}));
+  lse.assign(static_cast<std::size_t>(R), std::vector<T>(m, -inf));
+  for (int p = 0; p < R; ++p)
+    for (int st = 0; st < R; ++st) {
+      const int src = (p - st + R) % R;  // the position whose keys step st brings
+      std::vector<T> y(n, T{}), lb(m, -inf);
+      std::span<T> out_o = st == 0 ? std::span<T>(o[static_cast<std::size_t>(p)]) : std::span<T>(y);
+      std::span<T> out_l = st == 0 ? std::span<T>(lse[static_cast<std::size_t>(p)]) : std::span<T>(lb);
+      const int c = R == 1 ? tokens : tokens / 2;
+      const int qch[2] = {p, 2 * R - 1 - p}, kch[2] = {src, 2 * R - 1 - src};
+      for (int qa = 0; qa < (R == 1 ? 1 : 2); ++qa)
+        for (int kb = 0; kb < (R == 1 ? 1 : 2); ++kb) {
+          const block_mask mask = R == 1 ? (causal ? block_mask::causal : block_mask::full) : chunk_mask(qch[qa], kch[kb], causal);
+          if (mask == block_mask::none) continue;
+          attention_block_forward<T>(a, q[static_cast<std::size_t>(p)], k[static_cast<std::size_t>(src)],
+                                     v[static_cast<std::size_t>(src)], out_o, out_l, qa * c, c, kb * c, c, mask);
+        }
+      if (st == 0) continue;
+      const attention_merge_rows<T> merge{o[static_cast<std::size_t>(p)].data(), lse[static_cast<std::size_t>(p)].data(), y.data(),
+                                          lb.data(), a.head_dim};
+      for (std::size_t r = 0; r < m; ++r) merge(r);
+    }
+}
 
 //! Ulysses' all-to-alls over `c` (`u` ranks). `scatter_heads`: `in` holds `count` tensors
 //! `[tokens][heads][head_dim]` of this rank's tokens; `out` receives `count` tensors
