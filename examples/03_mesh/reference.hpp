@@ -15,7 +15,8 @@
 //!   contraction, each from zero in index order), added in rank order; the bias after;
 //! - attention over `2R` zig-zag chunks (ring degree `R > 1`) merges its key blocks per query
 //!   chunk in ring order (`loom::ring_attention`), and the key/value gradients in the ring's
-//!   travel order;
+//!   travel order; TokenRing (`--sp-kind tokenring`) merges each later step's key chunks into a
+//!   fresh partial first, then the partial into the output (its backward is ring attention's);
 //! - the gradient of a parameter is, for each member of its reduction group (data-parallel
 //!   replica, and, for parameters that only see some tokens, the rank holding them), the fold of
 //!   that member's per-microbatch gradients in microbatch order (each over the member's tokens in
@@ -43,6 +44,7 @@ namespace mesh_example {
 struct reduction_order {
   int tp = 1;                 //!< partial sums of the tensor-parallel contractions
   int ring = 1;               //!< ring degree of the attention blocking
+  bool token_ring = false;    //!< TokenRing's forward order (a step's key chunks merged apart, then into the output)
   int replicas = 1;           //!< data-parallel replicas (each folds its own microbatches; with ep, dp x ep of them)
   int ep = 1;                 //!< consecutive replicas whose sequences' rows meet at the experts (MoE blocks)
   std::vector<std::vector<int>> groups{};  //!< token groups of the sequence split, each in local order (empty: one group, all tokens)
@@ -55,6 +57,7 @@ struct reduction_order {
     reduction_order r;
     r.tp = s.tp;
     r.ring = s.ring();
+    r.token_ring = s.token_ring();
     r.replicas = s.dp * s.ep;
     r.ep = s.ep;
     r.layout = s;
@@ -366,7 +369,7 @@ class basic_reference_model {
 
   //! Causal attention over all heads, blocked by `ring` (see the file comment).
   void attention_forward(const loom::attention_dims& a, const std::vector<T>& q, const std::vector<T>& k,
-                         const std::vector<T>& v, std::vector<T>& o, std::vector<T>& lse, int ring) const {
+                         const std::vector<T>& v, std::vector<T>& o, std::vector<T>& lse, int ring, bool token_ring = false) const {
     const int N = m_.seq;
     o.assign(q.size(), 0.0);
     lse.assign(static_cast<std::size_t>(N * a.heads), -INFINITY);
@@ -375,16 +378,29 @@ class basic_reference_model {
       return;
     }
     const int C = N / (2 * ring);
+    // TokenRing (loom::token_ring_attention): a later step's blocks go into a fresh partial, merged
+    // into the output afterwards; ring attention merges every block straight into the output.
+    std::vector<T> y, lb;
     for (int p = 0; p < ring; ++p)
       for (int s = 0; s < ring; ++s) {
         const int src = (p - s + ring) % ring;
         const int qch[2] = {p, 2 * ring - 1 - p}, kch[2] = {src, 2 * ring - 1 - src};
+        const bool apart = token_ring && s > 0;
+        if (apart) {
+          y.assign(o.size(), T(0));
+          lb.assign(lse.size(), -INFINITY);
+        }
         for (int qa : qch)
           for (int kb : kch) {
             const auto msk = loom::chunk_mask(qa, kb, true);
             if (msk != loom::block_mask::none)
-              loom::attention_block_forward<T>(a, q, k, v, o, lse, qa * C, C, kb * C, C, msk);
+              loom::attention_block_forward<T>(a, q, k, v, apart ? y : o, apart ? lb : lse, qa * C, C, kb * C, C, msk);
           }
+        if (!apart) continue;
+        const loom::attention_merge_rows<T> merge{o.data(), lse.data(), y.data(), lb.data(), a.head_dim};
+        for (int qa : qch)
+          for (std::size_t r = static_cast<std::size_t>(qa * C * a.heads); r < static_cast<std::size_t>((qa + 1) * C * a.heads); ++r)
+            merge(r);
       }
   }
   void attention_backward(const loom::attention_dims& a, const std::vector<T>& q, const std::vector<T>& k,
@@ -469,7 +485,7 @@ class basic_reference_model {
           S.k[t * uh + i] = qkv[t * 3 * uh + uh + i];
           S.v[t * uh + i] = qkv[t * 3 * uh + 2 * uh + i];
         }
-      attention_forward(a, S.q, S.k, S.v, S.o, S.lse, ord.ring);
+      attention_forward(a, S.q, S.k, S.v, S.o, S.lse, ord.ring, ord.token_ring);
       A.o = S.o;
       row_parallel(S.o.data(), P(tensor::WO, b), P(tensor::BO, b), y.data(), N, h, h, tp);
       for (std::size_t i = 0; i < x1.size(); ++i) x1[i] = x[i] + y[i];

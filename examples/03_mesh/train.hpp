@@ -321,7 +321,7 @@ run_report train_with(Comm& world, const run_options& o, const model_spec& m, co
   if (s.tp > 1) comms.push_back({"tp", &g.tp().counters()});
   if (s.ep > 1) comms.push_back({"ep", &g.ep().counters()});
   if (has_uly) comms.push_back({"sp (ulysses)", &sc.ulysses->counters()});
-  if (has_ring) comms.push_back({"sp (ring)", &sc.ring->counters()});
+  if (has_ring) comms.push_back({s.token_ring() ? "sp (tokenring)" : "sp (ring)", &sc.ring->counters()});
   for (loom::dim_set x : reported) comms.push_back({to_string(x), &g.group(x).counters()});
   if (s.ep > 1) comms.push_back({to_string(dp_ep), &g.group(dp_ep).counters()});
   comms.push_back({"world", &g.world().counters()});

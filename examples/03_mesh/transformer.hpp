@@ -64,7 +64,7 @@ struct model_spec {
 };
 
 //! How the sequence is split.
-enum class seq_kind { none, megatron, ulysses, ring, usp };
+enum class seq_kind { none, megatron, ulysses, ring, usp, tokenring };
 
 //! Name of a kind.
 inline std::string to_string(seq_kind k) {
@@ -74,6 +74,7 @@ inline std::string to_string(seq_kind k) {
     case seq_kind::ulysses: return "ulysses";
     case seq_kind::ring: return "ring";
     case seq_kind::usp: return "usp";
+    case seq_kind::tokenring: return "tokenring";
   }
   return "?";
 }
@@ -89,7 +90,9 @@ struct sharding {
   //! Size of the mesh's sp dimension (Megatron-SP uses the tp group).
   int sp_ranks() const { return kind == seq_kind::megatron || kind == seq_kind::none ? 1 : sp; }
   int u() const { return kind == seq_kind::ulysses ? sp : kind == seq_kind::usp ? ulysses : 1; }
-  int ring() const { return kind == seq_kind::ring ? sp : kind == seq_kind::usp ? sp / ulysses : 1; }
+  int ring() const { return kind == seq_kind::ring || kind == seq_kind::tokenring ? sp : kind == seq_kind::usp ? sp / ulysses : 1; }
+  //! Whether the ring part is TokenRing (`loom::token_ring_attention`: K and V stay home).
+  bool token_ring() const { return kind == seq_kind::tokenring; }
   int world() const { return dp * ep * tp * pp * sp_ranks(); }
   loom::seq_split split(const model_spec& m) const { return {m.seq, u(), ring()}; }
   //! Tokens a rank holds outside the tensor-parallel regions.
@@ -133,7 +136,7 @@ struct sharding {
     if (m.hidden % m.heads != 0)
       return "--hidden " + std::to_string(m.hidden) + " is not divisible by --heads " + std::to_string(m.heads);
     if (kind == seq_kind::none) {
-      if (sp != 1) return "--sp " + std::to_string(sp) + " needs a --sp-kind (megatron, ulysses, ring or usp)";
+      if (sp != 1) return "--sp " + std::to_string(sp) + " needs a --sp-kind (megatron, ulysses, ring, usp or tokenring)";
       return loom::tp_rule(tp, m.heads, m.ffn);
     }
     if (kind == seq_kind::megatron && sp != 1 && sp != tp)
@@ -143,8 +146,8 @@ struct sharding {
       return "--ulysses " + std::to_string(ulysses) + " does not divide --sp " + std::to_string(sp);
     const loom::sp_kind k = kind == seq_kind::megatron ? loom::sp_kind::megatron
                             : kind == seq_kind::ulysses ? loom::sp_kind::ulysses
-                            : kind == seq_kind::ring    ? loom::sp_kind::ring
-                                                        : loom::sp_kind::usp;
+                            : kind == seq_kind::ring || kind == seq_kind::tokenring ? loom::sp_kind::ring  // the same layout
+                                                                                    : loom::sp_kind::usp;
     return loom::sharding_rule({m.seq, m.heads, m.ffn}, tp, kind == seq_kind::megatron ? tp : sp, k, u());
   }
 };
@@ -366,7 +369,8 @@ class transformer_stage {
         hl_(static_cast<std::size_t>(m.hidden / s.tp)),
         fl_(static_cast<std::size_t>(m.ffn / s.tp)),
         att_(bound(comms.ulysses, own_uly_), bound(comms.ring, own_ring_), s.region_tokens(m),
-             loom::attention_dims{m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))}, true) {
+             loom::attention_dims{m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))}, true,
+             s.token_ring()) {
     const int ep_rank = comms.ep == nullptr ? 0 : comms.ep->rank();
     slots_ = stage_tensors(m, s, tp_rank, b0, b1, embed, final_layers, ep_rank);
     std::size_t n = 0;

@@ -69,6 +69,8 @@ TEST_CASE("mesh training: each dimension alone equals the single-rank reference"
       {layout(1, 1, 1, 8, seq_kind::usp), "1f1b"},
       {layout(1, 1, 1, 4, seq_kind::usp, 4), "1f1b"},
       {layout(1, 1, 1, 4, seq_kind::usp, 1), "1f1b"},
+      {layout(1, 1, 1, 2, seq_kind::tokenring), "1f1b"},
+      {layout(1, 1, 1, 4, seq_kind::tokenring), "zb-h1"},
   });
 }
 
@@ -90,6 +92,10 @@ TEST_CASE("mesh training: each pair of dimensions equals the single-rank referen
       {layout(1, 1, 2, 2, seq_kind::ring), "chimera"},
       {layout(1, 1, 2, 4, seq_kind::usp), "zb-h1"},
       {layout(1, 2, 2, 2, seq_kind::megatron), "bitpipe"},
+      {layout(2, 1, 1, 2, seq_kind::tokenring), "gpipe"},
+      {layout(1, 2, 1, 2, seq_kind::tokenring), "1f1b"},
+      {layout(1, 1, 2, 2, seq_kind::tokenring), "zb-v"},
+      {layout(1, 1, 2, 4, seq_kind::tokenring), "dualpipe"},
   });
 }
 

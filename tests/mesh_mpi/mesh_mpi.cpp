@@ -80,6 +80,8 @@ int mode_train8(loom::mpi::comm& c) {
   }
   check(c, layout(1, 1, 2, 4, seq_kind::usp), "zb-h1", true, true);
   check(c, layout(2, 1, 1, 4, seq_kind::ring), "1f1b", true, false);
+  check(c, layout(2, 2, 1, 2, seq_kind::tokenring), "zb-h1", true, false);
+  check(c, layout(1, 1, 2, 4, seq_kind::tokenring), "1f1b", false, false);
   check(c, layout(2, 2, 1, 2, seq_kind::ulysses), "1f1b", true, true);
   check(c, layout(2, 4, 1, 4, seq_kind::megatron), "1f1b", true, false);
   check(c, layout(1, 1, 1, 8, seq_kind::usp, 4), "1f1b", false, false);
@@ -98,6 +100,7 @@ int mode_train4(loom::mpi::comm& c) {
     check(c, layout(2, 1, 2, 1), "zb-h1", det, !det);
     check(c, layout(1, 2, 2, 1), "interleaved-1f1b", det, false);
     check(c, layout(1, 1, 2, 2, seq_kind::ring), "zb-v", det, false);
+    check(c, layout(2, 1, 1, 2, seq_kind::tokenring), "gpipe", det, det);
     check(c, layout(1, 1, 2, 2, seq_kind::ulysses), "1f1b", det, false);
     check(c, layout(2, 1, 1, 2, seq_kind::ring), "gpipe", det, det);
     check(c, layout(1, 2, 1, 2, seq_kind::ulysses), "1f1b", det, false);

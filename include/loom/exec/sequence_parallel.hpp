@@ -40,9 +40,11 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -704,8 +706,10 @@ class usp_attention {
   using space = detail::sp_space<C>;
 
  public:
-  //! Attention over `tokens` tokens of this rank, `dims.heads` heads on this rank.
-  usp_attention(C* ulysses_comm, C* ring_comm, int tokens, attention_dims dims, bool causal)
+  //! Attention over `tokens` tokens of this rank, `dims.heads` heads on this rank. With
+  //! `token_ring` the ring part is TokenRing (`token_ring_attention`: the queries travel, K and V
+  //! stay) instead of ring attention; host groups only (a device group throws `config_error`).
+  usp_attention(C* ulysses_comm, C* ring_comm, int tokens, attention_dims dims, bool causal, bool token_ring = false)
       : u_(ulysses_comm == nullptr ? 1 : ulysses_comm->size()),
         t_(tokens),
         dims_(dims),
@@ -716,6 +720,10 @@ class usp_attention {
     n_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim);
     packed_ = space::template make<T>(ring_comm, n_);
     grads_ = space::template make<T>(ring_comm, 3 * n_);
+    if (token_ring) {
+      if constexpr (detail::device_group<C>) throw config_error("token ring attention runs on host groups (threads, MPI) so far");
+      else token_ring_.emplace(ring_comm, tokens * u_, inner_, causal);
+    }
   }
 
   //! Elements of the per-call stash: Q, K, V, O and the log-sum-exp in the ring's layout.
@@ -742,6 +750,12 @@ class usp_attention {
   void forward(std::span<const T> qkv, std::span<T> o, std::span<T> stash) {
     std::span<T> s3 = stash.subspan(0, 3 * n_), so = stash.subspan(3 * n_, n_), sl = stash.subspan(4 * n_, lse_size());
     a2a3_.scatter_heads(qkv, s3);
+    if constexpr (!detail::device_group<C>) {
+      if (token_ring_) {
+        token_ring_->forward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl);
+        return a2a1_.gather_heads(std::span<const T>(so), o);
+      }
+    }
     ring_.forward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl);
     a2a1_.gather_heads(std::span<const T>(so), o);
   }
@@ -752,8 +766,17 @@ class usp_attention {
     std::span<T> dos(packed_.data(), n_);
     a2a1_.scatter_heads(dout, dos);
     std::span<T> g(grads_.data(), 3 * n_);
-    ring_.backward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl, dos, g.subspan(0, n_),
-                   g.subspan(n_, n_), g.subspan(2 * n_, n_));
+    bool done = false;
+    if constexpr (!detail::device_group<C>) {
+      if (token_ring_) {
+        token_ring_->backward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl, dos, g.subspan(0, n_),
+                              g.subspan(n_, n_), g.subspan(2 * n_, n_));
+        done = true;
+      }
+    }
+    if (!done)
+      ring_.backward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl, dos, g.subspan(0, n_),
+                     g.subspan(n_, n_), g.subspan(2 * n_, n_));
     a2a3_.gather_heads(std::span<const T>(g), dqkv);
   }
 
@@ -764,6 +787,8 @@ class usp_attention {
   attention_dims dims_, inner_;
   ulysses<C, T> a2a3_, a2a1_;
   ring_attention<C, T> ring_;
+  struct no_token_ring {};
+  std::conditional_t<detail::device_group<C>, no_token_ring, std::optional<token_ring_attention<C, T>>> token_ring_{};
   std::size_t n_ = 0;
   typename space::template buffer<T> packed_, grads_;
 };
