@@ -27,6 +27,9 @@
 //!   Ulysses alone is `R = 1` and ring attention alone `u = 1`: `usp_attention` is the one
 //!   implementation of all three (and, with `u = R = 1`, of plain local attention).
 //!
+//! - **DSP** (Zhao et al., ICML 2025): for tensors over two sequence dimensions, shard one at a
+//!   time and switch with one all-to-all between attentions over different dimensions
+//!   (`dsp_switch`).
 //! - **TokenRing** (Wang et al. 2024): ring attention's layout with the queries travelling and
 //!   K and V kept at home, the partial outputs returning the other way (`token_ring_attention`).
 //!
@@ -649,6 +652,77 @@ void token_ring_reference_forward(const attention_dims& a, int tokens, bool caus
       for (std::size_t r = 0; r < m; ++r) merge(r);
     }
 }
+
+//! DSP's switch of the sharded sequence dimension (Zhao et al., ICML 2025, "DSP: Dynamic Sequence
+//! Parallelism for Multi-Dimensional Transformers", §4): a tensor over two sequence dimensions,
+//! `[A][B][F]` (`F` features per token, e.g. time x space x hidden), is sharded over the `P`
+//! ranks of `c` along one of them at a time, so that an attention over the other dimension is
+//! local; one all-to-all moves it to the other sharding before an attention over the first.
+//! `to_first` takes this rank's `[A][B/P][F]` (sharded along B) to `[A/P][B][F]` (sharded along
+//! A, rank `r` holding rows `[r A/P, (r+1) A/P)`); `to_second` is its inverse, and each is the
+//! other's backward (an all-to-all is a permutation). Per switch a rank's all-to-all input is its
+//! whole shard, `A B F / P` elements, of which `(P-1)/P` leave it; Ulysses needs four such
+//! exchanges per attention (Q, K, V and the output) where DSP needs one per change of
+//! dimension. The layout changes are copies, so a DSP run equals the single-rank computation bit
+//! for bit. Host groups (threads, MPI, their `counted` wrappers).
+template <class C, class T>
+class dsp_switch {
+  static_assert(!detail::device_group<C>, "loom: dsp_switch runs on host groups (its device form is not written yet)");
+
+ public:
+  //! A switch over `c` (null: one rank, the identity) of `[a][b][features]` tensors.
+  dsp_switch(C* c, int a, int b, int features) : c_(c), p_(c == nullptr ? 1 : c->size()), a_(a), b_(b), f_(features) {
+    for (auto [name, n] : {std::pair<const char*, int>{"first", a}, {"second", b}})
+      if (n % p_ != 0)
+        throw config_error("dsp: the " + std::string(name) + " sequence dimension of " + std::to_string(n) +
+                           " tokens is not divisible by the " + std::to_string(p_) + " sequence-parallel ranks");
+    n_ = static_cast<std::size_t>(a) * static_cast<std::size_t>(b) * static_cast<std::size_t>(features) / static_cast<std::size_t>(p_);
+    send_.resize(n_);
+    recv_.resize(n_);
+  }
+  //! Elements of a shard (either sharding).
+  std::size_t shard_elements() const { return n_; }
+
+  //! `[A][B/P][F]` to `[A/P][B][F]`.
+  void to_first(std::span<const T> in, std::span<T> out) { exchange(in, out, true); }
+  //! `[A/P][B][F]` to `[A][B/P][F]`: the inverse of `to_first`.
+  void to_second(std::span<const T> in, std::span<T> out) { exchange(in, out, false); }
+
+ private:
+  // Block j of the all-to-all buffer, `[A/P][B/P][F]`, is what goes to (or came from) rank j.
+  void exchange(std::span<const T> in, std::span<T> out, bool to_a) {
+    if (in.size() != n_ || out.size() != n_)
+      throw std::length_error("loom dsp_switch: a shard of " + std::to_string(in.size()) + " -> " + std::to_string(out.size()) +
+                              " elements; the tensor's shards have " + std::to_string(n_));
+    if (p_ == 1) return (void)std::copy(in.begin(), in.end(), out.begin());
+    const auto P = static_cast<std::size_t>(p_), ap = static_cast<std::size_t>(a_) / P, bp = static_cast<std::size_t>(b_) / P,
+               B = static_cast<std::size_t>(b_), F = static_cast<std::size_t>(f_);
+    // Element (j, x, y, f) of the buffer is, sharded along B, row j ap + x, column y of this rank;
+    // sharded along A, row x of this rank, column j bp + y.
+    auto along_b = [&](std::size_t j, std::size_t x, std::size_t y) { return ((j * ap + x) * bp + y) * F; };
+    auto along_a = [&](std::size_t j, std::size_t x, std::size_t y) { return (x * B + j * bp + y) * F; };
+    auto pack = [&](std::span<const T> from, auto at) {
+      for (std::size_t j = 0, w = 0; j < P; ++j)
+        for (std::size_t x = 0; x < ap; ++x)
+          for (std::size_t y = 0; y < bp; ++y, w += F) std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(at(j, x, y)), F, send_.begin() + static_cast<std::ptrdiff_t>(w));
+    };
+    auto unpack = [&](std::span<T> to, auto at) {
+      for (std::size_t j = 0, w = 0; j < P; ++j)
+        for (std::size_t x = 0; x < ap; ++x)
+          for (std::size_t y = 0; y < bp; ++y, w += F) std::copy_n(recv_.begin() + static_cast<std::ptrdiff_t>(w), F, to.begin() + static_cast<std::ptrdiff_t>(at(j, x, y)));
+    };
+    if (to_a) pack(in, along_b);
+    else pack(in, along_a);
+    c_->all_to_all(std::span<const T>(send_), std::span<T>(recv_));
+    if (to_a) unpack(out, along_a);
+    else unpack(out, along_b);
+  }
+
+  C* c_;
+  int p_, a_, b_, f_;
+  std::size_t n_ = 0;
+  std::vector<T> send_, recv_;
+};
 
 //! Ulysses' all-to-alls over `c` (`u` ranks). `scatter_heads`: `in` holds `count` tensors
 //! `[tokens][heads][head_dim]` of this rank's tokens; `out` receives `count` tensors
