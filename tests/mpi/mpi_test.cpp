@@ -12,6 +12,7 @@
 
 #include "../comm/comm_suite.hpp"
 #include "../comm/nonblocking_suite.hpp"
+#include "../mesh/dsp_suite.hpp"
 #include "../mesh/tensor_grid_suite.hpp"
 #include "../mesh/token_ring_suite.hpp"
 #include "loom/comm/mpi.hpp"
@@ -99,6 +100,18 @@ TEST_CASE("mpi: the tensor grids' SUMMA and 3D layers and layer norm equal the s
 TEST_CASE("mpi: TokenRing keeps K and V home and equals its single-rank order, its backward ring attention's, bitwise") {
   run_suite([](auto& c) {
     for (bool causal : {true, false}) token_ring_suite::matches_reference(c, causal);
+  });
+}
+
+TEST_CASE("mpi: DSP's switch equals one rank bitwise on a spatial-temporal block pair and moves half of Ulysses' volume") {
+  run_suite([](auto& c) {
+    if (4 % c.size() != 0) return;  // the pair's 8 x 12 tokens and 4 heads split over 1, 2 or 4 ranks
+    for (bool causal : {false, true}) {
+      const auto v = dsp_suite::matches_one_rank(c, causal);
+      if (v.dsp * 2 != v.ulysses || v.ulysses != (c.size() > 1 ? 4 * v.shard_bytes : 0))
+        throw dsp_suite::failure("rank " + std::to_string(c.rank()) + ": DSP counted " + std::to_string(v.dsp) + " bytes, Ulysses " +
+                                 std::to_string(v.ulysses));
+    }
   });
 }
 
