@@ -93,6 +93,16 @@ struct linear_forward_item {
   __device__ void operator()(std::size_t e) const { f.forward(e); }
 };
 template <class T>
+struct linear_forward_add_item {
+  linear_items<T> f;
+  __device__ void operator()(std::size_t e) const { f.forward_add(e); }
+};
+template <class T>
+struct linear_set_bias_item {
+  linear_items<T> f;
+  __device__ void operator()(std::size_t e) const { f.set_bias(e); }
+};
+template <class T>
 struct linear_input_item {
   linear_items<T> f;
   __device__ void operator()(std::size_t e) const { f.backward_input(e); }
@@ -209,10 +219,14 @@ void ulysses_move_async(const ulysses_move<float>& f, cudaStream_t s) { launch_i
 void ulysses_move_async(const ulysses_move<double>& f, cudaStream_t s) { launch_items(f, f.l.size(), s); }
 
 void linear_forward_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_forward_item<float>{f}, f.n * f.out, s); }
+void linear_forward_add_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_forward_add_item<float>{f}, f.n * f.out, s); }
+void linear_set_bias_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_set_bias_item<float>{f}, f.n * f.out, s); }
 void linear_backward_input_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_input_item<float>{f}, f.n * f.in, s); }
 void linear_backward_weight_async(const linear_items<float>& f, cudaStream_t s) { launch_items(linear_weight_item<float>{f}, f.weight_items(), s); }
 void linear_add_bias_async(const linear_items<float>& f, cudaStream_t s) { launch_items(bias_item<float>{f}, f.n * f.out, s); }
 void linear_forward_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_forward_item<double>{f}, f.n * f.out, s); }
+void linear_forward_add_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_forward_add_item<double>{f}, f.n * f.out, s); }
+void linear_set_bias_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_set_bias_item<double>{f}, f.n * f.out, s); }
 void linear_backward_input_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_input_item<double>{f}, f.n * f.in, s); }
 void linear_backward_weight_async(const linear_items<double>& f, cudaStream_t s) { launch_items(linear_weight_item<double>{f}, f.weight_items(), s); }
 void linear_add_bias_async(const linear_items<double>& f, cudaStream_t s) { launch_items(bias_item<double>{f}, f.n * f.out, s); }

@@ -1,7 +1,7 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
 // The tensor- and sequence-parallel patterns (Megatron's column- and row-parallel layers with
-// loom's device linear kernel; ring attention, Ulysses, USP), written once over a group, on a
+// loom's device linear kernel; the tensor grids' SUMMA and 3D layers; ring attention, Ulysses, USP), written once over a group, on a
 // device group bound to a stream (cuda_local and nccl): the same results as on the threads
 // backend (bitwise under the simulator, whose kernels run the same per-item code on the host;
 // within 1e-5 on a GPU, whose exp and log differ in the last bits) and the same per-group
@@ -12,14 +12,17 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/comm/counting.hpp>
 #include <loom/comm/threads.hpp>
 #include <loom/cuda/patterns.hpp>
+#include <loom/exec/tensor_grid.hpp>
 #include <loom/exec/tensor_parallel.hpp>
 
 #include "device_support.hpp"
@@ -146,6 +149,63 @@ tp_result tp_pair(loom::tp_group<G>& g, K k, Make&& make, Fetch&& fetch) {
   col.backward_input(g, c(du), c(w1), whole(dx_full), whole(dx));
   col.backward_weight(c(x_full), c(du), whole(gw1), whole(gb1));
   return {fetch(y), fetch(dx), fetch(gw1), fetch(gb1), fetch(gw2), {}};
+}
+
+//! What one grid member ends with after two chained layers (h -> f -> h) forward and backward.
+struct grid_result {
+  std::vector<float> y2, dy1, dx, gw1, gb1, gw2, gb2;
+  std::array<loom::comm_counters, 3> counts{};  // row, column, depth
+};
+
+//! Two chained layers of the tensor grid `g` (SUMMA on a 2D grid, `cube_linear` of both parities
+//! on a 3D one) with kernel `k`; `make(host vector)` gives a buffer of the group's memory,
+//! `fetch(buffer)` a host copy. Every member's inputs are its own values.
+template <class G, class K, class Make, class Fetch>
+grid_result grid_pair(loom::tp_grid_comms<G>& g, K k, Make&& make, Fetch&& fetch) {
+  const bool cube = g.shape.kind == loom::tp_kind::d3;
+  const std::size_t q = g.q(), n = 3, h = 2 * q * q, f = 4 * q * q;
+  const int r = g.member;
+  auto init = [&](int which, std::size_t count) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = value(which, r, i);
+    return v;
+  };
+  auto zeros = [&](std::size_t count) { return make(std::vector<float>(count)); };
+  auto wsize = [&](std::size_t in, std::size_t out) { return cube ? (out / (q * q)) * (in / q) : (out / q) * (in / q); };
+  auto x = make(init(10, n * h / q)), dy2 = make(init(11, n * h / q));
+  auto w1 = make(init(12, wsize(h, f))), b1 = make(init(13, f / (q * q))), w2 = make(init(14, wsize(f, h))), b2 = make(init(15, h / (q * q)));
+  auto gw1 = make(init(16, wsize(h, f))), gb1 = make(init(17, f / (q * q))), gw2 = make(init(18, wsize(f, h))),
+       gb2 = make(init(19, h / (q * q)));
+  auto y1 = zeros(n * f / q), y2 = zeros(n * h / q), dy1 = zeros(n * f / q), dx = zeros(n * h / q);
+  auto c = [](auto& b) { return std::span<const float>(whole(b)); };
+  // Forward through both layers, then the second's backward, then the first's.
+  auto chain = [&](const auto& first, const auto& second, auto s1, auto s2) {
+    first.forward(g, c(x), c(w1), c(b1), whole(y1), s1);
+    second.forward(g, c(y1), c(w2), c(b2), whole(y2), s2);
+    second.backward_input(g, c(dy2), c(w2), whole(dy1), s2);
+    second.backward_weight(g, c(y1), c(dy2), whole(gw2), whole(gb2), s2);
+    first.backward_input(g, c(dy1), c(w1), whole(dx), s1);
+    first.backward_weight(g, c(x), c(dy1), whole(gw1), whole(gb1), s1);
+  };
+  if (cube) {
+    auto scratch = [&](std::size_t in, std::size_t out) {
+      return std::array{zeros(q * n * (in / q)), zeros((out / q) * (in / q) + out / q), zeros(q * n * (out / q)),
+                        zeros(std::max(q * n * (std::max(in, out) / q), (out / q) * (in / q) + out / q)),
+                        zeros((out / (q * q)) * (in / q) + out / (q * q))};
+    };
+    auto s1 = scratch(h, f), s2 = scratch(f, h);
+    auto sp = [&](auto& a) { return loom::cube_scratch<float>{whole(a[0]), whole(a[1]), whole(a[2]), whole(a[3]), whole(a[4])}; };
+    chain(loom::cube_linear<K>{h, f, false, k}, loom::cube_linear<K>{f, h, true, k}, sp(s1), sp(s2));
+  } else {
+    auto scratch = [&](std::size_t in, std::size_t out) {
+      return std::array{zeros(n * in / q), zeros((out / q) * (in / q)), zeros(out / q),
+                        zeros(std::max(n * in / q, (out / q) * (in / q) + out / q)), zeros((out / q) * (in / q) + out / (q * q))};
+    };
+    auto s1 = scratch(h, f), s2 = scratch(f, h);
+    auto sp = [&](auto& a) { return loom::summa_scratch<float>{whole(a[0]), whole(a[1]), whole(a[2]), whole(a[3]), whole(a[4])}; };
+    chain(loom::summa_linear<K>{h, f, k}, loom::summa_linear<K>{f, h, k}, sp(s1), sp(s2));
+  }
+  return {fetch(y2), fetch(dy1), fetch(dx), fetch(gw1), fetch(gb1), fetch(gw2), fetch(gb2), {}};
 }
 
 }  // namespace
@@ -276,4 +336,78 @@ TEST_CASE("Megatron's column- and row-parallel layers run on a device group with
           }
         }
       }
+}
+
+TEST_CASE("the tensor grids' SUMMA and 3D layers run on device groups with loom's device kernels, as on threads") {
+  using tpd = loom::tp<loom::dynamic, loom::tp_kind::dynamic>;
+  using mesh_t = loom::mesh<tpd>;
+  for (auto [kind, n] : {std::pair{loom::tp_kind::d2, 4}, std::pair{loom::tp_kind::d3, 8}})
+    for (bool ordered : {false, true}) {
+      const mesh_t m{tpd{n, kind}};
+      CAPTURE(std::string(m.describe().view()));
+      CAPTURE(ordered);
+      auto counts = [](auto& mc) {
+        return std::array{mc.grid(loom::grid_group::row).counters(), mc.grid(loom::grid_group::column).counters(),
+                          mc.grid(loom::grid_group::depth).counters()};
+      };
+      std::vector<grid_result> want(static_cast<std::size_t>(n)), got(static_cast<std::size_t>(n));
+      loom::run_threads(n, [&](loom::threads::comm& w) {
+        loom::mesh_comm mc(m, w);
+        auto g = loom::grid_comms(mc, ordered);
+        auto r = grid_pair(g, loom::linear_kernel{}, [](std::vector<float> v) { return v; }, [](std::vector<float>& v) { return v; });
+        r.counts = counts(mc);
+        want[static_cast<std::size_t>(w.rank())] = r;
+      });
+      for (backend b : {backend::cuda_local, backend::nccl}) {
+        CAPTURE(loom_device_test::name(b));
+        if (loom_device_test::skip_unless_devices(b, n)) continue;
+        for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+          CAPTURE(seed);
+          loom_device_test::simulate_with(seed);
+          auto body = [&](auto& w) {
+            loom::mesh_comm mc(m, w);
+            using counted = typename decltype(mc)::comm_type;
+            loom::cuda::stream st;
+            loom::on_stream<counted> row(mc.grid(loom::grid_group::row), st.get()), col(mc.grid(loom::grid_group::column), st.get()),
+                depth(mc.grid(loom::grid_group::depth), st.get());
+            loom::tp_grid_comms<loom::on_stream<counted>> g{&row, &col, &depth, m.grid(), mc.coord(loom::dim::tp), ordered};
+            std::vector<std::vector<float>> sources;  // alive until the copies ran (fetch synchronises)
+            sources.reserve(64);
+            auto r = grid_pair(
+                g, loom::cuda::linear_kernel{st.get()},
+                [&](std::vector<float> v) {
+                  sources.push_back(std::move(v));
+                  return upload(sources.back(), st.get());
+                },
+                [&](loom::cuda::device_buffer<float>& d) { return download(d, st.get()); });
+            r.counts = counts(mc);
+            got[static_cast<std::size_t>(mc.rank())] = r;
+            w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);  // every rank done before the buffers go
+          };
+          loom_device_test::run_on(b, n, body);
+          for (std::size_t r = 0; r < got.size(); ++r) {
+            CAPTURE(r);
+#if defined(LOOM_CUDA_SIM)
+            CHECK(got[r].y2 == want[r].y2);
+            CHECK(got[r].dy1 == want[r].dy1);
+            CHECK(got[r].dx == want[r].dx);
+            CHECK(got[r].gw1 == want[r].gw1);
+            CHECK(got[r].gb1 == want[r].gb1);
+            CHECK(got[r].gw2 == want[r].gw2);
+            CHECK(got[r].gb2 == want[r].gb2);
+#else
+            CHECK(max_rel(got[r].y2, want[r].y2) <= 1e-5);
+            CHECK(max_rel(got[r].dx, want[r].dx) <= 1e-5);
+            CHECK(max_rel(got[r].gw1, want[r].gw1) <= 1e-5);
+            CHECK(max_rel(got[r].gw2, want[r].gw2) <= 1e-5);
+#endif
+            CHECK(got[r].counts == want[r].counts);
+          }
+          CHECK(loom_device_test::findings() == "");
+#if !defined(LOOM_CUDA_SIM)
+          break;  // a GPU has no seeds to vary
+#endif
+        }
+      }
+    }
 }

@@ -118,6 +118,20 @@ void linear_forward_async(const linear_items<T>& f, cudaStream_t s) {
     for (std::size_t e = 0; e < f.n * f.out; ++e) f.forward(e);
   });
 }
+//! The linear layer's forward continuing `y` (`linear_items::forward_add` per element), on `s`.
+template <class T>
+void linear_forward_add_async(const linear_items<T>& f, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda linear forward (add)", [f] {
+    for (std::size_t e = 0; e < f.n * f.out; ++e) f.forward_add(e);
+  });
+}
+//! `y[t][o] = b[o]` or 0 (`linear_items::set_bias` per element), on `s`.
+template <class T>
+void linear_set_bias_async(const linear_items<T>& f, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda linear set bias", [f] {
+    for (std::size_t e = 0; e < f.n * f.out; ++e) f.set_bias(e);
+  });
+}
 //! The linear layer's input gradient (`linear_items::backward_input` per element), on `s`.
 template <class T>
 void linear_backward_input_async(const linear_items<T>& f, cudaStream_t s) {
@@ -202,6 +216,14 @@ void ulysses_move_async(const ulysses_move<double>& f, cudaStream_t s);
 void linear_forward_async(const linear_items<float>& f, cudaStream_t s);
 //! The linear layer's forward (`linear_items::forward` per output element), on `s`.
 void linear_forward_async(const linear_items<double>& f, cudaStream_t s);
+//! The linear layer's forward continuing `y` (`linear_items::forward_add` per element), on `s`.
+void linear_forward_add_async(const linear_items<float>& f, cudaStream_t s);
+//! The linear layer's forward continuing `y` (`linear_items::forward_add` per element), on `s`.
+void linear_forward_add_async(const linear_items<double>& f, cudaStream_t s);
+//! `y[t][o] = b[o]` or 0 (`linear_items::set_bias` per element), on `s`.
+void linear_set_bias_async(const linear_items<float>& f, cudaStream_t s);
+//! `y[t][o] = b[o]` or 0 (`linear_items::set_bias` per element), on `s`.
+void linear_set_bias_async(const linear_items<double>& f, cudaStream_t s);
 //! The linear layer's input gradient (`linear_items::backward_input` per element), on `s`.
 void linear_backward_input_async(const linear_items<float>& f, cudaStream_t s);
 //! The linear layer's input gradient (`linear_items::backward_input` per element), on `s`.

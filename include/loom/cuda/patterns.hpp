@@ -187,6 +187,31 @@ struct linear_kernel {
     region reg(stream, "loom linear bias", acc);
     detail::linear_add_bias_async(linear_items<T>{nullptr, nullptr, b.data(), nullptr, y.data(), nullptr, nullptr, n, 0, out}, stream);
   }
+  //! `y[t][o] += sum_i x[t][i] w[o][i]`, continuing each element's sum (the grids' rounds).
+  template <class T>
+  void forward_add(std::span<const T> x, std::span<const T> w, std::span<T> y, std::size_t n, std::size_t in,
+                   std::size_t out) const {
+    const byte_access acc[] = {reads(x), reads(w), writes(y)};
+    region reg(stream, "loom linear forward (add)", acc);
+    detail::linear_forward_add_async(linear_items<T>{x.data(), w.data(), nullptr, nullptr, y.data(), nullptr, nullptr, n, in, out},
+                                     stream);
+  }
+  //! `y[t][o] = b[o]` over `n` tokens (zeros when `b` is empty).
+  template <class T>
+  void set_bias(std::span<T> y, std::span<const T> b, std::size_t n, std::size_t out) const {
+    const byte_access acc[] = {reads(b), writes(y)};
+    region reg(stream, "loom linear set bias", acc);
+    detail::linear_set_bias_async(
+        linear_items<T>{nullptr, nullptr, b.empty() ? nullptr : b.data(), nullptr, y.data(), nullptr, nullptr, n, 0, out}, stream);
+  }
+  //! `acc[i] += x[i]`.
+  template <class T>
+  void accumulate(std::span<T> acc, std::span<const T> x) const {
+    if (acc.empty()) return;
+    const byte_access a[] = {reads(x), writes(acc)};
+    region reg(stream, "loom linear accumulate", a);
+    detail::add_async(acc.data(), x.data(), acc.size(), stream);
+  }
 };
 
 }  // namespace loom::cuda

@@ -135,6 +135,9 @@ struct linear_items {
       for (std::size_t t = 0; t < n; ++t) gb[o] += dy[t * out + o];
     }
   }
+  //! `y[t][o] = b[o]` (or 0 without `b`) for item `e = t * out + o`: where the grids' forward
+  //! starts each output element's running sum.
+  LOOM_HOST_DEVICE void set_bias(std::size_t e) const { y[e] = b == nullptr ? T{} : b[e % out]; }
   //! `y[t][o] += b[o]` for item `e = t * out + o` (the row-parallel layer's bias after the sum).
   LOOM_HOST_DEVICE void add_bias(std::size_t e) const { y[e] += b[e % out]; }
 };

@@ -54,6 +54,11 @@
 //! output); backward input `q (out in / q^2)` broadcast `+ q (n in / q)` reduced; backward weight
 //! `q (n in / q)` broadcast `+ q (out in / q^2)` reduced `+ out / q` reduce-scattered, and with
 //! depth `d > 1` an all-reduce of `out in / q^2 + out / q^2` over the depth group.
+//! **Device groups.** Every copy goes through the group's `copy` where it has one and every
+//! fill and addition through the kernel (`set_bias`, `forward_add`, `accumulate`), so with the
+//! grid groups bound to a stream (`loom::on_stream`) and `loom::cuda::linear_kernel` the layers
+//! run on device memory, enqueued on that stream (`grid_layer_norm` is host code so far).
+//!
 //! `summa_volume` returns these; the tests compare them with the counters. A group of one rank
 //! (`q = 1`, or depth 1) sends nothing.
 
@@ -195,10 +200,38 @@ class summa_host_scratch {
   std::vector<T> x_, w_, b_, part_, grad_;
 };
 
+namespace detail {
+
+//! `to = from` on the group's stream (a device group, `loom::on_stream`) or on the host.
+template <class C, class T>
+void grid_copy(C& c, std::span<const T> from, std::span<T> to) {
+  if constexpr (requires { c.copy(from, to); }) c.copy(from, to);
+  else std::copy(from.begin(), from.end(), to.begin());
+}
+//! The sum of `in` over `c` scattered into `out` (rank-ordered when `ordered`; a copy on one rank).
+template <class C, class T>
+void grid_scatter_sum(bool ordered, C& c, std::span<const T> in, std::span<T> out) {
+  if (c.size() == 1) return grid_copy(c, in, out);
+  if (!ordered) return c.reduce_scatter(in, out, reduce_op::sum);
+  if constexpr (requires { c.ordered_reduce_scatter(in, out); }) c.ordered_reduce_scatter(in, out);
+  else ordered_reduce_scatter(c, in, out);
+}
+//! The sum of `data` over `c` in place (rank-ordered when `ordered`; nothing on one rank).
+template <class C, class T>
+void grid_all_sum(bool ordered, C& c, std::span<T> data) {
+  if (c.size() == 1) return;
+  if (!ordered) return c.all_reduce(data, reduce_op::sum);
+  if constexpr (requires { c.ordered_all_reduce(data); }) c.ordered_all_reduce(data);
+  else ordered_all_reduce(c, data);
+}
+
+}  // namespace detail
+
 //! The linear layer `y = x W^T + b` on a 2D or 2.5D grid (see the file comment). `in` and `out`
 //! are the whole layer's features; the spans each member passes are its blocks. `Kernel` is
-//! the local product (`linear_kernel` by default; it needs `forward_add`, `backward_input` and
-//! `backward_weight` with `linear_kernel`'s signatures).
+//! the local product (`linear_kernel` by default, `loom::cuda::linear_kernel` on device groups; it
+//! needs `forward_add`, `set_bias`, `accumulate`, `backward_input` and `backward_weight` with
+//! `linear_kernel`'s signatures).
 template <class Kernel = linear_kernel>
 struct summa_linear {
   std::size_t in = 0;   //!< input features (whole)
@@ -213,19 +246,19 @@ struct summa_linear {
     const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, x.size());
     expect("output", y.size(), n * outq);
     expect("weight block", w.size(), outq * inq);
+    std::span<const T> bias;
     if (!b.empty()) {
       expect("bias piece", b.size(), outq / q);
       gather(*g.column, b, s.b.first(outq));
-      for (std::size_t t = 0; t < n; ++t) std::copy_n(s.b.begin(), outq, y.begin() + static_cast<std::ptrdiff_t>(t * outq));
-    } else {
-      std::fill(y.begin(), y.end(), T{});
+      bias = s.b.first(outq);
     }
+    kernel.set_bias(y, bias, n, outq);
     const std::span<T> xb = s.x.first(n * inq), wb = s.w.first(outq * inq);
     for (std::size_t l = 0; l < q; ++l) {
       const int root = static_cast<int>(l);
-      if (g.column_index() == root) std::copy(x.begin(), x.end(), xb.begin());
+      if (g.column_index() == root) copy(*g.row, x, xb);
       broadcast(*g.row, xb, root);
-      if (g.row_index() == root) std::copy(w.begin(), w.end(), wb.begin());
+      if (g.row_index() == root) copy(*g.column, w, wb);
       broadcast(*g.column, wb, root);
       kernel.forward_add(std::span<const T>(xb), std::span<const T>(wb), y, n, inq, outq);
     }
@@ -241,11 +274,11 @@ struct summa_linear {
     const std::span<T> wb = s.w.first(outq * inq), part = s.part.first(n * inq);
     for (std::size_t l = 0; l < q; ++l) {
       const int root = static_cast<int>(l);
-      if (g.row_index() == root) std::copy(w.begin(), w.end(), wb.begin());
+      if (g.row_index() == root) copy(*g.column, w, wb);
       broadcast(*g.column, wb, root);
       kernel.backward_input(dy, std::span<const T>(wb), part, n, inq, outq);
       reduce(g, *g.row, part, root);
-      if (g.column_index() == root) std::copy(part.begin(), part.end(), dx.begin());
+      if (g.column_index() == root) copy(*g.row, std::span<const T>(part), dx);
     }
   }
 
@@ -261,32 +294,27 @@ struct summa_linear {
     const std::span<T> xb = s.x.first(n * inq), part = s.part.first(outq * inq), own = s.grad.first(outq * inq);
     for (std::size_t l = 0; l < q; ++l) {
       const int root = static_cast<int>(l);
-      if (g.column_index() == root) std::copy(x.begin(), x.end(), xb.begin());
+      if (g.column_index() == root) copy(*g.row, x, xb);
       broadcast(*g.row, xb, root);
-      std::fill(part.begin(), part.end(), T{});
+      kernel.set_bias(part, std::span<const T>{}, 1, part.size());
       kernel.backward_weight(std::span<const T>(xb), dy, part, std::span<T>{}, n, inq, outq);
       reduce(g, *g.column, part, root);
-      if (g.row_index() == root) std::copy(part.begin(), part.end(), own.begin());
+      if (g.row_index() == root) copy(*g.column, std::span<const T>(part), own);
     }
     std::size_t own_size = outq * inq;
     if (!gb.empty()) {
       expect("bias gradient piece", gb.size(), outq / q);
       const std::span<T> col = s.part.first(outq);
-      std::fill(col.begin(), col.end(), T{});
+      kernel.set_bias(col, std::span<const T>{}, 1, outq);
       kernel.backward_weight(std::span<const T>{}, dy, std::span<T>{}, col, n, 0, outq);
       const std::span<T> piece = s.grad.subspan(outq * inq, outq / q);
-      if (g.column->size() == 1) std::copy(col.begin(), col.end(), piece.begin());
-      else if (g.ordered) ordered_reduce_scatter(*g.column, std::span<const T>(col), piece);
-      else g.column->reduce_scatter(std::span<const T>(col), piece, reduce_op::sum);
+      scatter_sum(g, *g.column, std::span<const T>(col), piece);
       own_size += outq / q;
     }
     const std::span<T> mine = s.grad.first(own_size);
-    if (g.shape.depth > 1) {
-      if (g.ordered) ordered_all_reduce(*g.depth, mine);
-      else g.depth->all_reduce(mine, reduce_op::sum);
-    }
-    for (std::size_t i = 0; i < outq * inq; ++i) gw[i] += mine[i];
-    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] += mine[outq * inq + i];
+    if (g.shape.depth > 1) all_sum(g, *g.depth, mine);
+    kernel.accumulate(gw, std::span<const T>(mine.first(outq * inq)));
+    kernel.accumulate(gb, std::span<const T>(mine.subspan(outq * inq, gb.size())));
   }
 
  private:
@@ -298,13 +326,32 @@ struct summa_linear {
   template <class C, class T>
   static void gather(C& c, std::span<const T> in, std::span<T> out) {
     if (c.size() > 1) c.all_gather(in, out);
-    else std::copy(in.begin(), in.end(), out.begin());
+    else copy(c, in, out);
   }
   template <class C, class T>
   static void reduce(tp_grid_comms<C>& g, C& c, std::span<T> data, int root) {
     if (c.size() == 1) return;
-    if (g.ordered) ordered_reduce(c, data, root);
-    else c.reduce(data, root, reduce_op::sum);
+    if (!g.ordered) return c.reduce(data, root, reduce_op::sum);
+    if constexpr (rooted_communicator<C>) {
+      ordered_reduce(c, data, root);
+    } else {  // a device group: its own reduce is rank-ordered (cuda_local) or the group has two ranks
+      if (!reduces_in_rank_order<C> && c.size() > 2)
+        throw config_error("tensor parallel grids: a deterministic reduce over " + std::to_string(c.size()) +
+                           " ranks of a device group without rank-ordered sums (nccl) is not built yet");
+      c.reduce(data, root, reduce_op::sum);
+    }
+  }
+  template <class C, class T>
+  static void copy(C& c, std::span<const T> from, std::span<T> to) {
+    detail::grid_copy(c, from, to);
+  }
+  template <class C, class T>
+  static void scatter_sum(tp_grid_comms<C>& g, C& c, std::span<const T> in, std::span<T> out) {
+    detail::grid_scatter_sum(g.ordered, c, in, out);
+  }
+  template <class C, class T>
+  static void all_sum(tp_grid_comms<C>& g, C& c, std::span<T> data) {
+    detail::grid_all_sum(g.ordered, c, data);
   }
   template <class C>
   std::size_t tokens(const tp_grid_comms<C>& g, std::size_t block) const {
@@ -561,7 +608,8 @@ class cube_host_scratch {
 //! parity (`odd`), takes it as its input. Every sum is a reduce-scatter, rank-ordered in
 //! deterministic mode: the forward is `summa_reference::blocked_forward`, the input gradient
 //! `summa_reference::backward_input` and the weight gradient `summa_reference::blocked_weight`
-//! over `q` token blocks, bit for bit.
+//! over `q` token blocks, bit for bit. `Kernel` needs `forward`, `set_bias`, `accumulate`,
+//! `backward_input` and `backward_weight` (and `add_bias` on device memory), as `linear_kernel`.
 template <class Kernel = linear_kernel>
 struct cube_linear {
   std::size_t in = 0;   //!< input features (whole)
@@ -625,8 +673,7 @@ struct cube_linear {
     gather(group(g, r.output()), dy, dyb);
     const std::size_t wsize = outq * inq, bsize = gb.empty() ? 0 : outq;
     const std::span<T> pw = s.part.first(wsize), pb = s.part.subspan(wsize, bsize);
-    std::fill(pw.begin(), pw.end(), T{});
-    std::fill(pb.begin(), pb.end(), T{});
+    kernel.set_bias(s.part.first(wsize + bsize), std::span<const T>{}, 1, wsize + bsize);
     kernel.backward_weight(std::span<const T>(xb), std::span<const T>(dyb), pw, pb, q * n, inq, outq);
     // The weight pieces, then the bias pieces, each reduce-scattered over the weight group.
     const std::span<T> sw = s.grad.first(wsize / q), sb = s.grad.subspan(wsize / q, bsize / q);
@@ -635,8 +682,8 @@ struct cube_linear {
       expect("bias gradient piece", gb.size(), outq / q);
       scatter(g, weights, std::span<const T>(pb), sb);
     }
-    for (std::size_t i = 0; i < sw.size(); ++i) gw[i] += sw[i];
-    for (std::size_t i = 0; i < sb.size(); ++i) gb[i] += sb[i];
+    kernel.accumulate(gw, std::span<const T>(sw));
+    kernel.accumulate(gb, std::span<const T>(sb));
   }
 
  private:
@@ -652,13 +699,11 @@ struct cube_linear {
   template <class C, class T>
   static void gather(C& c, std::span<const T> in, std::span<T> out) {
     if (c.size() > 1) c.all_gather(in, out);
-    else std::copy(in.begin(), in.end(), out.begin());
+    else detail::grid_copy(c, in, out);
   }
   template <class C, class T>
   static void scatter(tp_grid_comms<C>& g, C& c, std::span<const T> in, std::span<T> out) {
-    if (c.size() == 1) std::copy(in.begin(), in.end(), out.begin());
-    else if (g.ordered) ordered_reduce_scatter(c, in, out);
-    else c.reduce_scatter(in, out, reduce_op::sum);
+    detail::grid_scatter_sum(g.ordered, c, in, out);
   }
   template <class C>
   std::size_t tokens(const tp_grid_comms<C>& g, std::size_t block) const {
@@ -887,10 +932,7 @@ struct grid_layer_norm {
     const std::span<T> mine = s.grad.first(2 * pq);
     scatter(ng, std::span<const T>(pg), mine.first(pq));
     scatter(ng, std::span<const T>(pb), mine.subspan(pq, pq));
-    if (size(ng.replicas) > 1) {
-      if (ng.ordered) ordered_all_reduce(*ng.replicas, mine);
-      else ng.replicas->all_reduce(mine, reduce_op::sum);
-    }
+    detail::grid_all_sum(ng.ordered, *ng.replicas, mine);
     for (std::size_t i = 0; i < pq; ++i) {
       gg[i] += mine[i];
       gb[i] += mine[pq + i];
@@ -920,15 +962,11 @@ struct grid_layer_norm {
   }
   template <class C, class T>
   static void all_sum(norm_groups<C>& ng, std::span<T> data) {
-    if (size(ng.features) == 1) return;
-    if (ng.ordered) ordered_all_reduce(*ng.features, data);
-    else ng.features->all_reduce(data, reduce_op::sum);
+    detail::grid_all_sum(ng.ordered, *ng.features, data);
   }
   template <class C, class T>
   static void scatter(norm_groups<C>& ng, std::span<const T> in, std::span<T> out) {
-    if (size(ng.pieces) == 1) std::copy(in.begin(), in.end(), out.begin());
-    else if (ng.ordered) ordered_reduce_scatter(*ng.pieces, in, out);
-    else ng.pieces->reduce_scatter(in, out, reduce_op::sum);
+    detail::grid_scatter_sum(ng.ordered, *ng.pieces, in, out);
   }
 };
 

@@ -188,6 +188,17 @@ struct linear_kernel {
     const linear_items<T> f{nullptr, nullptr, b.data(), nullptr, y.data(), nullptr, nullptr, n, 0, out};
     for (std::size_t e = 0; e < n * out; ++e) f.add_bias(e);
   }
+  //! `y[t][o] = b[o]` over `n` tokens (zeros when `b` is empty): where the grids' forward starts.
+  template <class T>
+  static void set_bias(std::span<T> y, std::span<const T> b, std::size_t n, std::size_t out) {
+    const linear_items<T> f{nullptr, nullptr, b.empty() ? nullptr : b.data(), nullptr, y.data(), nullptr, nullptr, n, 0, out};
+    for (std::size_t e = 0; e < n * out; ++e) f.set_bias(e);
+  }
+  //! `acc[i] += x[i]`.
+  template <class T>
+  static void accumulate(std::span<T> acc, std::span<const T> x) {
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += x[i];
+  }
 };
 
 //! A column-parallel linear layer `Y_r = X A_r^T + b_r` (Megatron's `A = [A_1, ..., A_p]` split by
