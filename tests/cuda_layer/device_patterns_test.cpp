@@ -411,3 +411,4 @@ TEST_CASE("the tensor grids' SUMMA and 3D layers run on device groups with loom'
       }
     }
 }
+

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,7 +36,58 @@ void run(int world, const Body& body) {
   for (auto& e : errors) FAIL_CHECK(e);
 }
 
+// A group that looks like a device group without rank-ordered sums (an nccl group bound to a
+// stream): not a host communicator, and its reduce adds in no promised order. Nothing is ever
+// called on it: the layer refuses first.
+struct unordered_device_group {
+  int rank() const { return 0; }
+  int size() const { return 3; }
+  template <class T>
+  void broadcast(std::span<T>, int) {
+    FAIL("the layer communicated before refusing");
+  }
+  template <class T>
+  void reduce(std::span<T>, int, loom::reduce_op) {
+    FAIL("the layer communicated before refusing");
+  }
+  template <class T>
+  void all_gather(std::span<const T>, std::span<T>) {
+    FAIL("the layer communicated before refusing");
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T>, std::span<T>, loom::reduce_op) {
+    FAIL("the layer communicated before refusing");
+  }
+  template <class T>
+  void all_reduce(std::span<T>, loom::reduce_op) {
+    FAIL("the layer communicated before refusing");
+  }
+  template <class T>
+  void ordered_reduce_scatter(std::span<const T>, std::span<T>) {
+    FAIL("the layer communicated before refusing");
+  }
+  template <class T>
+  void ordered_all_reduce(std::span<T>) {
+    FAIL("the layer communicated before refusing");
+  }
+};
+static_assert(!loom::rooted_communicator<unordered_device_group> && !loom::reduces_in_rank_order<unordered_device_group>);
+
 }  // namespace
+
+TEST_CASE("tensor grid: SUMMA's deterministic backward over more than two ranks of a device group without ordered sums is refused before communicating") {
+  unordered_device_group row, col, depth;
+  loom::tp_grid_comms<unordered_device_group> g{&row, &col, &depth, loom::make_tp_grid(loom::tp_kind::d2, 9), 4, true};
+  const loom::summa_linear<> layer{9, 9};
+  loom::summa_host_scratch<double> s(1, 9, 9, 3);
+  std::vector<double> dy(3), w(9), dx(3), x(3), gw(9), gb(1);
+  const std::string why = "tensor parallel 2d 3x3: a deterministic reduce over 3 ranks of a device group without rank-ordered sums (nccl) is not built yet";
+  CHECK_THROWS_WITH_AS(layer.backward_input(g, std::span<const double>(dy), std::span<const double>(w), std::span<double>(dx), s.spans()),
+                       why.c_str(), loom::config_error);
+  CHECK_THROWS_WITH_AS(layer.backward_weight(g, std::span<const double>(x), std::span<const double>(dy), std::span<double>(gw),
+                                             std::span<double>(gb), s.spans()),
+                       why.c_str(), loom::config_error);
+}
 
 TEST_CASE("tensor grid: SUMMA's forward is bitwise the single-rank layer, its backward the grid-ordered sums, on 2d and 2.5d grids") {
   for (grid_case c : {grid_case{1, loom::tp_kind::d2, 4, 0}, grid_case{1, loom::tp_kind::d2, 9, 0},

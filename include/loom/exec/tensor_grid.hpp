@@ -269,6 +269,7 @@ struct summa_linear {
   template <class C, class T>
   void backward_input(tp_grid_comms<C>& g, std::span<const T> dy, std::span<const T> w, std::span<T> dx,
                       summa_scratch<T> s) const {
+    check_reduces(g);
     const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, dx.size());
     expect("output gradient", dy.size(), n * outq);
     const std::span<T> wb = s.w.first(outq * inq), part = s.part.first(n * inq);
@@ -288,6 +289,7 @@ struct summa_linear {
   template <class C, class T>
   void backward_weight(tp_grid_comms<C>& g, std::span<const T> x, std::span<const T> dy, std::span<T> gw, std::span<T> gb,
                        summa_scratch<T> s) const {
+    check_reduces(g);
     const std::size_t q = g.q(), inq = in / q, outq = out / q, n = tokens(g, x.size());
     expect("output gradient", dy.size(), n * outq);
     expect("weight gradient block", gw.size(), outq * inq);
@@ -332,13 +334,18 @@ struct summa_linear {
   static void reduce(tp_grid_comms<C>& g, C& c, std::span<T> data, int root) {
     if (c.size() == 1) return;
     if (!g.ordered) return c.reduce(data, root, reduce_op::sum);
-    if constexpr (rooted_communicator<C>) {
-      ordered_reduce(c, data, root);
-    } else {  // a device group: its own reduce is rank-ordered (cuda_local) or the group has two ranks
-      if (!reduces_in_rank_order<C> && c.size() > 2)
-        throw config_error("tensor parallel grids: a deterministic reduce over " + std::to_string(c.size()) +
+    if constexpr (rooted_communicator<C>) ordered_reduce(c, data, root);
+    else c.reduce(data, root, reduce_op::sum);  // a device group: rank-ordered or two ranks (`check_reduces`)
+  }
+  // A deterministic reduce on a device group needs the group's own reduce to be rank-ordered
+  // (cuda_local) or the group to have at most two ranks: refused before any communication.
+  template <class C>
+  static void check_reduces(const tp_grid_comms<C>& g) {
+    if constexpr (!rooted_communicator<C>) {
+      if (g.ordered && !reduces_in_rank_order<C> && g.q() > 2)
+        throw config_error("tensor parallel " + std::string(g.shape.describe().view()) +
+                           ": a deterministic reduce over " + std::to_string(g.q()) +
                            " ranks of a device group without rank-ordered sums (nccl) is not built yet");
-      c.reduce(data, root, reduce_op::sum);
     }
   }
   template <class C, class T>
