@@ -74,37 +74,28 @@ std::vector<call_counts> run(const grid_spec& gs, std::size_t tokens, std::size_
     std::vector<double> w1 = wblk(h, f), w2 = wblk(f, h), g1 = w1, g2 = w2, b1(f / (q * q), 0.1), b2(h / (q * q), 0.1), gb1 = b1, gb2 = b2;
     auto c = [](const std::vector<double>& v) { return std::span<const double>(v); };
     auto s = [](std::vector<double>& v) { return std::span<double>(v); };
-    mc.reset_counters();
+    // Both layers forward, then the second's backward, then the first's: each call's counts.
+    auto chain = [&](const auto& first, const auto& second, auto s1, auto s2) {
+      mc.reset_counters();
+      first.forward(gc, c(x), c(w1), c(b1), s(y1), s1);
+      mine[0].fwd = counted_elements(mc);
+      second.forward(gc, c(y1), c(w2), c(b2), s(y2), s2);
+      mine[1].fwd = counted_elements(mc);
+      second.backward_input(gc, c(dy2), c(w2), s(dy1), s2);
+      mine[1].bwd_in = counted_elements(mc);
+      second.backward_weight(gc, c(y1), c(dy2), s(g2), s(gb2), s2);
+      mine[1].bwd_w = counted_elements(mc);
+      first.backward_input(gc, c(dy1), c(w1), s(dx), s1);
+      mine[0].bwd_in = counted_elements(mc);
+      first.backward_weight(gc, c(x), c(dy1), s(g1), s(gb1), s1);
+      mine[0].bwd_w = counted_elements(mc);
+    };
     if (cube) {
-      const loom::cube_linear<> first{h, f, false}, second{f, h, true};
       loom::cube_host_scratch<double> s1(n, h, f, q), s2(n, f, h, q);
-      first.forward(gc, c(x), c(w1), c(b1), s(y1), s1.spans());
-      mine[0].fwd = counted_elements(mc);
-      second.forward(gc, c(y1), c(w2), c(b2), s(y2), s2.spans());
-      mine[1].fwd = counted_elements(mc);
-      second.backward_input(gc, c(dy2), c(w2), s(dy1), s2.spans());
-      mine[1].bwd_in = counted_elements(mc);
-      second.backward_weight(gc, c(y1), c(dy2), s(g2), s(gb2), s2.spans());
-      mine[1].bwd_w = counted_elements(mc);
-      first.backward_input(gc, c(dy1), c(w1), s(dx), s1.spans());
-      mine[0].bwd_in = counted_elements(mc);
-      first.backward_weight(gc, c(x), c(dy1), s(g1), s(gb1), s1.spans());
-      mine[0].bwd_w = counted_elements(mc);
+      chain(loom::cube_linear<>{h, f, false}, loom::cube_linear<>{f, h, true}, s1.spans(), s2.spans());
     } else {
-      const loom::summa_linear<> first{h, f}, second{f, h};
       loom::summa_host_scratch<double> s1(n, h, f, q), s2(n, f, h, q);
-      first.forward(gc, c(x), c(w1), c(b1), s(y1), s1.spans());
-      mine[0].fwd = counted_elements(mc);
-      second.forward(gc, c(y1), c(w2), c(b2), s(y2), s2.spans());
-      mine[1].fwd = counted_elements(mc);
-      second.backward_input(gc, c(dy2), c(w2), s(dy1), s2.spans());
-      mine[1].bwd_in = counted_elements(mc);
-      second.backward_weight(gc, c(y1), c(dy2), s(g2), s(gb2), s2.spans());
-      mine[1].bwd_w = counted_elements(mc);
-      first.backward_input(gc, c(dy1), c(w1), s(dx), s1.spans());
-      mine[0].bwd_in = counted_elements(mc);
-      first.backward_weight(gc, c(x), c(dy1), s(g1), s(gb1), s1.spans());
-      mine[0].bwd_w = counted_elements(mc);
+      chain(loom::summa_linear<>{h, f}, loom::summa_linear<>{f, h}, s1.spans(), s2.spans());
     }
     all[static_cast<std::size_t>(w.rank())] = mine;
   });
