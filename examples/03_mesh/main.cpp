@@ -48,6 +48,7 @@
 #include <loom/cudasim/sim.hpp>
 #endif
 
+#include "grid_model.hpp"
 #include "moe_train.hpp"
 #include "train.hpp"
 
@@ -93,6 +94,9 @@ struct options {
   // --experts E --moe-every K: the transformer with every K-th block's MLP an MoE branch instead.
   int moe_every = 0;
   double aux_weight = 0.01;
+  // --tp-kind 2d|2.5d|3d: the grid model (grid_model.hpp) instead of the transformer.
+  std::string tp_kind = "1d";
+  int tp_depth = 0;
 };
 
 #if defined(LOOM_MESH_DEVICE)
@@ -180,6 +184,89 @@ std::string moe_rule(const options& o, const CLI::App& app) {
   if (o.zero_stage == 3) return "--experts: ZeRO stage 3 needs stages that release their parameters between steps; the MoE model's do not";
   if (o.one_shot) return "--one-shot: the MoE model averages local SGD's replicas every --local-steps H";
   return {};
+}
+
+//! The --tp-kind grid mode's setup from `o` into `s`, or the first rule it breaks in one line;
+//! `grid` says whether the mode is on (a kind other than 1d).
+std::string grid_configure(const options& o, const CLI::App& app, grid::grid_setup& s, bool& grid) {
+  loom::tp_kind k{};
+  if (!loom::parse_tp_kind(o.tp_kind, k)) return "--tp-kind " + o.tp_kind + " is not one of 1d, 2d, 2.5d, 3d";
+  grid = k != loom::tp_kind::d1;
+  if (!grid) {
+    if (app.count("--tp-depth") > 0) return "--tp-depth is 2.5D's number of layers: it needs --tp-kind 2.5d";
+    return {};
+  }
+  for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--experts", "--zero", "--zero-stage", "--optimizer", "--adam-lr", "--local-steps",
+                           "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--heads", "--launch",
+                           "--sync-after-step", "--bucket-bytes", "--seed", "--group"})
+    if (app.count(name) > 0)
+      return std::string(name) + " applies to the transformer: the grid model (--tp-kind " + o.tp_kind +
+             ") trains pre-LN MLP blocks by synchronous SGD so far (docs/tensor-grids.md)";
+  if (o.backend == "cuda_local" || o.backend == "nccl")
+    return "--tp-kind " + o.tp_kind + " runs on the threads and mpi backends so far (the grid's layer norm is host code)";
+  if (k != loom::tp_kind::d2_5 && app.count("--tp-depth") > 0) return "--tp-depth is 2.5D's number of layers: it needs --tp-kind 2.5d";
+  if (k == loom::tp_kind::d2_5 && app.count("--tp-depth") == 0) return "--tp-kind 2.5d needs its number of layers: --tp-depth d (tp = q x q x d)";
+  s.kind = k;
+  s.tp = o.layout.tp;
+  s.depth = o.tp_depth;
+  s.dp = o.layout.dp;
+  s.pp = o.layout.pp;
+  if (app.count("--hidden") > 0) s.hidden = o.model.hidden;
+  if (app.count("--ffn") > 0) s.ffn = o.model.ffn;
+  if (app.count("--seq") > 0) s.tokens = o.model.seq;
+  if (app.count("--blocks") > 0) s.blocks = o.model.blocks;
+  s.steps = o.steps;
+  s.det = o.deterministic;
+  if (o.microbatches < 1) return "--microbatches " + std::to_string(o.microbatches) + " must be at least 1";
+  return grid::grid_rule(s);
+}
+
+//! The --tp-kind grid mode on threads or MPI processes; the exit status.
+int run_grid(const options& o, const grid::grid_setup& s, int argc, char** argv) {
+  auto const& family = loom::default_registry().at(o.schedule);
+  if (family.multi_step)
+    throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; the grid model flushes every step");
+  const loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks, 1, 0});
+  const grid::grid_mesh m = grid::make_grid_mesh(s);
+  const int world = m.size();
+  auto banner = [&](const char* backend) {
+    const auto g = m.grid();
+    const int blocks = std::max(s.blocks, sched.stages);
+    std::printf("loom mesh: grid model, %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s\n",
+                std::string(m.describe().view()).c_str(), world, backend, sched.name.c_str(), sched.microbatches, sched.stages,
+                s.det ? ", deterministic" : "");
+    std::printf("model: %d pre-LN MLP blocks (hidden %d, ffn %d), %d tokens per microbatch, %d per grid member; squared-error loss, SGD\n",
+                blocks, s.hidden, s.ffn, s.tokens, s.tokens / (g.q * g.depth));
+    std::fflush(stdout);
+  };
+  if (o.backend == "threads") {
+    banner("threads");
+    int rc = 0;
+    loom::run_threads(world, [&](loom::threads::comm& c) {
+      const long long bad = grid::train_grid(c, s, sched, true);
+      if (c.rank() == 0) rc = bad == 0 ? 0 : 1;
+    });
+    return rc;
+  }
+#if defined(LOOM_HAS_MPI)
+  loom::mpi::environment env(argc, argv);
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (std::string rule = m.world_rule(size); !rule.empty()) {
+    if (rank == 0) std::cerr << "mesh: " << rule << "\n";
+    return 2;
+  }
+  if (rank == 0) banner("MPI processes");
+  int rc = 0;
+  loom::run_mpi([&](loom::mpi::comm& c) { rc = grid::train_grid(c, s, sched, true) == 0 ? 0 : 1; });
+  return rc;
+#else
+  (void)argc;
+  (void)argv;
+  std::cerr << "mesh: this build has no MPI (install libopenmpi-dev and reconfigure)\n";
+  return 2;
+#endif
 }
 
 run_options run(const options& o) {
@@ -303,7 +390,11 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"loom mesh example: a transformer on a dp x pp x sp x tp mesh, checked against a single-rank reference"};
   app.add_option("--dp", o.layout.dp, "data-parallel replicas");
-  app.add_option("--tp", o.layout.tp, "tensor-parallel ranks");
+  app.add_option("--tp", o.layout.tp, "tensor-parallel ranks (a grid's: q^2 for 2d, q^2 d for 2.5d, q^3 for 3d)");
+  app.add_option("--tp-kind", o.tp_kind,
+                 "1d (Megatron's split of the transformer), or 2d, 2.5d, 3d: train the grid model, pre-LN MLP blocks with weights and "
+                 "activations split over a tensor-parallel grid (docs/tensor-grids.md)");
+  app.add_option("--tp-depth", o.tp_depth, "with --tp-kind 2.5d: the grid's layers d");
   app.add_option("--pp", o.layout.pp, "pipeline ranks");
   app.add_option("--sp", o.layout.sp, "sequence-parallel ranks");
   app.add_option("--sp-kind", o.sp_kind, "megatron, ulysses, ring, usp or tokenring");
@@ -374,7 +465,13 @@ int main(int argc, char** argv) {
     std::cerr << "mesh: " << why << "\n";
     return 2;
   }
-  if (std::string why = configure(o); !why.empty()) {
+  grid::grid_setup gs;
+  bool grid_mode = false;
+  if (std::string why = grid_configure(o, app, gs, grid_mode); !why.empty()) {
+    std::cerr << "mesh: " << why << "\n";
+    return 2;
+  }
+  if (std::string why = grid_mode ? std::string() : configure(o); !why.empty()) {
     std::cerr << "mesh: " << why << "\n";
     return 2;
   }
@@ -383,6 +480,7 @@ int main(int argc, char** argv) {
   loom::cudasim::reseed(static_cast<std::uint64_t>(o.seed));
 #endif
   try {
+    if (grid_mode) return run_grid(o, gs, argc, argv);
     auto const& family = loom::default_registry().at(o.schedule);
     if (o.experts > 0 && family.multi_step)
       throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; --experts (the MoE model, the MoE blocks) flushes every step");
