@@ -3,28 +3,31 @@
 #pragma once
 
 //! \file
-//! The example's `--tp-kind 2d|2.5d|3d` mode (issue 25): a model whose activations *and* weights
-//! are split over a tensor-parallel grid (`loom/exec/tensor_grid.hpp`), pipelined over `pp` by
-//! any synchronous loom schedule and replicated over `dp`, checked against a single-rank
-//! reference. The model is a stack of pre-LN MLP blocks, the half of a transformer block that
-//! carries most of its weights:
+//! The example's `--tp-kind 2d|2.5d|3d` mode (issue 25): transformer blocks whose activations
+//! *and* weights are split over a tensor-parallel grid (`loom/exec/tensor_grid.hpp`), pipelined
+//! over `pp` by any synchronous loom schedule and replicated over `dp`, checked against a
+//! single-rank reference. A block is the transformer's pre-LN block without the embedding and the
+//! vocabulary head (the stack ends in a squared error `0.5 (y - target)^2` per element):
 //!
-//!     z = LN(x),  a = z W1^T + b1,  u = tanh(a),  v = u W2^T + b2,  y = x + v
+//!     z1 = LN1(x),  Q, K, V = z1 Wq^T + bq, ...,  o = attention(Q, K, V),  x1 = x + o Wo^T + bo
+//!     z2 = LN2(x1), u = tanh(z2 W1^T + b1),  y = x1 + u W2^T + b2
 //!
-//! with `W1` `[ffn][hidden]` and `W2` `[hidden][ffn]`, and a squared error `0.5 (y - target)^2`
-//! per element after the last block. On a 2D or 2.5D grid the layer norm is `grid_layer_norm`
-//! over the row (`norm_groups::of_summa`) and both linear layers are `summa_linear`; on a 3D grid
-//! the first linear layer is an even `cube_linear` and the second an odd one, so the block's
-//! output slices are its input slices and blocks chain (`cube_roles`). The attention half of a
-//! transformer block is not built on the grids yet (see docs/tensor-grids.md).
+//! **Layout** (Optimus, Xu et al. 2021, §3.2: the batch over the grid's rows, the hidden features
+//! and so the heads over its columns). A microbatch holds several sequences; a member's token
+//! block is whole sequences and its feature block whole heads, so the causal attention runs on
+//! the member's own data with no communication (`attention_forward`, `loom::attention_block`).
+//! On a 2D or 2.5D grid the norms are `grid_layer_norm` over the row (`norm_groups::of_summa`) and
+//! the six linear layers `summa_linear`; on a 3D grid Q, K, V and W1 are even `cube_linear`
+//! layers and Wo and W2 odd ones, so each half returns its input's slices (`cube_roles`) and the
+//! residuals and blocks chain.
 //!
 //! Every member holds its blocks of every tensor (the layouts of `summa_layout` and
 //! `cube_layout`), and its gradients are whole after the grid's own reductions (the layers
 //! reduce over rows, columns and depth), so `loom::data_parallel` reduces them over `dp` only.
 //! The reference runs the whole matrices on one rank with the grid's blocked sums
-//! (`summa_reference`, `grid_norm_reference`), folds each replica's microbatches from zero in
-//! microbatch order and the replicas in rank order, and steps SGD: a deterministic run equals it
-//! bit for bit, any run within 1e-12 of each tensor's largest value.
+//! (`summa_reference`, `grid_norm_reference`) and the same attention items, folds each replica's
+//! microbatches from zero in microbatch order and the replicas in rank order, and steps SGD: a
+//! deterministic run equals it bit for bit, any run within 1e-12 of each tensor's largest value.
 
 #include <algorithm>
 #include <array>
@@ -32,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -56,11 +60,15 @@ struct grid_setup {
   int depth = 0;                           //!< 2.5D's layers (0 for the other kinds)
   int dp = 1, pp = 1;                      //!< data-parallel replicas, pipeline ranks
   int hidden = 36;                         //!< the model's width
+  int heads = 6;                           //!< attention heads (whole heads per member: a multiple of q)
   int ffn = 72;                            //!< the MLP's hidden features
-  int tokens = 36;                         //!< tokens per microbatch (one grid's batch)
+  int seq = 6;                             //!< tokens per sequence
+  int sequences = 12;                      //!< sequences per microbatch (one grid's batch)
   int blocks = 2;                          //!< MLP blocks (raised to the number of virtual stages)
   int steps = 2;                           //!< training steps
   bool det = false;                        //!< deterministic mode (rank-ordered sums)
+  //! Tokens per microbatch.
+  int tokens() const { return seq * sequences; }
 };
 
 //! The mesh of the grid mode: data outermost, then pipeline, then the grid.
@@ -73,8 +81,8 @@ inline grid_mesh make_grid_mesh(const grid_setup& s) {
 
 //! The rule `s` breaks, in one line, or "": the grid's shape, then the layers' splits.
 inline std::string grid_rule(const grid_setup& s) {
-  for (auto [name, v] : {std::pair<const char*, int>{"--dp", s.dp}, {"--pp", s.pp}, {"--tp", s.tp}, {"--hidden", s.hidden}, {"--ffn", s.ffn},
-                         {"--seq", s.tokens}, {"--blocks", s.blocks}, {"--steps", s.steps}})
+  for (auto [name, v] : {std::pair<const char*, int>{"--dp", s.dp}, {"--pp", s.pp}, {"--tp", s.tp}, {"--hidden", s.hidden}, {"--heads", s.heads},
+                         {"--ffn", s.ffn}, {"--seq", s.seq}, {"--sequences", s.sequences}, {"--blocks", s.blocks}, {"--steps", s.steps}})
     if (v < 1) return std::string(name) + " " + std::to_string(v) + " must be at least 1";
   if (s.kind == loom::tp_kind::d1 || s.kind == loom::tp_kind::dynamic) return "the grid model needs --tp-kind 2d, 2.5d or 3d";
   loom::tp_grid g;
@@ -83,120 +91,192 @@ inline std::string grid_rule(const grid_setup& s) {
   } catch (const loom::config_error& e) {
     return e.what();
   }
-  const auto h = static_cast<std::size_t>(s.hidden), f = static_cast<std::size_t>(s.ffn), n = static_cast<std::size_t>(s.tokens);
+  const auto h = static_cast<std::size_t>(s.hidden), f = static_cast<std::size_t>(s.ffn), n = static_cast<std::size_t>(s.tokens());
   for (auto [in, out] : {std::pair{h, f}, std::pair{f, h}}) {
     const loom::text rule = g.kind == loom::tp_kind::d3 ? loom::cube_rule(in, out, n, g) : loom::summa_rule(in, out, n, g);
     if (!rule.empty())
-      return "the grid model's MLP (--hidden " + std::to_string(h) + ", --ffn " + std::to_string(f) + ", --seq " + std::to_string(n) +
+      return "the grid model (--hidden " + std::to_string(h) + ", --ffn " + std::to_string(f) + ", " + std::to_string(n) +
              " tokens per microbatch): " + std::string(rule.view());
   }
+  if (s.hidden % s.heads != 0) return "--hidden " + std::to_string(s.hidden) + " is not divisible by --heads " + std::to_string(s.heads);
+  if (s.heads % g.q != 0)
+    return "--heads " + std::to_string(s.heads) + " is not divisible by the grid's side q = " + std::to_string(g.q) +
+           ": each member's feature block holds whole heads";
+  const int member = s.tokens() / (g.q * g.depth);
+  if (member % s.seq != 0)
+    return "each grid member's " + std::to_string(member) + " tokens (" + std::to_string(s.tokens()) + " per microbatch over q x " +
+           (g.kind == loom::tp_kind::d3 ? "q" : "depth") + " = " + std::to_string(g.q * g.depth) + ") must be whole sequences of --seq " +
+           std::to_string(s.seq) + ": the attention runs on the member's own sequences";
   return {};
 }
 
-//! Sizes of one block's parameters, in the order they are stored: the norm's weight and bias,
-//! `W1`, `b1`, `W2`, `b2`.
-struct block_sizes {
-  std::size_t norm = 0, w1 = 0, b1 = 0, w2 = 0, b2 = 0;  //!< elements of each tensor (the norm's twice)
-  //! Every parameter of the block.
-  std::size_t total() const { return 2 * norm + w1 + b1 + w2 + b2; }
-  //! The offsets of the tensors: norm weight, norm bias, `W1`, `b1`, `W2`, `b2`.
-  std::array<std::size_t, 6> offsets() const {
-    return {0, norm, 2 * norm, 2 * norm + w1, 2 * norm + w1 + b1, 2 * norm + w1 + b1 + w2};
-  }
-  //! The whole model's block (one rank holding everything).
-  static block_sizes whole(std::size_t h, std::size_t f) { return {h, f * h, f, h * f, h}; }
-  //! A member's pieces on grid `g`.
-  static block_sizes member(std::size_t h, std::size_t f, const loom::tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q);
-    if (g.kind == loom::tp_kind::d3) return {h / (q * q), (f / (q * q)) * (h / q), f / (q * q), (h / (q * q)) * (f / q), h / (q * q)};
-    return {h / (q * q), (f / q) * (h / q), f / (q * q), (h / q) * (f / q), h / (q * q)};
-  }
+//! One part of a block: a layer norm over `in` features, or a linear layer `in -> out` (`odd`:
+//! the second of a 3D pair, `cube_roles`). Each part has two tensors: the norm's weight and bias,
+//! or the layer's weight `[out][in]` and bias `[out]`.
+struct part {
+  bool norm = false;   //!< a layer norm (else a linear layer)
+  std::size_t in = 0;  //!< input features
+  std::size_t out = 0; //!< output features
+  bool odd = false;    //!< a linear layer's parity on a 3D grid
 };
 
-//! Initial value of element `i` of tensor `k` (0..5 in `block_sizes` order) of block `b`.
-inline double initial_value(int b, int k, std::size_t i, std::size_t h, std::size_t f) {
-  const double r = hashed(7000 + static_cast<std::uint64_t>(b) * 8 + static_cast<std::uint64_t>(k), i, 0);
-  switch (k) {
-    case 0: return 1.0 + 0.1 * r;                                 // the norm's weight
-    case 2: return r / std::sqrt(static_cast<double>(h));         // W1
-    case 4: return r / std::sqrt(static_cast<double>(f));         // W2
-    default: return 0.1 * r;                                      // the biases
-  }
+//! The parts of a block in order: the attention half's norm, Q, K, V and the output projection;
+//! the MLP half's norm, the up and the down projection.
+enum : std::size_t { ln1, wq, wk, wv, wo, ln2, w1, w2, part_count };
+
+//! The parts of a block of width `h` and MLP features `f`.
+inline std::array<part, part_count> block_parts(std::size_t h, std::size_t f) {
+  return {part{true, h, h, false}, part{false, h, h, false}, part{false, h, h, false}, part{false, h, h, false},
+          part{false, h, h, true}, part{true, h, h, false},  part{false, h, f, false}, part{false, f, h, true}};
 }
 
-//! Block `b`'s whole parameters (`block_sizes::whole` order).
+//! Where a block's tensors sit in its parameter vector, whole (one rank) or a member's pieces:
+//! tensor `2 p` and `2 p + 1` of part `p`, in order.
+struct block_layout {
+  std::array<std::size_t, 2 * part_count> size{};    //!< elements of each tensor
+  std::array<std::size_t, 2 * part_count> offset{};  //!< where each starts
+  std::size_t total = 0;                             //!< every parameter of the block
+
+  //! The whole block (`g` null) or a member's pieces on grid `g`.
+  static block_layout of(std::size_t h, std::size_t f, const loom::tp_grid* g = nullptr) {
+    block_layout b;
+    const auto parts = block_parts(h, f);
+    const std::size_t q = g == nullptr ? 1 : static_cast<std::size_t>(g->q);
+    const bool cube = g != nullptr && g->kind == loom::tp_kind::d3;
+    for (std::size_t p = 0; p < part_count; ++p) {
+      const part& x = parts[p];
+      if (x.norm) b.size[2 * p] = b.size[2 * p + 1] = x.in / (q * q);
+      else {
+        b.size[2 * p] = cube ? (x.out / (q * q)) * (x.in / q) : (x.out / q) * (x.in / q);
+        b.size[2 * p + 1] = x.out / (q * q);
+      }
+    }
+    for (std::size_t i = 0; i < b.size.size(); ++i) {
+      b.offset[i] = b.total;
+      b.total += b.size[i];
+    }
+    return b;
+  }
+  //! Tensor `i` of `params`.
+  template <class T>
+  std::span<T> tensor(std::span<T> params, std::size_t i) const { return params.subspan(offset[i], size[i]); }
+};
+
+//! Block `b`'s whole parameters (`block_layout::of(h, f)`): norms' weights `1 + 0.1 r`, their
+//! biases and the layers' `0.1 r`, weights `r / sqrt(in)` for reproducible `r` in [-1, 1).
 inline std::vector<double> initial_block(int b, std::size_t h, std::size_t f) {
-  const block_sizes w = block_sizes::whole(h, f);
-  const auto at = w.offsets();
-  const std::array<std::size_t, 6> sizes{w.norm, w.norm, w.w1, w.b1, w.w2, w.b2};
-  std::vector<double> p(w.total());
-  for (int k = 0; k < 6; ++k)
-    for (std::size_t i = 0; i < sizes[static_cast<std::size_t>(k)]; ++i) p[at[static_cast<std::size_t>(k)] + i] = initial_value(b, k, i, h, f);
+  const block_layout w = block_layout::of(h, f);
+  const auto parts = block_parts(h, f);
+  std::vector<double> p(w.total);
+  for (std::size_t i = 0; i < w.size.size(); ++i) {
+    const part& x = parts[i / 2];
+    for (std::size_t e = 0; e < w.size[i]; ++e) {
+      const double r = hashed(7000 + static_cast<std::uint64_t>(b) * 32 + i, e, 0);
+      p[w.offset[i] + e] = i % 2 == 1 ? 0.1 * r : x.norm ? 1.0 + 0.1 * r : r / std::sqrt(static_cast<double>(x.in));
+    }
+  }
   return p;
 }
 
 //! Microbatch `j` of step `st` of replica `d`: the input (`target = false`) or the target, `[tokens][h]`.
 inline std::vector<double> batch(const grid_setup& s, int d, int st, int M, int j, bool target) {
-  const std::size_t size = static_cast<std::size_t>(s.tokens) * static_cast<std::size_t>(s.hidden);
+  const std::size_t size = static_cast<std::size_t>(s.tokens()) * static_cast<std::size_t>(s.hidden);
   std::vector<double> v(size);
   const auto seed = static_cast<std::uint64_t>((d * s.steps + st) * M + j);
   for (std::size_t i = 0; i < size; ++i) v[i] = (target ? 0.5 : 1.0) * hashed(target ? 9500 : 9000, seed, i);
   return v;
 }
 
+//! Causal attention over every sequence of `seq` consecutive rows of `q`, `k`, `v`
+//! (`[rows][heads][head_dim]`) into `o` and `lse` (`[rows][heads]`), by `loom::attention_block`:
+//! the same additions for a row and head whichever other rows and heads the arrays hold, so a
+//! member's heads and sequences give the bits of the single-rank model's.
+inline void attention_forward(const double* q, const double* k, const double* v, double* o, double* lse, int rows, int seq, int heads,
+                              int head_dim) {
+  std::fill(o, o + static_cast<std::ptrdiff_t>(rows) * heads * head_dim, 0.0);
+  std::fill(lse, lse + static_cast<std::ptrdiff_t>(rows) * heads, -std::numeric_limits<double>::infinity());
+  std::vector<double> ob(static_cast<std::size_t>(head_dim));
+  for (int s = 0; s < rows / seq; ++s) {
+    const loom::attention_block<double> a{.q = q, .k = k, .v = v, .o = o, .lse = lse, .heads = heads, .head_dim = head_dim,
+                                          .scale = 1.0 / std::sqrt(static_cast<double>(head_dim)), .q0 = s * seq, .nq = seq,
+                                          .k0 = s * seq, .nk = seq, .mask = loom::block_mask::causal};
+    for (std::size_t e = 0; e < a.query_items(); ++e) a.forward(e, ob.data());
+  }
+}
+
+//! The gradients `dq`, `dk`, `dv` of `attention_forward` from the output gradient `dout`
+//! (`delta`: scratch of `[rows][heads]`).
+inline void attention_backward(const double* q, const double* k, const double* v, const double* o, const double* lse, const double* dout,
+                               double* dq, double* dk, double* dv, double* delta, int rows, int seq, int heads, int head_dim) {
+  const auto items = static_cast<std::size_t>(rows) * static_cast<std::size_t>(heads);
+  const loom::attention_delta_rows<double> dr{o, dout, delta, head_dim};
+  for (std::size_t r = 0; r < items; ++r) dr(r);
+  const auto size = static_cast<std::ptrdiff_t>(items) * head_dim;
+  std::fill(dq, dq + size, 0.0);
+  std::fill(dk, dk + size, 0.0);
+  std::fill(dv, dv + size, 0.0);
+  for (int s = 0; s < rows / seq; ++s) {
+    const loom::attention_block<double> a{.q = q, .k = k, .v = v, .o = const_cast<double*>(o), .lse = const_cast<double*>(lse), .dout = dout,
+                                          .delta = delta, .dq = dq, .dk = dk, .dv = dv, .heads = heads, .head_dim = head_dim,
+                                          .scale = 1.0 / std::sqrt(static_cast<double>(head_dim)), .q0 = s * seq, .nq = seq,
+                                          .k0 = s * seq, .nk = seq, .mask = loom::block_mask::causal};
+    for (std::size_t e = 0; e < a.query_items(); ++e) a.backward_query(e);
+    for (std::size_t e = 0; e < a.key_items(); ++e) a.backward_key(e);
+  }
+}
+
 //! Where member `t` of grid `g` holds its blocks of the model's whole tensors: the activations
-//! between blocks (SUMMA's layout, or a 3D even layer's input), the MLP's hidden activations
-//! (SUMMA's, or an odd layer's input), the linear layers' weight and bias pieces, the norm's
-//! pieces (its feature block's piece of index `piece`, `grid_layer_norm`).
+//! between the halves of a block (SUMMA's layout, or a 3D even layer's input), those inside a
+//! half (SUMMA's, or an odd layer's input: Q, K, V, the attention's output, the MLP's hidden
+//! features), the linear layers' weight and bias pieces, the norms' pieces (piece `piece` of the
+//! member's feature block, `grid_layer_norm`).
 struct grid_place {
   loom::tp_grid g{};  //!< the grid
   int t = 0;          //!< the member
 
   bool cube() const { return g.kind == loom::tp_kind::d3; }
-  //! `[tokens][features]` activation between blocks (`mid`: the MLP's hidden one).
+  //! `[tokens][features]` activation between halves (`inner`: inside a half).
   template <class T>
-  void activation(std::span<T> whole, std::span<T> block, std::size_t tokens, std::size_t features, bool mid, bool to_whole) const {
-    if (cube()) loom::cube_layout{g, t, mid}.input(whole, block, tokens, features, to_whole);
+  void activation(std::span<T> whole, std::span<T> block, std::size_t tokens, std::size_t features, bool inner, bool to_whole) const {
+    if (cube()) loom::cube_layout{g, t, inner}.input(whole, block, tokens, features, to_whole);
     else loom::summa_layout{g, t}.activation(whole, block, tokens, features, to_whole);
   }
-  //! Block `whole` (`block_sizes::whole` order) cut into the member's pieces, or put back.
+  //! Block `whole` (`block_layout::of(h, f)`) cut into the member's pieces, or put back.
   template <class T>
   void parameters(std::span<T> whole, std::span<T> mine, std::size_t h, std::size_t f, bool to_whole) const {
-    const block_sizes W = block_sizes::whole(h, f), m = block_sizes::member(h, f, g);
-    const auto wa = W.offsets(), ma = m.offsets();
+    const block_layout W = block_layout::of(h, f), m = block_layout::of(h, f, &g);
+    const auto parts = block_parts(h, f);
     const auto q = static_cast<std::size_t>(g.q);
-    // The norm: piece `piece` of feature block `fb`.
     const loom::cube_roles r = loom::cube_roles::of(g, t, false);
     const std::size_t fb = static_cast<std::size_t>(cube() ? r.b : g.column(t)), piece = static_cast<std::size_t>(cube() ? r.c : g.row(t));
-    for (std::size_t k = 0; k < 2; ++k)
-      for (std::size_t i = 0; i < m.norm; ++i) {
-        T& w = whole[wa[k] + fb * (h / q) + piece * m.norm + i];
-        T& b = mine[ma[k] + i];
-        if (to_whole) w = b;
-        else b = w;
-      }
-    auto cut = [&](std::size_t k, std::size_t in, std::size_t out, bool second) {
-      const std::span<T> ww = whole.subspan(wa[k], in * out), mw = mine.subspan(ma[k], k == 2 ? m.w1 : m.w2);
-      const std::span<T> wb = whole.subspan(wa[k + 1], out), mb = mine.subspan(ma[k + 1], k == 2 ? m.b1 : m.b2);
-      if (cube()) {
-        const loom::cube_layout at{g, t, second};
-        at.weight(ww, mw, in, out, to_whole);
-        at.bias(wb, mb, out, to_whole);
+    for (std::size_t p = 0; p < part_count; ++p) {
+      const part& x = parts[p];
+      const std::span<T> ww = W.tensor(whole, 2 * p), wb = W.tensor(whole, 2 * p + 1), mw = m.tensor(mine, 2 * p), mb = m.tensor(mine, 2 * p + 1);
+      if (x.norm) {
+        for (std::size_t i = 0; i < m.size[2 * p]; ++i)
+          for (auto [w, b] : {std::pair<T*, T*>{&ww[fb * (x.in / q) + piece * mw.size() + i], &mw[i]},
+                              std::pair<T*, T*>{&wb[fb * (x.in / q) + piece * mb.size() + i], &mb[i]}}) {
+            if (to_whole) *w = *b;
+            else *b = *w;
+          }
+      } else if (cube()) {
+        const loom::cube_layout at{g, t, x.odd};
+        at.weight(ww, mw, x.in, x.out, to_whole);
+        at.bias(wb, mb, x.out, to_whole);
       } else {
         const loom::summa_layout at{g, t};
-        at.weight(ww, mw, in, out, to_whole);
-        at.bias(wb, mb, out, to_whole);
+        at.weight(ww, mw, x.in, x.out, to_whole);
+        at.bias(wb, mb, x.out, to_whole);
       }
-    };
-    cut(2, h, f, false);
-    cut(4, f, h, true);
+    }
   }
 };
 
 //! Elements one member moves per microbatch and block, by grid group and operation (the
-//! layers' volumes, `summa_volume`, `cube_volume`, `norm_volume`, summed), in one of the three
-//! calls: the forward, the input gradient (with the norm's, `norm_input`, or without it: the
-//! first block of the first stage, whose input gradient nobody needs), the weight gradient.
+//! layers' volumes, `summa_volume`, `cube_volume`, `norm_volume`, summed over the block's parts),
+//! in one of the three calls: the forward, the input gradient (with the first norm's, or without
+//! it: the first block of the first stage, whose input gradient nobody needs), the weight
+//! gradient.
 struct block_volume {
   std::map<std::pair<loom::grid_group, loom::comm_op>, std::size_t> elements;  //!< what each group moves, by operation
 
@@ -210,15 +290,11 @@ struct block_volume {
     auto add = [&](grid_group x, comm_op op, std::size_t e) {
       if (e != 0) v.elements[{x, op}] += e;
     };
-    const auto q = static_cast<std::size_t>(g.q);
-    // The norm's groups: features, pieces, replicas.
-    grid_group nf = grid_group::row, np = grid_group::column;
-    if (g.kind == loom::tp_kind::d3) {
-      const loom::cube_roles r{0, 0, 0, false};
-      nf = r.output();
-      np = r.input();
-    }
-    const auto reps = static_cast<std::size_t>(g.depth);
+    const auto q = static_cast<std::size_t>(g.q), reps = static_cast<std::size_t>(g.depth);
+    const bool is_cube = g.kind == loom::tp_kind::d3;
+    // The norm's groups: features, pieces (replicas: depth).
+    const loom::cube_roles even{0, 0, 0, false};
+    const grid_group nf = is_cube ? even.output() : grid_group::row, np = is_cube ? even.input() : grid_group::column;
     auto norm = [&](const loom::norm_volume& x) {
       add(nf, comm_op::all_reduce, x.features_reduce);
       add(np, comm_op::all_gather, x.pieces_gather);
@@ -232,7 +308,7 @@ struct block_volume {
       add(grid_group::column, comm_op::reduce, x.column_reduce);
       add(grid_group::column, comm_op::all_gather, x.column_gather);
       add(grid_group::column, comm_op::reduce_scatter, x.column_scatter);
-      add(grid_group::depth, comm_op::all_reduce, g.depth > 1 ? x.depth_reduce : 0);
+      add(grid_group::depth, comm_op::all_reduce, reps > 1 ? x.depth_reduce : 0);
     };
     auto cube = [&](const loom::cube_volume& x, bool odd) {
       const loom::cube_roles r{0, 0, 0, odd};
@@ -243,37 +319,25 @@ struct block_volume {
       add(loom::cube_roles::weight(), comm_op::reduce_scatter, x.weight_scatter);
       add(r.output(), comm_op::reduce_scatter, x.output_scatter);
     };
-    const bool is_cube = g.kind == loom::tp_kind::d3;
-    if (c == call::forward) {
-      norm(loom::norm_volume::forward(n, h, q, q));
-      if (is_cube) {
-        cube(loom::cube_volume::forward(n, h, f, g), false);
-        cube(loom::cube_volume::forward(n, f, h, g), true);
-      } else {
-        summa(loom::summa_volume::forward(n, h, f, g));
-        summa(loom::summa_volume::forward(n, f, h, g));
+    const auto parts = block_parts(h, f);
+    for (std::size_t p = 0; p < part_count; ++p) {
+      const part& x = parts[p];
+      if (x.norm) {
+        if (c == call::forward) norm(loom::norm_volume::forward(n, h, q, q));
+        else if (c == call::weight) norm(loom::norm_volume::backward_weight(h, q, q, reps));
+        else if (p != ln1 || norm_input) norm(loom::norm_volume::backward_input(n, h, q, q));
+        continue;
       }
-      return v;
+      if (is_cube)
+        cube(c == call::forward ? loom::cube_volume::forward(n, x.in, x.out, g)
+             : c == call::input ? loom::cube_volume::backward_input(n, x.in, x.out, g)
+                                : loom::cube_volume::backward_weight(n, x.in, x.out, g),
+             x.odd);
+      else
+        summa(c == call::forward ? loom::summa_volume::forward(n, x.in, x.out, g)
+              : c == call::input ? loom::summa_volume::backward_input(n, x.in, x.out, g)
+                                 : loom::summa_volume::backward_weight(n, x.in, x.out, g));
     }
-    if (c == call::input) {
-      if (is_cube) {
-        cube(loom::cube_volume::backward_input(n, f, h, g), true);
-        cube(loom::cube_volume::backward_input(n, h, f, g), false);
-      } else {
-        summa(loom::summa_volume::backward_input(n, f, h, g));
-        summa(loom::summa_volume::backward_input(n, h, f, g));
-      }
-      if (norm_input) norm(loom::norm_volume::backward_input(n, h, q, q));
-      return v;
-    }
-    if (is_cube) {
-      cube(loom::cube_volume::backward_weight(n, f, h, g), true);
-      cube(loom::cube_volume::backward_weight(n, h, f, g), false);
-    } else {
-      summa(loom::summa_volume::backward_weight(n, f, h, g));
-      summa(loom::summa_volume::backward_weight(n, h, f, g));
-    }
-    norm(loom::norm_volume::backward_weight(h, q, q, reps));
     return v;
   }
   //! `this += k x other`.
@@ -284,7 +348,8 @@ struct block_volume {
 
 //! One virtual stage of the grid model on one grid member: blocks `[first, last)` of the stack
 //! (and the loss on the last stage), over the member's grid groups `gc`. A split stage: `B`
-//! leaves `dv`, `da` and `dz` of every block in the stash for `W`.
+//! leaves the gradients of every linear layer's output and of every norm's output in the stash
+//! for `W`.
 template <class C>
 class grid_stage {
  public:
@@ -294,14 +359,22 @@ class grid_stage {
   //! address the trainer refills every step).
   grid_stage(const grid_setup& s, loom::tp_grid_comms<C>* gc, int member, const double* targets, int index, int stages)
       : gc_(gc), place_{gc->shape, member}, h_(static_cast<std::size_t>(s.hidden)), f_(static_cast<std::size_t>(s.ffn)),
-        q_(static_cast<std::size_t>(gc->shape.q)), n_(static_cast<std::size_t>(s.tokens) / (q_ * static_cast<std::size_t>(gc->shape.depth))),
-        hq_(h_ / q_), fq_(f_ / q_), first_(index * s.blocks / stages), last_(( index + 1) * s.blocks / stages), index_(index),
-        loss_(index == stages - 1), targets_(targets), sizes_(block_sizes::member(h_, f_, gc->shape)),
-        norm_{h_}, ng_(place_.cube() ? loom::norm_groups<C>::of_cube(*gc, false) : loom::norm_groups<C>::of_summa(*gc)),
-        summa1_{h_, f_}, summa2_{f_, h_}, cube1_{h_, f_, false}, cube2_{f_, h_, true},
-        ss1_(n_, h_, f_, q_), ss2_(n_, f_, h_, q_), cs1_(n_, h_, f_, q_), cs2_(n_, f_, h_, q_), ns_(n_, h_, q_),
-        params_(static_cast<std::size_t>(last_ - first_) * sizes_.total()), grad_(params_.size()), act_{std::vector<double>(n_ * hq_), std::vector<double>(n_ * hq_)},
-        du_(n_ * fq_) {
+        q_(static_cast<std::size_t>(gc->shape.q)),
+        n_(static_cast<std::size_t>(s.tokens()) / (q_ * static_cast<std::size_t>(gc->shape.depth))), hq_(h_ / q_), fq_(f_ / q_),
+        seq_(s.seq), heads_(s.heads / gc->shape.q), head_dim_(s.hidden / s.heads), first_(index * s.blocks / stages),
+        last_((index + 1) * s.blocks / stages), index_(index), loss_(index == stages - 1), targets_(targets),
+        layout_(block_layout::of(h_, f_, &gc->shape)), parts_(block_parts(h_, f_)), norm_{h_},
+        ng_(place_.cube() ? loom::norm_groups<C>::of_cube(*gc, false) : loom::norm_groups<C>::of_summa(*gc)),
+        ns_(n_, h_, q_), params_(static_cast<std::size_t>(last_ - first_) * layout_.total), grad_(params_.size()),
+        act_{std::vector<double>(n_ * hq_), std::vector<double>(n_ * hq_)}, tmp_(n_ * std::max(hq_, fq_)), delta_(n_ * static_cast<std::size_t>(heads_)) {
+    for (std::size_t p = 0; p < part_count; ++p) {
+      const part& x = parts_[p];
+      if (x.norm) continue;
+      summa_.push_back(loom::summa_linear<>{x.in, x.out});
+      cube_.push_back(loom::cube_linear<>{x.in, x.out, x.odd});
+      summa_scratch_.emplace_back(n_, x.in, x.out, q_);
+      cube_scratch_.emplace_back(n_, x.in, x.out, q_);
+    }
     for (int b = first_; b < last_; ++b) {
       std::vector<double> whole = initial_block(b, h_, f_);
       place_.parameters(std::span<double>(whole), block_params(b - first_), h_, f_, false);
@@ -311,19 +384,16 @@ class grid_stage {
   int index() const { return index_; }
   //! The blocks this stage holds, `[first, last)`.
   std::pair<int, int> blocks() const { return {first_, last_}; }
-  //! Tokens per member and microbatch.
-  std::size_t tokens() const { return n_; }
+  //! Calls so far: forwards, input gradients, weight gradients (each over all the stage's blocks).
+  std::array<long long, 3> calls() const { return calls_; }
+  //! Whether the stage computes its first block's input gradient (not on the first stage).
+  bool first_input() const { return index_ != 0; }
   std::size_t input_size() const { return n_ * hq_; }
   std::size_t output_size() const { return n_ * hq_; }
   std::size_t stash_size() const { return static_cast<std::size_t>(last_ - first_) * per_block() + (loss_ ? n_ * hq_ : 0); }
   std::span<double> params() { return params_; }
   std::span<const double> params() const { return params_; }
   std::span<double> weight_grad() { return grad_; }
-
-  //! Calls so far: forwards, input gradients, weight gradients (each over all the stage's blocks).
-  std::array<long long, 3> calls() const { return calls_; }
-  //! Whether the stage computes its first block's input gradient (not on the first stage).
-  bool first_input() const { return index_ != 0; }
 
   void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
     ++calls_[0];
@@ -351,28 +421,44 @@ class grid_stage {
     }
     for (int k = last_ - first_; k-- > 0;) {
       const block_stash st = stash(bb.stash, k);
-      std::copy(g.begin(), g.end(), st.dv.begin());
       const std::span<const double> w = block_params(k);
-      const auto at = sizes_.offsets();
-      linear_input(true, cs(st.dv), w.subspan(at[4], sizes_.w2), std::span<double>(du_));
-      for (std::size_t e = 0; e < du_.size(); ++e) st.da[e] = du_[e] * (1.0 - st.u[e] * st.u[e]);
-      linear_input(false, cs(st.da), w.subspan(at[2], sizes_.w1), st.dz);
+      const std::span<double> fu = std::span<double>(tmp_).first(n_ * fq_), hu = std::span<double>(tmp_).first(n_ * hq_);
+      // The MLP half: dv = g, du, da = du tanh', dz2, then the norm's with the residual.
+      std::copy(g.begin(), g.end(), st.gy.begin());
+      linear_input(w2, cs(st.gy), tensor(w, w2), fu);
+      for (std::size_t e = 0; e < fu.size(); ++e) st.da[e] = fu[e] * (1.0 - st.u[e] * st.u[e]);
+      linear_input(w1, cs(st.da), tensor(w, w1), st.dz2);
+      norm_.backward_input(ng_, cs(st.dz2), cs(st.xhat2), cs(st.rstd2), tensor(w, ln2), cs(st.gy), st.gx1, ns_.spans());
+      // The attention half: the output projection's, the attention's, Q's, K's and V's (summed in
+      // that order), then the norm's with the residual.
+      linear_input(wo, cs(st.gx1), tensor(w, wo), hu);
+      attention_backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(), hu.data(), st.dq.data(), st.dk.data(),
+                         st.dv.data(), delta_.data(), static_cast<int>(n_), seq_, heads_, head_dim_);
+      linear_input(wq, cs(st.dq), tensor(w, wq), st.dz1);
+      for (std::size_t p : {wk, wv}) {
+        linear_input(p, cs(p == wk ? st.dk : st.dv), tensor(w, p), hu);
+        for (std::size_t e = 0; e < hu.size(); ++e) st.dz1[e] += hu[e];
+      }
       if (k == 0 && !first_input()) break;  // the first stage: nobody needs the input gradient
       const std::span<double> dx = k == 0 ? bb.input_grad : std::span<double>(act_[1]);
-      norm_.backward_input(ng_, cs(st.dz), cs(st.xhat), cs(st.rstd), w.subspan(at[0], sizes_.norm), cs(st.dv), dx, ns_.spans());
+      norm_.backward_input(ng_, cs(st.dz1), cs(st.xhat1), cs(st.rstd1), tensor(w, ln1), cs(st.gx1), dx, ns_.spans());
       g = dx;
     }
   }
 
   void backward_weight(const loom::stage_context&, loom::weight_buffers<double> wb) {
     ++calls_[2];
-    const auto at = sizes_.offsets();
     for (int k = last_ - first_; k-- > 0;) {
       const block_stash st = stash(wb.stash, k);
-      const std::span<double> gw = wb.weight_grad.subspan(static_cast<std::size_t>(k) * sizes_.total(), sizes_.total());
-      linear_weight(true, cs(st.u), cs(st.dv), gw.subspan(at[4], sizes_.w2), gw.subspan(at[5], sizes_.b2));
-      linear_weight(false, cs(st.z), cs(st.da), gw.subspan(at[2], sizes_.w1), gw.subspan(at[3], sizes_.b1));
-      norm_.backward_weight(ng_, cs(st.dz), cs(st.xhat), gw.subspan(at[0], sizes_.norm), gw.subspan(at[1], sizes_.norm), ns_.spans());
+      const std::span<double> gw = wb.weight_grad.subspan(static_cast<std::size_t>(k) * layout_.total, layout_.total);
+      linear_weight(w2, cs(st.u), cs(st.gy), gw);
+      linear_weight(w1, cs(st.z2), cs(st.da), gw);
+      norm_.backward_weight(ng_, cs(st.dz2), cs(st.xhat2), layout_.tensor(gw, 2 * ln2), layout_.tensor(gw, 2 * ln2 + 1), ns_.spans());
+      linear_weight(wo, cs(st.o), cs(st.gx1), gw);
+      linear_weight(wq, cs(st.z1), cs(st.dq), gw);
+      linear_weight(wk, cs(st.z1), cs(st.dk), gw);
+      linear_weight(wv, cs(st.z1), cs(st.dv), gw);
+      norm_.backward_weight(ng_, cs(st.dz1), cs(st.xhat1), layout_.tensor(gw, 2 * ln1), layout_.tensor(gw, 2 * ln1 + 1), ns_.spans());
     }
   }
 
@@ -382,12 +468,14 @@ class grid_stage {
   }
 
  private:
-  //! A block's part of the stash: the norm's `xhat` and `1 / sigma`, its output `z`, `u =
-  //! tanh(a)`, and what `B` leaves for `W`: `dv` (the block's output gradient), `da`, `dz`.
+  //! A block's part of the stash: the forward's (the norms' `xhat` and `1 / sigma`, their
+  //! outputs `z1`, `z2`, Q, K, V, the attention's output `o` and log-sum-exp, `u = tanh(a)`),
+  //! and what `B` leaves for `W` (the gradients of the block's output `gy`, of the MLP's hidden
+  //! `da`, of the norms' outputs `dz1`, `dz2`, of the attention half's output `gx1`, of Q, K, V).
   struct block_stash {
-    std::span<double> xhat, rstd, z, u, dv, da, dz;
+    std::span<double> xhat1, rstd1, z1, q, k, v, o, lse, xhat2, rstd2, z2, u, gy, da, dz2, gx1, dq, dk, dv, dz1;
   };
-  std::size_t per_block() const { return 4 * n_ * hq_ + 2 * n_ * fq_ + n_; }
+  std::size_t per_block() const { return 15 * n_ * hq_ + 2 * n_ * fq_ + 2 * n_ + n_ * static_cast<std::size_t>(heads_); }
   block_stash stash(std::span<double> all, int k) const {
     std::span<double> s = all.subspan(static_cast<std::size_t>(k) * per_block(), per_block());
     auto take = [&](std::size_t size) {
@@ -395,64 +483,82 @@ class grid_stage {
       s = s.subspan(size);
       return r;
     };
+    const std::size_t a = n_ * hq_;
     block_stash b;
-    b.xhat = take(n_ * hq_);
-    b.rstd = take(n_);
-    b.z = take(n_ * hq_);
+    for (std::span<double>* x : {&b.xhat1, &b.z1, &b.q, &b.k, &b.v, &b.o, &b.xhat2, &b.z2, &b.gy, &b.dz2, &b.gx1, &b.dq, &b.dk, &b.dv, &b.dz1})
+      *x = take(a);
+    b.rstd1 = take(n_);
+    b.rstd2 = take(n_);
+    b.lse = take(n_ * static_cast<std::size_t>(heads_));
     b.u = take(n_ * fq_);
-    b.dv = take(n_ * hq_);
     b.da = take(n_ * fq_);
-    b.dz = take(n_ * hq_);
     return b;
   }
   //! The last stage's output `y` before the loss, after the blocks' stash.
   std::span<double> final(std::span<double> all) const { return all.subspan(static_cast<std::size_t>(last_ - first_) * per_block(), n_ * hq_); }
-  std::span<double> block_params(int k) { return std::span<double>(params_).subspan(static_cast<std::size_t>(k) * sizes_.total(), sizes_.total()); }
+  std::span<double> block_params(int k) { return std::span<double>(params_).subspan(static_cast<std::size_t>(k) * layout_.total, layout_.total); }
+  //! Tensor 0 of part `p` (a norm's weight, a layer's weight) of block parameters `w`.
+  std::span<const double> tensor(std::span<const double> w, std::size_t p) const { return layout_.tensor(w, 2 * p); }
   static std::span<const double> cs(std::span<double> s) { return s; }
+  //! Index of linear part `p` among the linear parts.
+  static std::size_t linear_index(std::size_t p) { return p < ln2 ? p - 1 : p - 2; }
 
   void block_forward(int k, std::span<const double> x, std::span<double> y, const block_stash& st) {
     const std::span<const double> w = block_params(k);
-    const auto at = sizes_.offsets();
-    norm_.forward(ng_, x, w.subspan(at[0], sizes_.norm), w.subspan(at[1], sizes_.norm), st.z, st.xhat, st.rstd, ns_.spans());
-    linear_forward(false, cs(st.z), w.subspan(at[2], sizes_.w1), w.subspan(at[3], sizes_.b1), st.u);
+    auto bias = [&](std::size_t p) { return layout_.tensor(w, 2 * p + 1); };
+    norm_.forward(ng_, x, tensor(w, ln1), bias(ln1), st.z1, st.xhat1, st.rstd1, ns_.spans());
+    for (std::size_t p : {wq, wk, wv}) linear_forward(p, cs(st.z1), tensor(w, p), bias(p), p == wq ? st.q : p == wk ? st.k : st.v);
+    attention_forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(), static_cast<int>(n_), seq_, heads_, head_dim_);
+    const std::span<double> x1 = std::span<double>(tmp_).first(n_ * hq_);
+    linear_forward(wo, cs(st.o), tensor(w, wo), bias(wo), x1);
+    for (std::size_t e = 0; e < x1.size(); ++e) x1[e] = x[e] + x1[e];
+    norm_.forward(ng_, cs(x1), tensor(w, ln2), bias(ln2), st.z2, st.xhat2, st.rstd2, ns_.spans());
+    linear_forward(w1, cs(st.z2), tensor(w, w1), bias(w1), st.u);
     for (double& v : st.u) v = std::tanh(v);
-    linear_forward(true, cs(st.u), w.subspan(at[4], sizes_.w2), w.subspan(at[5], sizes_.b2), y);
-    for (std::size_t e = 0; e < y.size(); ++e) y[e] = x[e] + y[e];
+    linear_forward(w2, cs(st.u), tensor(w, w2), bias(w2), y);
+    for (std::size_t e = 0; e < y.size(); ++e) y[e] = x1[e] + y[e];
   }
-  void linear_forward(bool second, std::span<const double> x, std::span<const double> w, std::span<const double> b, std::span<double> y) {
-    if (place_.cube()) (second ? cube2_ : cube1_).forward(*gc_, x, w, b, y, (second ? cs2_ : cs1_).spans());
-    else (second ? summa2_ : summa1_).forward(*gc_, x, w, b, y, (second ? ss2_ : ss1_).spans());
+  void linear_forward(std::size_t p, std::span<const double> x, std::span<const double> w, std::span<const double> b, std::span<double> y) {
+    const std::size_t i = linear_index(p);
+    if (place_.cube()) cube_[i].forward(*gc_, x, w, b, y, cube_scratch_[i].spans());
+    else summa_[i].forward(*gc_, x, w, b, y, summa_scratch_[i].spans());
   }
-  void linear_input(bool second, std::span<const double> dy, std::span<const double> w, std::span<double> dx) {
-    if (place_.cube()) (second ? cube2_ : cube1_).backward_input(*gc_, dy, w, dx, (second ? cs2_ : cs1_).spans());
-    else (second ? summa2_ : summa1_).backward_input(*gc_, dy, w, dx, (second ? ss2_ : ss1_).spans());
+  void linear_input(std::size_t p, std::span<const double> dy, std::span<const double> w, std::span<double> dx) {
+    const std::size_t i = linear_index(p);
+    if (place_.cube()) cube_[i].backward_input(*gc_, dy, w, dx, cube_scratch_[i].spans());
+    else summa_[i].backward_input(*gc_, dy, w, dx, summa_scratch_[i].spans());
   }
-  void linear_weight(bool second, std::span<const double> x, std::span<const double> dy, std::span<double> gw, std::span<double> gb) {
-    if (place_.cube()) (second ? cube2_ : cube1_).backward_weight(*gc_, x, dy, gw, gb, (second ? cs2_ : cs1_).spans());
-    else (second ? summa2_ : summa1_).backward_weight(*gc_, x, dy, gw, gb, (second ? ss2_ : ss1_).spans());
+  //! Adds part `p`'s weight and bias gradients to the block's `gw`.
+  void linear_weight(std::size_t p, std::span<const double> x, std::span<const double> dy, std::span<double> gw) {
+    const std::size_t i = linear_index(p);
+    const std::span<double> g = layout_.tensor(gw, 2 * p), b = layout_.tensor(gw, 2 * p + 1);
+    if (place_.cube()) cube_[i].backward_weight(*gc_, x, dy, g, b, cube_scratch_[i].spans());
+    else summa_[i].backward_weight(*gc_, x, dy, g, b, summa_scratch_[i].spans());
   }
 
   loom::tp_grid_comms<C>* gc_;
   grid_place place_;
   std::size_t h_, f_, q_, n_, hq_, fq_;
+  int seq_, heads_, head_dim_;
   int first_, last_, index_;
   bool loss_;
   const double* targets_;
-  block_sizes sizes_;
+  block_layout layout_;
+  std::array<part, part_count> parts_;
   loom::grid_layer_norm norm_;
   loom::norm_groups<C> ng_;
-  loom::summa_linear<> summa1_, summa2_;
-  loom::cube_linear<> cube1_, cube2_;
-  loom::summa_host_scratch<double> ss1_, ss2_;
-  loom::cube_host_scratch<double> cs1_, cs2_;
+  std::vector<loom::summa_linear<>> summa_;
+  std::vector<loom::cube_linear<>> cube_;
+  std::vector<loom::summa_host_scratch<double>> summa_scratch_;
+  std::vector<loom::cube_host_scratch<double>> cube_scratch_;
   loom::norm_host_scratch<double> ns_;
   std::vector<double> params_, grad_;
   std::vector<double> act_[2];  // the activations between blocks; act_[1] also the input gradient between blocks
-  std::vector<double> du_;
+  std::vector<double> tmp_, delta_;
   std::array<long long, 3> calls_{};
 };
 
-//! The single-rank reference: every block's whole parameters (`block_sizes::whole` order) after
+//! The single-rank reference: every block's whole parameters (`block_layout::of(h, f)`) after
 //! `s.steps` steps of `M` microbatches per replica, and each step's loss (the sum over replicas
 //! and microbatches of the squared errors).
 struct grid_reference_result {
@@ -466,47 +572,70 @@ inline grid_reference_result grid_reference(const grid_setup& s, int M, int bloc
   const loom::tp_grid g = loom::make_tp_grid(s.kind, s.tp, s.depth);
   const bool cube = g.kind == loom::tp_kind::d3;
   const auto q = static_cast<std::size_t>(g.q), h = static_cast<std::size_t>(s.hidden), f = static_cast<std::size_t>(s.ffn),
-             N = static_cast<std::size_t>(s.tokens);
-  const block_sizes W = block_sizes::whole(h, f);
-  const auto at = W.offsets();
+             N = static_cast<std::size_t>(s.tokens());
+  const int heads = s.heads, hd = s.hidden / s.heads, rows = s.tokens();
+  const block_layout W = block_layout::of(h, f);
+  const auto parts = block_parts(h, f);
   const loom::grid_norm_reference norm{h, q};
   using ref = loom::summa_reference;
   grid_reference_result out;
   for (int b = 0; b < blocks; ++b) out.blocks.push_back(initial_block(b, h, f));
-  auto sub = [](vec& v, std::size_t off, std::size_t size) { return std::span<double>(v).subspan(off, size); };
-  auto csub = [](const vec& v, std::size_t off, std::size_t size) { return std::span<const double>(v).subspan(off, size); };
+  auto T = [&](const vec& p, std::size_t i) { return W.tensor(std::span<const double>(p), i); };
+  auto G = [&](vec& p, std::size_t i) { return W.tensor(std::span<double>(p), i); };
+  auto cv = [](const vec& v) { return std::span<const double>(v); };
+  auto mv = [](vec& v) { return std::span<double>(v); };
+  // The grid's sums of each linear part: the forward, the input gradient, the weight gradients.
+  auto forward = [&](std::size_t p, const vec& w, const vec& x, vec& y) {
+    const part& a = parts[p];
+    y.assign(N * a.out, 0.0);
+    if (cube) ref::blocked_forward(cv(x), T(w, 2 * p), T(w, 2 * p + 1), mv(y), N, a.in, a.out, q);
+    else loom::linear_kernel::forward(cv(x), T(w, 2 * p), T(w, 2 * p + 1), mv(y), N, a.in, a.out);
+  };
+  auto input = [&](std::size_t p, const vec& w, const vec& dy, vec& dx) {
+    dx.assign(N * parts[p].in, 0.0);
+    ref::backward_input(cv(dy), T(w, 2 * p), mv(dx), N, parts[p].in, parts[p].out, g);
+  };
+  auto weight = [&](std::size_t p, const vec& x, const vec& dy, vec& gr) {
+    const part& a = parts[p];
+    if (cube) ref::blocked_weight(cv(x), cv(dy), G(gr, 2 * p), G(gr, 2 * p + 1), N, a.in, a.out, q, 1);
+    else ref::backward_weight(cv(x), cv(dy), G(gr, 2 * p), G(gr, 2 * p + 1), N, a.in, a.out, g);
+  };
   for (int st = 0; st < s.steps; ++st) {
     std::vector<vec> total(static_cast<std::size_t>(blocks));  // the replicas' gradients, folded in rank order
     double loss = 0;
     for (int d = 0; d < s.dp; ++d) {
-      std::vector<vec> acc(static_cast<std::size_t>(blocks), vec(W.total(), 0.0));
+      std::vector<vec> acc(static_cast<std::size_t>(blocks), vec(W.total, 0.0));
       for (int j = 0; j < M; ++j) {
         const vec target = batch(s, d, st, M, j, true);
         vec x = batch(s, d, st, M, j, false);
         struct saved {
-          vec xhat, rstd, z, u;
+          vec xhat1, rstd1, z1, q, k, v, o, lse, x1, xhat2, rstd2, z2, u;
         };
         std::vector<saved> keep(static_cast<std::size_t>(blocks));
-        for (std::size_t b = 0; b < static_cast<std::size_t>(blocks); ++b) {
-          const vec& p = out.blocks[b];
+        for (std::size_t b = 0; b < keep.size(); ++b) {
+          const vec& w = out.blocks[b];
           saved& k = keep[b];
-          k.xhat.assign(N * h, 0);
-          k.rstd.assign(N, 0);
-          k.z.assign(N * h, 0);
-          k.u.assign(N * f, 0);
-          norm.forward(std::span<const double>(x), csub(p, at[0], h), csub(p, at[1], h), std::span<double>(k.z), std::span<double>(k.xhat),
-                       std::span<double>(k.rstd), N);
-          vec v(N * h);
-          if (cube) {
-            ref::blocked_forward(std::span<const double>(k.z), csub(p, at[2], W.w1), csub(p, at[3], f), std::span<double>(k.u), N, h, f, q);
-            for (double& e : k.u) e = std::tanh(e);
-            ref::blocked_forward(std::span<const double>(k.u), csub(p, at[4], W.w2), csub(p, at[5], h), std::span<double>(v), N, f, h, q);
-          } else {
-            loom::linear_kernel::forward(std::span<const double>(k.z), csub(p, at[2], W.w1), csub(p, at[3], f), std::span<double>(k.u), N, h, f);
-            for (double& e : k.u) e = std::tanh(e);
-            loom::linear_kernel::forward(std::span<const double>(k.u), csub(p, at[4], W.w2), csub(p, at[5], h), std::span<double>(v), N, f, h);
-          }
-          for (std::size_t e = 0; e < v.size(); ++e) v[e] = x[e] + v[e];
+          k.xhat1.assign(N * h, 0);
+          k.rstd1.assign(N, 0);
+          k.z1.assign(N * h, 0);
+          norm.forward(cv(x), T(w, 2 * ln1), T(w, 2 * ln1 + 1), mv(k.z1), mv(k.xhat1), mv(k.rstd1), N);
+          forward(wq, w, k.z1, k.q);
+          forward(wk, w, k.z1, k.k);
+          forward(wv, w, k.z1, k.v);
+          k.o.assign(N * h, 0);
+          k.lse.assign(N * static_cast<std::size_t>(heads), 0);
+          attention_forward(k.q.data(), k.k.data(), k.v.data(), k.o.data(), k.lse.data(), rows, s.seq, heads, hd);
+          forward(wo, w, k.o, k.x1);
+          for (std::size_t e = 0; e < k.x1.size(); ++e) k.x1[e] = x[e] + k.x1[e];
+          k.xhat2.assign(N * h, 0);
+          k.rstd2.assign(N, 0);
+          k.z2.assign(N * h, 0);
+          norm.forward(cv(k.x1), T(w, 2 * ln2), T(w, 2 * ln2 + 1), mv(k.z2), mv(k.xhat2), mv(k.rstd2), N);
+          forward(w1, w, k.z2, k.u);
+          for (double& e : k.u) e = std::tanh(e);
+          vec v;
+          forward(w2, w, k.u, v);
+          for (std::size_t e = 0; e < v.size(); ++e) v[e] = k.x1[e] + v[e];
           x = v;
         }
         vec dy(N * h);
@@ -514,24 +643,32 @@ inline grid_reference_result grid_reference(const grid_setup& s, int M, int bloc
           loss += 0.5 * (x[e] - target[e]) * (x[e] - target[e]);
           dy[e] = 1.0 * (x[e] - target[e]);
         }
-        for (std::size_t b = static_cast<std::size_t>(blocks); b-- > 0;) {
-          const vec& p = out.blocks[b];
+        for (std::size_t b = keep.size(); b-- > 0;) {
+          const vec& w = out.blocks[b];
           const saved& k = keep[b];
-          vec gr(W.total(), 0.0), du(N * f), da(N * f), dz(N * h), dx(N * h);
-          ref::backward_input(std::span<const double>(dy), csub(p, at[4], W.w2), std::span<double>(du), N, f, h, g);
+          vec gr(W.total, 0.0), du, da(N * f), dz2, gx1(N * h), dout, dq(N * h), dk(N * h), dvv(N * h), delta(N * static_cast<std::size_t>(heads)), dz1,
+              part_dx, dx(N * h);
+          input(w2, w, dy, du);
           for (std::size_t e = 0; e < da.size(); ++e) da[e] = du[e] * (1.0 - k.u[e] * k.u[e]);
-          ref::backward_input(std::span<const double>(da), csub(p, at[2], W.w1), std::span<double>(dz), N, h, f, g);
-          if (cube) {
-            ref::blocked_weight(std::span<const double>(k.u), std::span<const double>(dy), sub(gr, at[4], W.w2), sub(gr, at[5], h), N, f, h, q, 1);
-            ref::blocked_weight(std::span<const double>(k.z), std::span<const double>(da), sub(gr, at[2], W.w1), sub(gr, at[3], f), N, h, f, q, 1);
-          } else {
-            ref::backward_weight(std::span<const double>(k.u), std::span<const double>(dy), sub(gr, at[4], W.w2), sub(gr, at[5], h), N, f, h, g);
-            ref::backward_weight(std::span<const double>(k.z), std::span<const double>(da), sub(gr, at[2], W.w1), sub(gr, at[3], f), N, h, f, g);
+          input(w1, w, da, dz2);
+          norm.backward_input(cv(dz2), cv(k.xhat2), cv(k.rstd2), T(w, 2 * ln2), cv(dy), mv(gx1), N);
+          input(wo, w, gx1, dout);
+          attention_backward(k.q.data(), k.k.data(), k.v.data(), k.o.data(), k.lse.data(), dout.data(), dq.data(), dk.data(), dvv.data(),
+                             delta.data(), rows, s.seq, heads, hd);
+          input(wq, w, dq, dz1);
+          for (std::size_t p : {wk, wv}) {
+            input(p, w, p == wk ? dk : dvv, part_dx);
+            for (std::size_t e = 0; e < dz1.size(); ++e) dz1[e] += part_dx[e];
           }
-          norm.backward_weight(std::span<const double>(dz), std::span<const double>(k.xhat), sub(gr, at[0], h), sub(gr, at[1], h), N, q,
-                               static_cast<std::size_t>(g.depth));
-          norm.backward_input(std::span<const double>(dz), std::span<const double>(k.xhat), std::span<const double>(k.rstd), csub(p, at[0], h),
-                              std::span<const double>(dy), std::span<double>(dx), N);
+          norm.backward_input(cv(dz1), cv(k.xhat1), cv(k.rstd1), T(w, 2 * ln1), cv(gx1), mv(dx), N);
+          weight(w2, k.u, dy, gr);
+          weight(w1, k.z2, da, gr);
+          norm.backward_weight(cv(dz2), cv(k.xhat2), G(gr, 2 * ln2), G(gr, 2 * ln2 + 1), N, q, static_cast<std::size_t>(g.depth));
+          weight(wo, k.o, gx1, gr);
+          weight(wq, k.z1, dq, gr);
+          weight(wk, k.z1, dk, gr);
+          weight(wv, k.z1, dvv, gr);
+          norm.backward_weight(cv(dz1), cv(k.xhat1), G(gr, 2 * ln1), G(gr, 2 * ln1 + 1), N, q, static_cast<std::size_t>(g.depth));
           for (std::size_t i = 0; i < gr.size(); ++i) acc[b][i] += gr[i];
           dy = dx;
         }
@@ -545,7 +682,6 @@ inline grid_reference_result grid_reference(const grid_setup& s, int M, int bloc
   }
   return out;
 }
-
 
 //! What one rank's run gives: its parameters' differences from the reference's (and how many it
 //! compared, and how many moved from their initial values), each step's communication and
@@ -573,7 +709,7 @@ grid_rank_result grid_train_rank(World& world, grid_setup s, const loom::schedul
   const int t = mc.coord(loom::dim::tp), d = mc.coord(loom::dim::dp);
   const grid_place place{g, t};
   const auto q = static_cast<std::size_t>(g.q), h = static_cast<std::size_t>(s.hidden), f = static_cast<std::size_t>(s.ffn),
-             N = static_cast<std::size_t>(s.tokens), n = N / (q * static_cast<std::size_t>(g.depth)), hq = h / q;
+             N = static_cast<std::size_t>(s.tokens()), n = N / (q * static_cast<std::size_t>(g.depth)), hq = h / q;
   auto gc = loom::grid_comms(mc, s.det);
   std::vector<double> inputs(static_cast<std::size_t>(M) * n * hq), targets(inputs.size());
   const loom::data_parallel_options o{.deterministic = s.det, .grad_scale = 1.0 / s.dp};
@@ -634,14 +770,14 @@ grid_rank_result grid_train_rank(World& world, grid_setup s, const loom::schedul
   }
   sync.finish();
   const bool bitwise = s.det;
-  const block_sizes mine = block_sizes::member(h, f, g);
+  const block_layout mine = block_layout::of(h, f, &g);
   for (const auto& stg : pl.stages()) {
     const auto [first, last] = stg.blocks();
     for (int b = first; b < last; ++b) {
-      std::vector<double> ref(mine.total()), initial(mine.total()), whole = want.blocks[static_cast<std::size_t>(b)], start = initial_block(b, h, f);
+      std::vector<double> ref(mine.total), initial(mine.total), whole = want.blocks[static_cast<std::size_t>(b)], start = initial_block(b, h, f);
       place.parameters(std::span<double>(whole), std::span<double>(ref), h, f, false);
       place.parameters(std::span<double>(start), std::span<double>(initial), h, f, false);
-      const auto got = stg.params().subspan(static_cast<std::size_t>(b - first) * mine.total(), mine.total());
+      const auto got = stg.params().subspan(static_cast<std::size_t>(b - first) * mine.total, mine.total);
       out.differing += moe::value_differences(got, std::span<const double>(ref), bitwise);
       out.compared += static_cast<long long>(ref.size());
       out.moved += moe::value_differences(got, std::span<const double>(initial), true);

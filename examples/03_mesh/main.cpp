@@ -97,6 +97,7 @@ struct options {
   // --tp-kind 2d|2.5d|3d: the grid model (grid_model.hpp) instead of the transformer.
   std::string tp_kind = "1d";
   int tp_depth = 0;
+  int sequences = 12;
 };
 
 #if defined(LOOM_MESH_DEVICE)
@@ -194,14 +195,15 @@ std::string grid_configure(const options& o, const CLI::App& app, grid::grid_set
   grid = k != loom::tp_kind::d1;
   if (!grid) {
     if (app.count("--tp-depth") > 0) return "--tp-depth is 2.5D's number of layers: it needs --tp-kind 2.5d";
+    if (app.count("--sequences") > 0) return "--sequences sets the grid model's batch: it needs --tp-kind 2d, 2.5d or 3d";
     return {};
   }
   for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--experts", "--zero", "--zero-stage", "--optimizer", "--adam-lr", "--local-steps",
-                           "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--heads", "--launch",
+                           "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--launch",
                            "--sync-after-step", "--bucket-bytes", "--seed", "--group"})
     if (app.count(name) > 0)
       return std::string(name) + " applies to the transformer: the grid model (--tp-kind " + o.tp_kind +
-             ") trains pre-LN MLP blocks by synchronous SGD so far (docs/tensor-grids.md)";
+             ") trains transformer blocks without embedding or vocabulary by synchronous SGD so far (docs/tensor-grids.md)";
   if (o.backend == "cuda_local" || o.backend == "nccl")
     return "--tp-kind " + o.tp_kind + " runs on the threads and mpi backends so far (the grid's layer norm is host code)";
   if (k != loom::tp_kind::d2_5 && app.count("--tp-depth") > 0) return "--tp-depth is 2.5D's number of layers: it needs --tp-kind 2.5d";
@@ -212,8 +214,10 @@ std::string grid_configure(const options& o, const CLI::App& app, grid::grid_set
   s.dp = o.layout.dp;
   s.pp = o.layout.pp;
   if (app.count("--hidden") > 0) s.hidden = o.model.hidden;
+  if (app.count("--heads") > 0) s.heads = o.model.heads;
   if (app.count("--ffn") > 0) s.ffn = o.model.ffn;
-  if (app.count("--seq") > 0) s.tokens = o.model.seq;
+  if (app.count("--seq") > 0) s.seq = o.model.seq;
+  s.sequences = o.sequences;
   if (app.count("--blocks") > 0) s.blocks = o.model.blocks;
   s.steps = o.steps;
   s.det = o.deterministic;
@@ -235,8 +239,9 @@ int run_grid(const options& o, const grid::grid_setup& s, int argc, char** argv)
     std::printf("loom mesh: grid model, %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s\n",
                 std::string(m.describe().view()).c_str(), world, backend, sched.name.c_str(), sched.microbatches, sched.stages,
                 s.det ? ", deterministic" : "");
-    std::printf("model: %d pre-LN MLP blocks (hidden %d, ffn %d), %d tokens per microbatch, %d per grid member; squared-error loss, SGD\n",
-                blocks, s.hidden, s.ffn, s.tokens, s.tokens / (g.q * g.depth));
+    std::printf("model: %d pre-LN transformer blocks (hidden %d, heads %d, ffn %d, causal attention), %d sequences of %d tokens per "
+                "microbatch, %d per grid member; squared-error loss, SGD\n",
+                blocks, s.hidden, s.heads, s.ffn, s.sequences, s.seq, s.sequences / (g.q * g.depth));
     std::fflush(stdout);
   };
   if (o.backend == "threads") {
@@ -392,9 +397,10 @@ int main(int argc, char** argv) {
   app.add_option("--dp", o.layout.dp, "data-parallel replicas");
   app.add_option("--tp", o.layout.tp, "tensor-parallel ranks (a grid's: q^2 for 2d, q^2 d for 2.5d, q^3 for 3d)");
   app.add_option("--tp-kind", o.tp_kind,
-                 "1d (Megatron's split of the transformer), or 2d, 2.5d, 3d: train the grid model, pre-LN MLP blocks with weights and "
+                 "1d (Megatron's split of the transformer), or 2d, 2.5d, 3d: train the grid model, transformer blocks whose weights and "
                  "activations split over a tensor-parallel grid (docs/tensor-grids.md)");
   app.add_option("--tp-depth", o.tp_depth, "with --tp-kind 2.5d: the grid's layers d");
+  app.add_option("--sequences", o.sequences, "with --tp-kind 2d|2.5d|3d: sequences per microbatch, split over the grid (default 12)");
   app.add_option("--pp", o.layout.pp, "pipeline ranks");
   app.add_option("--sp", o.layout.sp, "sequence-parallel ranks");
   app.add_option("--sp-kind", o.sp_kind, "megatron, ulysses, ring, usp or tokenring");
