@@ -691,6 +691,7 @@ struct grid_rank_result {
   long long volume_mismatches = 0;  //!< (step, group, operation) counts that differ from the formulas
   bool volumes_checked = false;     //!< false: rank-ordered sums over more than two ranks move their data in another form
   std::vector<std::vector<std::pair<std::string, loom::comm_counters>>> steps;  //!< per step: the rank's groups' counts
+  std::vector<block_volume> formulas;  //!< per step: the rank's grid volume by the formulas (elements)
   std::vector<double> losses;  //!< per step: the loss of the member's blocks of the replica's microbatches (pipeline rank 0; else 0)
 };
 
@@ -760,6 +761,7 @@ grid_rank_result grid_train_rank(World& world, grid_setup s, const loom::schedul
       if (!stg.first_input()) v.add(input_first, k(1));
       v.add(weight, k(2) * nb);
     }
+    out.formulas.push_back(v);
     if (!out.volumes_checked) continue;
     for (std::size_t x = 0; x < groups.size(); ++x)
       for (comm_op op : loom::all_comm_ops) {
@@ -805,6 +807,32 @@ long long train_grid(World& world, const grid_setup& s, const loom::schedule& sc
     if (!root || !print) continue;
     std::printf("step %zu: loss %.15g, the reference's %.15g (%s)\n", st, loss, ref, same ? "equal within 1e-12" : "DIFFERENT");
     print_counters(static_cast<int>(st), got.steps[st]);
+    if (!got.volumes_checked) continue;
+    std::printf("the grid groups of rank 0 in step %zu against the formulas (block_volume: the layers' volumes times the stage calls):\n", st);
+    std::printf("| group | operation | bytes counted | bytes by the formulas | |\n|---|---|---|---|---|\n");
+    for (std::size_t x = 0; x < 3; ++x)
+      for (loom::comm_op op : loom::all_comm_ops) {
+        const auto it = got.formulas[st].elements.find({static_cast<loom::grid_group>(x), op});
+        const std::uint64_t counted = got.steps[st][x].second[op].bytes, formula = it == got.formulas[st].elements.end() ? 0 : it->second * sizeof(double);
+        if (counted == 0 && formula == 0) continue;
+        std::printf("| %s | %s | %llu | %llu | %s |\n", got.steps[st][x].first.c_str(), std::string(loom::to_string(op)).c_str(),
+                    static_cast<unsigned long long>(counted), static_cast<unsigned long long>(formula), counted == formula ? "equal" : "DIFFERENT");
+      }
+  }
+  if (root && print) {  // one block's volume per microbatch, by call
+    const grid_mesh m = make_grid_mesh(s);
+    const loom::tp_grid g = m.grid();
+    const auto n = static_cast<std::size_t>(s.tokens() / (g.q * g.depth)), h = static_cast<std::size_t>(s.hidden), f = static_cast<std::size_t>(s.ffn);
+    auto total = [&](block_volume::call c, bool norm_input = true) {
+      std::size_t e = 0;
+      for (const auto& [key, v] : block_volume::of(g, n, h, f, c, norm_input).elements) e += v;
+      return e;
+    };
+    std::printf("| grid | tokens per member | forward | backward input | (first block of stage 0) | backward weight | elements per block and microbatch |\n"
+                "|---|--:|--:|--:|--:|--:|--:|\n");
+    const std::size_t fw = total(block_volume::call::forward), in = total(block_volume::call::input),
+                      in0 = total(block_volume::call::input, false), wt = total(block_volume::call::weight);
+    std::printf("| %s | %zu | %zu | %zu | %zu | %zu | %zu |\n", std::string(g.describe().view()).c_str(), n, fw, in, in0, wt, fw + in + wt);
   }
   std::vector<std::int64_t> totals{got.differing, got.compared, got.moved, got.volume_mismatches, got.volumes_checked ? 0 : 1};
   world.all_reduce(std::span<std::int64_t>(totals), loom::reduce_op::sum);

@@ -10,11 +10,14 @@
 // --deterministic; otherwise within 1e-12 relative, 1e-9 with Adam; fp32: 1e-5, Adam's step
 // bound), 1 when it differs, 2 on a bad option. With --experts E it trains an MoE model (linear
 // stages, then E experts over --ep ranks) on a dp x pp x ep x tp mesh instead (moe_train.hpp), on
-// every backend (in fp32 on device kernels with cuda_local and nccl, as the transformer).
+// every backend (in fp32 on device kernels with cuda_local and nccl, as the transformer). With
+// --tp-kind 2d|2.5d|3d it trains transformer blocks whose weights and activations split over a
+// tensor-parallel grid (grid_model.hpp) on a dp x pp x grid mesh, on threads or MPI.
 //
 //   mesh --dp 2 --pp 2 --tp 2 --schedule zb-h1 --microbatches 4 --deterministic
 //   mpiexec -n 8 mesh --backend mpi --dp 2 --pp 2 --tp 2 --zero
 //   mesh --sp 4 --sp-kind usp --ulysses 2 --schedule 1f1b
+//   mesh --tp-kind 2.5d --tp 8 --tp-depth 2 --dp 2 --pp 2 --schedule zb-h1 --deterministic
 //   mesh --backend cuda_local --dp 2 --pp 2 --tp 2 --schedule zb-h1 --deterministic   (fp32 device kernels)
 //   mpirun -np 8 mesh_gpu --backend nccl --launch mpi --dp 2 --pp 2 --tp 2             (one process per GPU)
 
