@@ -51,6 +51,7 @@
 #include <loom/cudasim/sim.hpp>
 #endif
 
+#include "dsp_model.hpp"
 #include "grid_model.hpp"
 #include "moe_train.hpp"
 #include "train.hpp"
@@ -101,6 +102,10 @@ struct options {
   std::string tp_kind = "1d";
   int tp_depth = 0;
   int sequences = 12;
+  // --sp-kind dsp: the spatial-temporal model (dsp_model.hpp) instead of the transformer.
+  int frames = 8;
+  int patches = 12;
+  bool causal = false;
 };
 
 #if defined(LOOM_MESH_DEVICE)
@@ -228,6 +233,96 @@ std::string grid_configure(const options& o, const CLI::App& app, grid::grid_set
   return grid::grid_rule(s);
 }
 
+//! The --sp-kind dsp mode's setup from `o` into `s`, or the first rule it breaks in one line; `dsp`
+//! says whether the mode is on.
+std::string dsp_configure(const options& o, const CLI::App& app, dsp::dsp_setup& s, bool& dsp) {
+  dsp = o.sp_kind == "dsp";
+  if (!dsp) {
+    for (const char* name : {"--frames", "--patches", "--causal"})
+      if (app.count(name) > 0) return std::string(name) + " sets the spatial-temporal model: it needs --sp-kind dsp";
+    return {};
+  }
+  for (const char* name : {"--tp-kind", "--tp-depth", "--sequences", "--ulysses", "--experts", "--zero", "--zero-stage", "--optimizer", "--adam-lr",
+                           "--local-steps", "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--seq",
+                           "--launch", "--sync-after-step", "--bucket-bytes", "--seed", "--group"})
+    if (app.count(name) > 0)
+      return std::string(name) + " applies to the transformer: --sp-kind dsp trains the spatial-temporal model (block pairs over frames "
+                                 "and patches) by synchronous SGD so far (docs/mesh.md)";
+  if (o.backend == "cuda_local" || o.backend == "nccl")
+    return "--sp-kind dsp runs on the threads and mpi backends so far (its device form is not written yet)";
+  s.dp = o.layout.dp;
+  s.pp = o.layout.pp;
+  s.sp = o.layout.sp;
+  s.tp = o.layout.tp;
+  s.frames = o.frames;
+  s.patches = o.patches;
+  if (app.count("--hidden") > 0) s.hidden = o.model.hidden;
+  if (app.count("--heads") > 0) s.heads = o.model.heads;
+  if (app.count("--ffn") > 0) s.ffn = o.model.ffn;
+  if (app.count("--blocks") > 0) s.pairs = o.model.blocks;
+  s.steps = o.steps;
+  s.causal = o.causal;
+  s.det = o.deterministic;
+  if (o.microbatches < 1) return "--microbatches " + std::to_string(o.microbatches) + " must be at least 1";
+  return dsp::dsp_rule(s);
+}
+
+//! Runs `train(comm)` (the values that differ from the reference, summed over the world) on
+//! every rank of mesh `m`'s world of threads or MPI processes (`o.backend`), after
+//! `banner(the backend in words)` on rank 0; the exit status (2: the MPI world does not match
+//! `m`, said before any communication).
+template <class Mesh, class Banner, class Train>
+int run_host_world(const options& o, const Mesh& m, Banner banner, Train train, int argc, char** argv) {
+  if (o.backend == "threads") {
+    banner("threads");
+    int rc = 0;
+    loom::run_threads(m.size(), [&](loom::threads::comm& c) {
+      const long long bad = train(c);
+      if (c.rank() == 0) rc = bad == 0 ? 0 : 1;
+    });
+    return rc;
+  }
+#if defined(LOOM_HAS_MPI)
+  loom::mpi::environment env(argc, argv);
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (std::string rule = m.world_rule(size); !rule.empty()) {
+    if (rank == 0) std::cerr << "mesh: " << rule << "\n";
+    return 2;
+  }
+  if (rank == 0) banner("MPI processes");
+  int rc = 0;
+  loom::run_mpi([&](loom::mpi::comm& c) { rc = train(c) == 0 ? 0 : 1; });
+  return rc;
+#else
+  (void)argc;
+  (void)argv;
+  std::cerr << "mesh: this build has no MPI (install libopenmpi-dev and reconfigure)\n";
+  return 2;
+#endif
+}
+
+//! The --sp-kind dsp mode on threads or MPI processes; the exit status.
+int run_dsp(const options& o, const dsp::dsp_setup& s, int argc, char** argv) {
+  auto const& family = loom::default_registry().at(o.schedule);
+  if (family.multi_step)
+    throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; the DSP model flushes every step");
+  const loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks, 1, 0});
+  const dsp::dsp_mesh m = dsp::make_dsp_mesh(s);
+  const int world = m.size();
+  auto banner = [&](const char* backend) {
+    std::printf("loom mesh: spatial-temporal model, %s, sp dsp (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s\n",
+                std::string(m.describe().view()).c_str(), world, backend, sched.name.c_str(), sched.microbatches, sched.stages,
+                s.det ? ", deterministic" : "");
+    std::printf("model: %d block pairs (temporal, then spatial attention; hidden %d, heads %d, ffn %d, %s), clips of %d frames x %d patches; "
+                "squared-error loss, SGD\n",
+                std::max(s.pairs, sched.stages), s.hidden, s.heads, s.ffn, s.causal ? "causal" : "full attention", s.frames, s.patches);
+    std::fflush(stdout);
+  };
+  return run_host_world(o, m, banner, [&](auto& c) { return dsp::train_dsp(c, s, sched, true); }, argc, argv);
+}
+
 //! The --tp-kind grid mode on threads or MPI processes; the exit status.
 int run_grid(const options& o, const grid::grid_setup& s, int argc, char** argv) {
   auto const& family = loom::default_registry().at(o.schedule);
@@ -247,34 +342,7 @@ int run_grid(const options& o, const grid::grid_setup& s, int argc, char** argv)
                 blocks, s.hidden, s.heads, s.ffn, s.sequences, s.seq, s.sequences / (g.q * g.depth));
     std::fflush(stdout);
   };
-  if (o.backend == "threads") {
-    banner("threads");
-    int rc = 0;
-    loom::run_threads(world, [&](loom::threads::comm& c) {
-      const long long bad = grid::train_grid(c, s, sched, true);
-      if (c.rank() == 0) rc = bad == 0 ? 0 : 1;
-    });
-    return rc;
-  }
-#if defined(LOOM_HAS_MPI)
-  loom::mpi::environment env(argc, argv);
-  int size = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (std::string rule = m.world_rule(size); !rule.empty()) {
-    if (rank == 0) std::cerr << "mesh: " << rule << "\n";
-    return 2;
-  }
-  if (rank == 0) banner("MPI processes");
-  int rc = 0;
-  loom::run_mpi([&](loom::mpi::comm& c) { rc = grid::train_grid(c, s, sched, true) == 0 ? 0 : 1; });
-  return rc;
-#else
-  (void)argc;
-  (void)argv;
-  std::cerr << "mesh: this build has no MPI (install libopenmpi-dev and reconfigure)\n";
-  return 2;
-#endif
+  return run_host_world(o, m, banner, [&](auto& c) { return grid::train_grid(c, s, sched, true); }, argc, argv);
 }
 
 run_options run(const options& o) {
@@ -294,7 +362,7 @@ std::string configure(options& o) {
   else if (o.sp_kind == "ring") s.kind = seq_kind::ring;
   else if (o.sp_kind == "usp") s.kind = seq_kind::usp;
   else if (o.sp_kind == "tokenring") s.kind = seq_kind::tokenring;
-  else return "--sp-kind " + o.sp_kind + " is not one of megatron, ulysses, ring, usp, tokenring";
+  else return "--sp-kind " + o.sp_kind + " is not one of megatron, ulysses, ring, usp, tokenring, dsp";
   if (s.kind == seq_kind::tokenring && (o.backend == "cuda_local" || o.backend == "nccl"))
     return "--sp-kind tokenring runs on the threads and mpi backends so far (its device form is not written yet)";
   if (s.kind == seq_kind::megatron && s.sp == 1) s.sp = s.tp;
@@ -406,7 +474,12 @@ int main(int argc, char** argv) {
   app.add_option("--sequences", o.sequences, "with --tp-kind 2d|2.5d|3d: sequences per microbatch, split over the grid (default 12)");
   app.add_option("--pp", o.layout.pp, "pipeline ranks");
   app.add_option("--sp", o.layout.sp, "sequence-parallel ranks");
-  app.add_option("--sp-kind", o.sp_kind, "megatron, ulysses, ring, usp or tokenring");
+  app.add_option("--sp-kind", o.sp_kind,
+                 "megatron, ulysses, ring, usp or tokenring; or dsp: train the spatial-temporal model, its sequence dimension switched "
+                 "between block halves (docs/mesh.md)");
+  app.add_option("--frames", o.frames, "with --sp-kind dsp: frames per clip (the temporal sequence dimension, default 8)");
+  app.add_option("--patches", o.patches, "with --sp-kind dsp: patches per frame (the spatial sequence dimension, default 12)");
+  app.add_flag("--causal", o.causal, "with --sp-kind dsp: causal attention along both dimensions (default: full attention)");
   app.add_option("--ulysses", o.ulysses, "USP's Ulysses degree (default: the largest divisor of sp not above sqrt(sp))");
   app.add_option("--schedule", o.schedule, "pipeline schedule family (loom list)");
   app.add_option("--microbatches", o.microbatches, "microbatches per replica and step");
@@ -480,7 +553,13 @@ int main(int argc, char** argv) {
     std::cerr << "mesh: " << why << "\n";
     return 2;
   }
-  if (std::string why = grid_mode ? std::string() : configure(o); !why.empty()) {
+  dsp::dsp_setup ds;
+  bool dsp_mode = false;
+  if (std::string why = grid_mode ? std::string() : dsp_configure(o, app, ds, dsp_mode); !why.empty()) {
+    std::cerr << "mesh: " << why << "\n";
+    return 2;
+  }
+  if (std::string why = grid_mode || dsp_mode ? std::string() : configure(o); !why.empty()) {
     std::cerr << "mesh: " << why << "\n";
     return 2;
   }
@@ -490,6 +569,7 @@ int main(int argc, char** argv) {
 #endif
   try {
     if (grid_mode) return run_grid(o, gs, argc, argv);
+    if (dsp_mode) return run_dsp(o, ds, argc, argv);
     auto const& family = loom::default_registry().at(o.schedule);
     if (o.experts > 0 && family.multi_step)
       throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; --experts (the MoE model, the MoE blocks) flushes every step");
