@@ -174,7 +174,9 @@ inline std::vector<double> clip(const dsp_setup& s, int d, int st, int M, int j,
 struct lines {
   int A = 1, B = 1;    //!< the rank's tokens, `A x B`
   bool first = true;   //!< attention along `A`
+  //! Lines of attention.
   int count() const { return first ? B : A; }
+  //! Tokens per line.
   int length() const { return first ? A : B; }
   //! Row of token `i` of line `l`.
   std::size_t row(int l, int i) const { return static_cast<std::size_t>(first ? i * B + l : l * B + i); }
@@ -292,16 +294,23 @@ class dsp_stage {
     }
   }
 
+  //! The virtual stage's index.
   int index() const { return index_; }
   //! The block pairs this stage holds, `[first, last)`.
   std::pair<int, int> pairs() const { return {first_, last_}; }
   //! Calls so far: forwards, input gradients.
   std::array<long long, 2> calls() const { return calls_; }
+  //! Elements of the stage's input per microbatch (the rank's shard).
   std::size_t input_size() const { return n_ * h_; }
+  //! Elements of its output (on the last stage: the loss terms of the rank's shard).
   std::size_t output_size() const { return n_ * h_; }
+  //! Elements of its stash per microbatch (every block's saved tensors; the output before the loss).
   std::size_t stash_size() const { return static_cast<std::size_t>(2 * (last_ - first_)) * per_block() + (loss_ ? n_ * h_ : 0); }
+  //! The rank's parameters of the stage's blocks, in block order.
   std::span<double> params() { return params_; }
+  //! The same, read-only.
   std::span<const double> params() const { return params_; }
+  //! Their gradient accumulator, laid out as `params()`.
   std::span<double> weight_grad() { return grad_; }
   //! Every gradient is a sum over this rank's tokens: partial over sp.
   std::span<const loom::grad_range> grad_ranges() const {
@@ -309,6 +318,7 @@ class dsp_stage {
     return {&range_, 1};
   }
 
+  //! The forward of the stage's blocks (and the loss terms on the last stage).
   void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
     ++calls_[0];
     std::span<const double> x = fb.input;
@@ -327,6 +337,7 @@ class dsp_stage {
     for (std::size_t e = 0; e < n_ * h_; ++e) fb.output[e] = 0.5 * (x[e] - t[e]) * (x[e] - t[e]);
   }
 
+  //! The input gradient (`B`), leaving in the stash what `W` needs.
   void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
     ++calls_[1];
     std::span<const double> g = bb.output_grad;
@@ -348,6 +359,7 @@ class dsp_stage {
     }
   }
 
+  //! The weight gradients (`W`), added to `weight_grad`.
   void backward_weight(const loom::stage_context&, loom::weight_buffers<double> wb) {
     for (int k = 2 * (last_ - first_); k-- > 0;) {
       const block_stash st = stash(wb.stash, k);
@@ -356,6 +368,7 @@ class dsp_stage {
     }
   }
 
+  //! `B` then `W` (the fused backward).
   void backward(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
     backward_input(ctx, {bb.input, bb.stash, bb.output_grad, bb.input_grad, {}});
     backward_weight(ctx, {bb.input, bb.stash, bb.weight_grad});
@@ -585,8 +598,10 @@ inline dsp_reference_result dsp_reference(const dsp_setup& s, int M, int pairs) 
 //! What one rank's run gives: its parameters' differences from the reference's, each step's
 //! communication, and the (step, group) counts that differ from DSP's and Megatron's formulas.
 struct dsp_rank_result {
-  long long differing = 0, compared = 0, moved = 0;
-  long long volume_mismatches = 0;
+  long long differing = 0;  //!< parameter values that differ from the reference's
+  long long compared = 0;   //!< parameter values compared
+  long long moved = 0;      //!< parameter values that differ from their initial values
+  long long volume_mismatches = 0;  //!< (step, group) counts on sp and tp that differ from the formulas
   std::vector<std::vector<std::pair<std::string, loom::comm_counters>>> steps;  //!< per step: the rank's groups' counts
   std::vector<std::uint64_t> formula_sp;  //!< per step: DSP's all-to-all bytes on sp by the formula
   std::vector<double> losses;             //!< per step (pipeline rank 0; else 0)

@@ -234,6 +234,7 @@ struct grid_place {
   loom::tp_grid g{};  //!< the grid
   int t = 0;          //!< the member
 
+  //! Whether the grid is 3D.
   bool cube() const { return g.kind == loom::tp_kind::d3; }
   //! `[tokens][features]` activation between halves (`inner`: inside a half).
   template <class T>
@@ -381,6 +382,7 @@ class grid_stage {
     }
   }
 
+  //! The virtual stage's index.
   int index() const { return index_; }
   //! The blocks this stage holds, `[first, last)`.
   std::pair<int, int> blocks() const { return {first_, last_}; }
@@ -388,13 +390,20 @@ class grid_stage {
   std::array<long long, 3> calls() const { return calls_; }
   //! Whether the stage computes its first block's input gradient (not on the first stage).
   bool first_input() const { return index_ != 0; }
+  //! Elements of the stage's input per microbatch (the rank's shard).
   std::size_t input_size() const { return n_ * hq_; }
+  //! Elements of its output (on the last stage: the loss terms of the rank's shard).
   std::size_t output_size() const { return n_ * hq_; }
+  //! Elements of its stash per microbatch (every block's saved tensors; the output before the loss).
   std::size_t stash_size() const { return static_cast<std::size_t>(last_ - first_) * per_block() + (loss_ ? n_ * hq_ : 0); }
+  //! The rank's parameters of the stage's blocks, in block order.
   std::span<double> params() { return params_; }
+  //! The same, read-only.
   std::span<const double> params() const { return params_; }
+  //! Their gradient accumulator, laid out as `params()`.
   std::span<double> weight_grad() { return grad_; }
 
+  //! The forward of the stage's blocks (and the loss terms on the last stage).
   void forward(const loom::stage_context& ctx, loom::forward_buffers<double> fb) {
     ++calls_[0];
     std::span<const double> x = fb.input;
@@ -409,6 +418,7 @@ class grid_stage {
     for (std::size_t e = 0; e < n_ * hq_; ++e) fb.output[e] = 0.5 * (x[e] - t[e]) * (x[e] - t[e]);
   }
 
+  //! The input gradient (`B`), leaving in the stash what `W` needs.
   void backward_input(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
     ++calls_[1];
     std::span<const double> g = bb.output_grad;
@@ -446,6 +456,7 @@ class grid_stage {
     }
   }
 
+  //! The weight gradients (`W`), added to `weight_grad`.
   void backward_weight(const loom::stage_context&, loom::weight_buffers<double> wb) {
     ++calls_[2];
     for (int k = last_ - first_; k-- > 0;) {
@@ -462,6 +473,7 @@ class grid_stage {
     }
   }
 
+  //! `B` then `W` (the fused backward).
   void backward(const loom::stage_context& ctx, loom::backward_buffers<double> bb) {
     backward_input(ctx, {bb.input, bb.stash, bb.output_grad, bb.input_grad, {}});
     backward_weight(ctx, {bb.input, bb.stash, bb.weight_grad});
@@ -687,7 +699,9 @@ inline grid_reference_result grid_reference(const grid_setup& s, int M, int bloc
 //! compared, and how many moved from their initial values), each step's communication and
 //! whether the grid groups' counters equal the formulas (`block_volume` times the stage calls).
 struct grid_rank_result {
-  long long differing = 0, compared = 0, moved = 0;
+  long long differing = 0;  //!< parameter values that differ from the reference's
+  long long compared = 0;   //!< parameter values compared
+  long long moved = 0;      //!< parameter values that differ from their initial values
   long long volume_mismatches = 0;  //!< (step, group, operation) counts that differ from the formulas
   bool volumes_checked = false;     //!< false: rank-ordered sums over more than two ranks move their data in another form
   std::vector<std::vector<std::pair<std::string, loom::comm_counters>>> steps;  //!< per step: the rank's groups' counts
