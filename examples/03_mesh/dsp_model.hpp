@@ -49,6 +49,7 @@
 #include "loom/exec/tensor_grid.hpp"
 #include "loom/exec/tensor_parallel.hpp"
 #include "loom/mesh.hpp"
+#include "model_check.hpp"
 #include "moe_model.hpp"
 #include "train.hpp"
 
@@ -598,9 +599,7 @@ inline dsp_reference_result dsp_reference(const dsp_setup& s, int M, int pairs) 
 //! What one rank's run gives: its parameters' differences from the reference's, each step's
 //! communication, and the (step, group) counts that differ from DSP's and Megatron's formulas.
 struct dsp_rank_result {
-  long long differing = 0;  //!< parameter values that differ from the reference's
-  long long compared = 0;   //!< parameter values compared
-  long long moved = 0;      //!< parameter values that differ from their initial values
+  param_check params;  //!< the rank's parameters against the reference's
   long long volume_mismatches = 0;  //!< (step, group) counts on sp and tp that differ from the formulas
   std::vector<std::vector<std::pair<std::string, loom::comm_counters>>> steps;  //!< per step: the rank's groups' counts
   std::vector<std::uint64_t> formula_sp;  //!< per step: DSP's all-to-all bytes on sp by the formula
@@ -669,9 +668,7 @@ dsp_rank_result dsp_train_rank(World& world, dsp_setup s, const loom::schedule& 
       cut(whole, ref, h, f, static_cast<std::size_t>(s.tp), static_cast<std::size_t>(t), false);
       cut(start, initial, h, f, static_cast<std::size_t>(s.tp), static_cast<std::size_t>(t), false);
       const auto got = stg.params().subspan(static_cast<std::size_t>(b - 2 * first) * mine.total, mine.total);
-      out.differing += moe::value_differences(got, std::span<const double>(ref), s.det);
-      out.compared += static_cast<long long>(ref.size());
-      out.moved += moe::value_differences(got, std::span<const double>(initial), true);
+      out.params.add(got, std::span<const double>(ref), std::span<const double>(initial), s.det);
     }
   }
   return out;
@@ -687,14 +684,9 @@ long long train_dsp(World& world, const dsp_setup& s, const loom::schedule& sche
   const bool root = world.rank() == 0;
   long long losses_differing = 0;
   for (std::size_t st = 0; st < got.steps.size(); ++st) {
-    double loss = got.losses[st];
-    world.all_reduce(std::span<double>(&loss, 1), loom::reduce_op::sum);
-    loss /= s.tp;  // every tensor-parallel rank holds the whole loss
-    const double ref = want.losses[st];
-    const bool same = std::abs(loss - ref) <= 1e-12 * std::abs(ref);
-    losses_differing += same ? 0 : 1;
+    // Every tensor-parallel rank holds the whole loss of its shard.
+    losses_differing += step_loss_matches(world, st, got.losses[st], want.losses[st], s.tp, print) ? 0 : 1;
     if (!root || !print) continue;
-    std::printf("step %zu: loss %.15g, the reference's %.15g (%s)\n", st, loss, ref, same ? "equal within 1e-12" : "DIFFERENT");
     print_counters(static_cast<int>(st), got.steps[st]);
     const std::uint64_t counted = got.steps[st][0].second[loom::comm_op::all_to_all].bytes;
     std::printf("DSP's switches on sp, rank 0: %llu bytes counted, %llu by the formula (2 switches of a shard per block pair, forward and "
@@ -703,7 +695,7 @@ long long train_dsp(World& world, const dsp_setup& s, const loom::schedule& sche
                 static_cast<unsigned long long>(counted), static_cast<unsigned long long>(got.formula_sp[st]),
                 static_cast<unsigned long long>(2 * got.formula_sp[st] / static_cast<std::uint64_t>(s.tp)));
   }
-  std::vector<std::int64_t> totals{got.differing, got.compared, got.moved, got.volume_mismatches};
+  std::vector<std::int64_t> totals{got.params.differing, got.params.compared, got.params.moved, got.volume_mismatches};
   world.all_reduce(std::span<std::int64_t>(totals), loom::reduce_op::sum);
   const long long bad = totals[0] + totals[3] + losses_differing + (totals[2] == 0 ? 1 : 0);
   if (root && print)

@@ -46,6 +46,7 @@
 #include "loom/exec/pipeline.hpp"
 #include "loom/exec/tensor_grid.hpp"
 #include "loom/mesh.hpp"
+#include "model_check.hpp"
 #include "moe_model.hpp"
 #include "train.hpp"
 
@@ -699,9 +700,7 @@ inline grid_reference_result grid_reference(const grid_setup& s, int M, int bloc
 //! compared, and how many moved from their initial values), each step's communication and
 //! whether the grid groups' counters equal the formulas (`block_volume` times the stage calls).
 struct grid_rank_result {
-  long long differing = 0;  //!< parameter values that differ from the reference's
-  long long compared = 0;   //!< parameter values compared
-  long long moved = 0;      //!< parameter values that differ from their initial values
+  param_check params;  //!< the rank's parameters against the reference's
   long long volume_mismatches = 0;  //!< (step, group, operation) counts that differ from the formulas
   bool volumes_checked = false;     //!< false: rank-ordered sums over more than two ranks move their data in another form
   std::vector<std::vector<std::pair<std::string, loom::comm_counters>>> steps;  //!< per step: the rank's groups' counts
@@ -794,9 +793,7 @@ grid_rank_result grid_train_rank(World& world, grid_setup s, const loom::schedul
       place.parameters(std::span<double>(whole), std::span<double>(ref), h, f, false);
       place.parameters(std::span<double>(start), std::span<double>(initial), h, f, false);
       const auto got = stg.params().subspan(static_cast<std::size_t>(b - first) * mine.total, mine.total);
-      out.differing += moe::value_differences(got, std::span<const double>(ref), bitwise);
-      out.compared += static_cast<long long>(ref.size());
-      out.moved += moe::value_differences(got, std::span<const double>(initial), true);
+      out.params.add(got, std::span<const double>(ref), std::span<const double>(initial), bitwise);
     }
   }
   return out;
@@ -813,13 +810,8 @@ long long train_grid(World& world, const grid_setup& s, const loom::schedule& sc
   const bool root = world.rank() == 0;
   long long losses_differing = 0;
   for (std::size_t st = 0; st < got.steps.size(); ++st) {
-    double loss = got.losses[st];
-    world.all_reduce(std::span<double>(&loss, 1), loom::reduce_op::sum);
-    const double ref = want.losses[st];
-    const bool same = std::abs(loss - ref) <= 1e-12 * std::abs(ref);
-    losses_differing += same ? 0 : 1;
+    losses_differing += step_loss_matches(world, st, got.losses[st], want.losses[st], 1, print) ? 0 : 1;
     if (!root || !print) continue;
-    std::printf("step %zu: loss %.15g, the reference's %.15g (%s)\n", st, loss, ref, same ? "equal within 1e-12" : "DIFFERENT");
     print_counters(static_cast<int>(st), got.steps[st]);
     if (!got.volumes_checked) continue;
     std::printf("the grid groups of rank 0 in step %zu against the formulas (block_volume: the layers' volumes times the stage calls):\n", st);
@@ -848,7 +840,7 @@ long long train_grid(World& world, const grid_setup& s, const loom::schedule& sc
                       in0 = total(block_volume::call::input, false), wt = total(block_volume::call::weight);
     std::printf("| %s | %zu | %zu | %zu | %zu | %zu | %zu |\n", std::string(g.describe().view()).c_str(), n, fw, in, in0, wt, fw + in + wt);
   }
-  std::vector<std::int64_t> totals{got.differing, got.compared, got.moved, got.volume_mismatches, got.volumes_checked ? 0 : 1};
+  std::vector<std::int64_t> totals{got.params.differing, got.params.compared, got.params.moved, got.volume_mismatches, got.volumes_checked ? 0 : 1};
   world.all_reduce(std::span<std::int64_t>(totals), loom::reduce_op::sum);
   const long long bad = totals[0] + totals[3] + losses_differing + (totals[2] == 0 ? 1 : 0);
   if (root && print) {
