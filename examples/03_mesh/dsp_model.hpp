@@ -100,25 +100,16 @@ enum : std::size_t { ln1, wq, wk, wv, wo, ln2, w1, w2, part_count };
 //! Where a block's tensors sit in its parameter vector, whole (`tp = 1`) or a tensor-parallel
 //! rank's: Q, K, V and W1 hold `1/tp` of their rows (and biases), Wo and W2 `1/tp` of their
 //! columns (their biases and the norms whole).
-struct block_layout {
-  std::array<std::size_t, 2 * part_count> size{};    //!< elements of each tensor
-  std::array<std::size_t, 2 * part_count> offset{};  //!< where each starts
-  std::size_t total = 0;                             //!< every parameter of the block
+struct block_layout : tensor_table<2 * part_count> {
 
   //! A rank's tensors of a block of width `h` and MLP features `f` over `tp` ranks.
   static block_layout of(std::size_t h, std::size_t f, std::size_t tp = 1) {
     block_layout b;
     const std::size_t hl = h / tp, fl = f / tp;
     b.size = {h, h, hl * h, hl, hl * h, hl, hl * h, hl, h * hl, h, h, h, fl * h, fl, h * fl, h};
-    for (std::size_t i = 0; i < b.size.size(); ++i) {
-      b.offset[i] = b.total;
-      b.total += b.size[i];
-    }
+    b.place();
     return b;
   }
-  //! Tensor `i` of `params`.
-  template <class T>
-  std::span<T> tensor(std::span<T> params, std::size_t i) const { return params.subspan(offset[i], size[i]); }
 };
 
 //! Block `b`'s whole parameters: norms' weights `1 + 0.1 r`, biases `0.1 r`, weights

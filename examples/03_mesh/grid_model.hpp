@@ -133,10 +133,7 @@ inline std::array<part, part_count> block_parts(std::size_t h, std::size_t f) {
 
 //! Where a block's tensors sit in its parameter vector, whole (one rank) or a member's pieces:
 //! tensor `2 p` and `2 p + 1` of part `p`, in order.
-struct block_layout {
-  std::array<std::size_t, 2 * part_count> size{};    //!< elements of each tensor
-  std::array<std::size_t, 2 * part_count> offset{};  //!< where each starts
-  std::size_t total = 0;                             //!< every parameter of the block
+struct block_layout : tensor_table<2 * part_count> {
 
   //! The whole block (`g` null) or a member's pieces on grid `g`.
   static block_layout of(std::size_t h, std::size_t f, const loom::tp_grid* g = nullptr) {
@@ -152,15 +149,9 @@ struct block_layout {
         b.size[2 * p + 1] = x.out / (q * q);
       }
     }
-    for (std::size_t i = 0; i < b.size.size(); ++i) {
-      b.offset[i] = b.total;
-      b.total += b.size[i];
-    }
+    b.place();
     return b;
   }
-  //! Tensor `i` of `params`.
-  template <class T>
-  std::span<T> tensor(std::span<T> params, std::size_t i) const { return params.subspan(offset[i], size[i]); }
 };
 
 //! Block `b`'s whole parameters (`block_layout::of(h, f)`): norms' weights `1 + 0.1 r`, their

@@ -303,12 +303,18 @@ int run_host_world(const options& o, const Mesh& m, Banner banner, Train train, 
 #endif
 }
 
-//! The --sp-kind dsp mode on threads or MPI processes; the exit status.
-int run_dsp(const options& o, const dsp::dsp_setup& s, int argc, char** argv) {
+//! `--schedule`'s family over `pp` ranks for one of the example's other models (`what`), which
+//! flush every step: an asynchronous family is refused with one line.
+loom::schedule synchronous_schedule(const options& o, int pp, const std::string& what) {
   auto const& family = loom::default_registry().at(o.schedule);
   if (family.multi_step)
-    throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; the DSP model flushes every step");
-  const loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks, 1, 0});
+    throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; " + what + " flushes every step");
+  return family.make({pp, o.microbatches, o.chunks, 1, 0});
+}
+
+//! The --sp-kind dsp mode on threads or MPI processes; the exit status.
+int run_dsp(const options& o, const dsp::dsp_setup& s, int argc, char** argv) {
+  const loom::schedule sched = synchronous_schedule(o, s.pp, "the DSP model");
   const dsp::dsp_mesh m = dsp::make_dsp_mesh(s);
   const int world = m.size();
   auto banner = [&](const char* backend) {
@@ -325,10 +331,7 @@ int run_dsp(const options& o, const dsp::dsp_setup& s, int argc, char** argv) {
 
 //! The --tp-kind grid mode on threads or MPI processes; the exit status.
 int run_grid(const options& o, const grid::grid_setup& s, int argc, char** argv) {
-  auto const& family = loom::default_registry().at(o.schedule);
-  if (family.multi_step)
-    throw loom::config_error("--schedule " + family.name + ": the asynchronous families run the dense transformer; the grid model flushes every step");
-  const loom::schedule sched = family.make({s.pp, o.microbatches, o.chunks, 1, 0});
+  const loom::schedule sched = synchronous_schedule(o, s.pp, "the grid model");
   const grid::grid_mesh m = grid::make_grid_mesh(s);
   const int world = m.size();
   auto banner = [&](const char* backend) {

@@ -7,6 +7,7 @@
 //! (`dsp_model.hpp`) share: a rank's parameters against the reference's, and a step's loss over
 //! the world against the reference's.
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -16,6 +17,27 @@
 #include "moe_model.hpp"
 
 namespace mesh_example {
+
+//! Where `N` tensors sit, one after another, in a parameter vector (a block of the grid or the
+//! DSP model): set `size`, then `place()` computes the offsets and the total.
+template <std::size_t N>
+struct tensor_table {
+  std::array<std::size_t, N> size{};    //!< elements of each tensor
+  std::array<std::size_t, N> offset{};  //!< where each starts
+  std::size_t total = 0;                //!< every element
+
+  //! The offsets and the total from `size`.
+  void place() {
+    total = 0;
+    for (std::size_t i = 0; i < N; ++i) {
+      offset[i] = total;
+      total += size[i];
+    }
+  }
+  //! Tensor `i` of `params`.
+  template <class T>
+  std::span<T> tensor(std::span<T> params, std::size_t i) const { return params.subspan(offset[i], size[i]); }
+};
 
 //! A rank's parameters against the single-rank reference's.
 struct param_check {
