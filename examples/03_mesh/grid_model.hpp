@@ -14,7 +14,7 @@
 //!
 //! **Layout** (Optimus, Xu et al. 2021, §3.2: the batch over the grid's rows, the hidden features
 //! and so the heads over its columns). A microbatch holds several sequences; a member's token
-//! block is whole sequences and its feature block whole heads, so the causal attention runs on
+//! block is whole sequences and its feature block whole heads, so the attention (causal by default) runs on
 //! the member's own data with no communication (`attention_forward`, `loom::attention_block`).
 //! On a 2D or 2.5D grid the norms are `grid_layer_norm` over the row (`norm_groups::of_summa`) and
 //! the six linear layers `summa_linear`; on a 3D grid Q, K, V and W1 are even `cube_linear`
@@ -68,6 +68,7 @@ struct grid_setup {
   int blocks = 2;                          //!< MLP blocks (raised to the number of virtual stages)
   int steps = 2;                           //!< training steps
   bool det = false;                        //!< deterministic mode (rank-ordered sums)
+  bool causal = true;                      //!< causal attention (false: every token sees its whole sequence)
   //! Tokens per microbatch.
   int tokens() const { return seq * sequences; }
 };
@@ -179,19 +180,19 @@ inline std::vector<double> batch(const grid_setup& s, int d, int st, int M, int 
   return v;
 }
 
-//! Causal attention over every sequence of `seq` consecutive rows of `q`, `k`, `v`
+//! Attention (causal, or full when `causal` is false) over every sequence of `seq` consecutive rows of `q`, `k`, `v`
 //! (`[rows][heads][head_dim]`) into `o` and `lse` (`[rows][heads]`), by `loom::attention_block`:
 //! the same additions for a row and head whichever other rows and heads the arrays hold, so a
 //! member's heads and sequences give the bits of the single-rank model's.
 inline void attention_forward(const double* q, const double* k, const double* v, double* o, double* lse, int rows, int seq, int heads,
-                              int head_dim) {
+                              int head_dim, bool causal) {
   std::fill(o, o + static_cast<std::ptrdiff_t>(rows) * heads * head_dim, 0.0);
   std::fill(lse, lse + static_cast<std::ptrdiff_t>(rows) * heads, -std::numeric_limits<double>::infinity());
   std::vector<double> ob(static_cast<std::size_t>(head_dim));
   for (int s = 0; s < rows / seq; ++s) {
     const loom::attention_block<double> a{.q = q, .k = k, .v = v, .o = o, .lse = lse, .heads = heads, .head_dim = head_dim,
                                           .scale = 1.0 / std::sqrt(static_cast<double>(head_dim)), .q0 = s * seq, .nq = seq,
-                                          .k0 = s * seq, .nk = seq, .mask = loom::block_mask::causal};
+                                          .k0 = s * seq, .nk = seq, .mask = causal ? loom::block_mask::causal : loom::block_mask::full};
     for (std::size_t e = 0; e < a.query_items(); ++e) a.forward(e, ob.data());
   }
 }
@@ -199,7 +200,7 @@ inline void attention_forward(const double* q, const double* k, const double* v,
 //! The gradients `dq`, `dk`, `dv` of `attention_forward` from the output gradient `dout`
 //! (`delta`: scratch of `[rows][heads]`).
 inline void attention_backward(const double* q, const double* k, const double* v, const double* o, const double* lse, const double* dout,
-                               double* dq, double* dk, double* dv, double* delta, int rows, int seq, int heads, int head_dim) {
+                               double* dq, double* dk, double* dv, double* delta, int rows, int seq, int heads, int head_dim, bool causal) {
   const auto items = static_cast<std::size_t>(rows) * static_cast<std::size_t>(heads);
   const loom::attention_delta_rows<double> dr{o, dout, delta, head_dim};
   for (std::size_t r = 0; r < items; ++r) dr(r);
@@ -211,7 +212,7 @@ inline void attention_backward(const double* q, const double* k, const double* v
     const loom::attention_block<double> a{.q = q, .k = k, .v = v, .o = const_cast<double*>(o), .lse = const_cast<double*>(lse), .dout = dout,
                                           .delta = delta, .dq = dq, .dk = dk, .dv = dv, .heads = heads, .head_dim = head_dim,
                                           .scale = 1.0 / std::sqrt(static_cast<double>(head_dim)), .q0 = s * seq, .nq = seq,
-                                          .k0 = s * seq, .nk = seq, .mask = loom::block_mask::causal};
+                                          .k0 = s * seq, .nk = seq, .mask = causal ? loom::block_mask::causal : loom::block_mask::full};
     for (std::size_t e = 0; e < a.query_items(); ++e) a.backward_query(e);
     for (std::size_t e = 0; e < a.key_items(); ++e) a.backward_key(e);
   }
@@ -354,7 +355,7 @@ class grid_stage {
       : gc_(gc), place_{gc->shape, member}, h_(static_cast<std::size_t>(s.hidden)), f_(static_cast<std::size_t>(s.ffn)),
         q_(static_cast<std::size_t>(gc->shape.q)),
         n_(static_cast<std::size_t>(s.tokens()) / (q_ * static_cast<std::size_t>(gc->shape.depth))), hq_(h_ / q_), fq_(f_ / q_),
-        seq_(s.seq), heads_(s.heads / gc->shape.q), head_dim_(s.hidden / s.heads), first_(index * s.blocks / stages),
+        seq_(s.seq), causal_(s.causal), heads_(s.heads / gc->shape.q), head_dim_(s.hidden / s.heads), first_(index * s.blocks / stages),
         last_((index + 1) * s.blocks / stages), index_(index), loss_(index == stages - 1), targets_(targets),
         layout_(block_layout::of(h_, f_, &gc->shape)), parts_(block_parts(h_, f_)), norm_{h_},
         ng_(place_.cube() ? loom::norm_groups<C>::of_cube(*gc, false) : loom::norm_groups<C>::of_summa(*gc)),
@@ -435,7 +436,7 @@ class grid_stage {
       // that order), then the norm's with the residual.
       linear_input(wo, cs(st.gx1), tensor(w, wo), hu);
       attention_backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(), hu.data(), st.dq.data(), st.dk.data(),
-                         st.dv.data(), delta_.data(), static_cast<int>(n_), seq_, heads_, head_dim_);
+                         st.dv.data(), delta_.data(), static_cast<int>(n_), seq_, heads_, head_dim_, causal_);
       linear_input(wq, cs(st.dq), tensor(w, wq), st.dz1);
       for (std::size_t p : {wk, wv}) {
         linear_input(p, cs(p == wk ? st.dk : st.dv), tensor(w, p), hu);
@@ -512,7 +513,7 @@ class grid_stage {
     auto bias = [&](std::size_t p) { return layout_.tensor(w, 2 * p + 1); };
     norm_.forward(ng_, x, tensor(w, ln1), bias(ln1), st.z1, st.xhat1, st.rstd1, ns_.spans());
     for (std::size_t p : {wq, wk, wv}) linear_forward(p, cs(st.z1), tensor(w, p), bias(p), p == wq ? st.q : p == wk ? st.k : st.v);
-    attention_forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(), static_cast<int>(n_), seq_, heads_, head_dim_);
+    attention_forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(), static_cast<int>(n_), seq_, heads_, head_dim_, causal_);
     const std::span<double> x1 = std::span<double>(tmp_).first(n_ * hq_);
     linear_forward(wo, cs(st.o), tensor(w, wo), bias(wo), x1);
     for (std::size_t e = 0; e < x1.size(); ++e) x1[e] = x[e] + x1[e];
@@ -543,7 +544,9 @@ class grid_stage {
   loom::tp_grid_comms<C>* gc_;
   grid_place place_;
   std::size_t h_, f_, q_, n_, hq_, fq_;
-  int seq_, heads_, head_dim_;
+  int seq_;
+  bool causal_;
+  int heads_, head_dim_;
   int first_, last_, index_;
   bool loss_;
   const double* targets_;
@@ -628,7 +631,7 @@ inline grid_reference_result grid_reference(const grid_setup& s, int M, int bloc
           forward(wv, w, k.z1, k.v);
           k.o.assign(N * h, 0);
           k.lse.assign(N * static_cast<std::size_t>(heads), 0);
-          attention_forward(k.q.data(), k.k.data(), k.v.data(), k.o.data(), k.lse.data(), rows, s.seq, heads, hd);
+          attention_forward(k.q.data(), k.k.data(), k.v.data(), k.o.data(), k.lse.data(), rows, s.seq, heads, hd, s.causal);
           forward(wo, w, k.o, k.x1);
           for (std::size_t e = 0; e < k.x1.size(); ++e) k.x1[e] = x[e] + k.x1[e];
           k.xhat2.assign(N * h, 0);
@@ -658,7 +661,7 @@ inline grid_reference_result grid_reference(const grid_setup& s, int M, int bloc
           norm.backward_input(cv(dz2), cv(k.xhat2), cv(k.rstd2), T(w, 2 * ln2), cv(dy), mv(gx1), N);
           input(wo, w, gx1, dout);
           attention_backward(k.q.data(), k.k.data(), k.v.data(), k.o.data(), k.lse.data(), dout.data(), dq.data(), dk.data(), dvv.data(),
-                             delta.data(), rows, s.seq, heads, hd);
+                             delta.data(), rows, s.seq, heads, hd, s.causal);
           input(wq, w, dq, dz1);
           for (std::size_t p : {wk, wv}) {
             input(p, w, p == wk ? dk : dvv, part_dx);

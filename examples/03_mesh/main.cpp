@@ -105,7 +105,9 @@ struct options {
   // --sp-kind dsp: the spatial-temporal model (dsp_model.hpp) instead of the transformer.
   int frames = 8;
   int patches = 12;
-  bool causal = false;
+  // --attention causal|full ("": the model's default: causal for the transformer and the grid
+  // model, full for the spatial-temporal one).
+  std::string attention;
 };
 
 #if defined(LOOM_MESH_DEVICE)
@@ -187,7 +189,7 @@ std::string moe_rule(const options& o, const CLI::App& app) {
   }
   if (app.count("--aux-weight") > 0) return "--aux-weight weighs the transformer's MoE blocks' auxiliary loss: it needs --moe-every K";
   for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--sync-after-step",
-                           "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--adam-lr"})
+                           "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--adam-lr", "--attention"})
     if (app.count(name) > 0) return std::string(name) + " applies to the transformer: the MoE model (--experts) has linear stages of width 4";
   if (o.optimizer != "sgd") return "--experts trains with SGD (the reference's optimizer)";
   if (o.zero_stage == 3) return "--experts: ZeRO stage 3 needs stages that release their parameters between steps; the MoE model's do not";
@@ -226,6 +228,7 @@ std::string grid_configure(const options& o, const CLI::App& app, grid::grid_set
   if (app.count("--ffn") > 0) s.ffn = o.model.ffn;
   if (app.count("--seq") > 0) s.seq = o.model.seq;
   s.sequences = o.sequences;
+  s.causal = o.attention != "full";
   if (app.count("--blocks") > 0) s.blocks = o.model.blocks;
   s.steps = o.steps;
   s.det = o.deterministic;
@@ -238,7 +241,7 @@ std::string grid_configure(const options& o, const CLI::App& app, grid::grid_set
 std::string dsp_configure(const options& o, const CLI::App& app, dsp::dsp_setup& s, bool& dsp) {
   dsp = o.sp_kind == "dsp";
   if (!dsp) {
-    for (const char* name : {"--frames", "--patches", "--causal"})
+    for (const char* name : {"--frames", "--patches"})
       if (app.count(name) > 0) return std::string(name) + " sets the spatial-temporal model: it needs --sp-kind dsp";
     return {};
   }
@@ -261,7 +264,7 @@ std::string dsp_configure(const options& o, const CLI::App& app, dsp::dsp_setup&
   if (app.count("--ffn") > 0) s.ffn = o.model.ffn;
   if (app.count("--blocks") > 0) s.pairs = o.model.blocks;
   s.steps = o.steps;
-  s.causal = o.causal;
+  s.causal = o.attention == "causal";
   s.det = o.deterministic;
   if (o.microbatches < 1) return "--microbatches " + std::to_string(o.microbatches) + " must be at least 1";
   return dsp::dsp_rule(s);
@@ -340,9 +343,9 @@ int run_grid(const options& o, const grid::grid_setup& s, int argc, char** argv)
     std::printf("loom mesh: grid model, %s (%d ranks, %s), schedule %s, %d microbatches per replica, %d virtual stages%s\n",
                 std::string(m.describe().view()).c_str(), world, backend, sched.name.c_str(), sched.microbatches, sched.stages,
                 s.det ? ", deterministic" : "");
-    std::printf("model: %d pre-LN transformer blocks (hidden %d, heads %d, ffn %d, causal attention), %d sequences of %d tokens per "
+    std::printf("model: %d pre-LN transformer blocks (hidden %d, heads %d, ffn %d, %s attention), %d sequences of %d tokens per "
                 "microbatch, %d per grid member; squared-error loss, SGD\n",
-                blocks, s.hidden, s.heads, s.ffn, s.sequences, s.seq, s.sequences / (g.q * g.depth));
+                blocks, s.hidden, s.heads, s.ffn, s.causal ? "causal" : "full", s.sequences, s.seq, s.sequences / (g.q * g.depth));
     std::fflush(stdout);
   };
   return run_host_world(o, m, banner, [&](auto& c) { return grid::train_grid(c, s, sched, true); }, argc, argv);
@@ -482,7 +485,10 @@ int main(int argc, char** argv) {
                  "between block halves (docs/mesh.md)");
   app.add_option("--frames", o.frames, "with --sp-kind dsp: frames per clip (the temporal sequence dimension, default 8)");
   app.add_option("--patches", o.patches, "with --sp-kind dsp: patches per frame (the spatial sequence dimension, default 12)");
-  app.add_flag("--causal", o.causal, "with --sp-kind dsp: causal attention along both dimensions (default: full attention)");
+  app.add_option("--attention", o.attention,
+                 "causal or full: the attention's mask (default: causal for the transformer and the grid model, full for --sp-kind dsp, "
+                 "whose causal mask runs along both dimensions)")
+      ->check(CLI::IsMember({"causal", "full"}));
   app.add_option("--ulysses", o.ulysses, "USP's Ulysses degree (default: the largest divisor of sp not above sqrt(sp))");
   app.add_option("--schedule", o.schedule, "pipeline schedule family (loom list)");
   app.add_option("--microbatches", o.microbatches, "microbatches per replica and step");
@@ -589,6 +595,7 @@ int main(int argc, char** argv) {
     if (o.experts > 0 && o.moe_every == 0) return run_moe(o, sched, argc, argv);
     model_spec m = o.model;
     m.blocks = std::max(m.blocks, sched.stages);
+    m.causal = o.attention != "full";
     auto banner = [&](const char* backend) {
       const int zs = o.zero_stage > 0 ? o.zero_stage : o.zero ? 2 : 0;
       const std::string local = o.local_steps == 0 ? ""
@@ -599,8 +606,9 @@ int main(int argc, char** argv) {
                   s.describe().c_str(), s.world(), backend, sched.name.c_str(), offload.c_str(), o.microbatches, sched.stages,
                   o.deterministic ? ", deterministic" : "", zs > 0 ? (", ZeRO-" + std::to_string(zs)).c_str() : "",
                   o.optimizer == "adam" ? ", adam" : "", local.c_str());
-      std::printf("model: vocab %d, sequence %d, hidden %d, heads %d, ffn %d, blocks %d; buckets of %zu bytes%s\n", m.vocab,
-                  m.seq, m.hidden, m.heads, m.ffn, m.blocks, o.bucket_bytes, o.lazy ? ", synchronised after the step" : "");
+      std::printf("model: vocab %d, sequence %d%s, hidden %d, heads %d, ffn %d, blocks %d; buckets of %zu bytes%s\n", m.vocab,
+                  m.seq, m.causal ? "" : " (full attention)", m.hidden, m.heads, m.ffn, m.blocks, o.bucket_bytes,
+                  o.lazy ? ", synchronised after the step" : "");
       if (m.moe.every > 0)
         std::printf("MoE blocks: %d of %d (every %d), %d experts over ep %d, top-%d, capacity factor %g%s, auxiliary loss weight %g\n",
                     m.moe.count(0, m.blocks), m.blocks, m.moe.every, m.moe.o.experts, s.ep, m.moe.o.top_k, m.moe.o.capacity_factor,

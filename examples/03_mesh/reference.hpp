@@ -367,14 +367,14 @@ class basic_reference_model {
     return r;
   }
 
-  //! Causal attention over all heads, blocked by `ring` (see the file comment).
+  //! Attention over all heads (causal or full, as the model), blocked by `ring` (see the file comment).
   void attention_forward(const loom::attention_dims& a, const std::vector<T>& q, const std::vector<T>& k,
                          const std::vector<T>& v, std::vector<T>& o, std::vector<T>& lse, int ring, bool token_ring = false) const {
     const int N = m_.seq;
     o.assign(q.size(), 0.0);
     lse.assign(static_cast<std::size_t>(N * a.heads), -INFINITY);
     if (ring == 1) {
-      loom::attention_block_forward<T>(a, q, k, v, o, lse, 0, N, 0, N, loom::block_mask::causal);
+      loom::attention_block_forward<T>(a, q, k, v, o, lse, 0, N, 0, N, m_.causal ? loom::block_mask::causal : loom::block_mask::full);
       return;
     }
     const int C = N / (2 * ring);
@@ -392,7 +392,7 @@ class basic_reference_model {
         }
         for (int qa : qch)
           for (int kb : kch) {
-            const auto msk = loom::chunk_mask(qa, kb, true);
+            const auto msk = loom::chunk_mask(qa, kb, m_.causal);
             if (msk != loom::block_mask::none)
               loom::attention_block_forward<T>(a, q, k, v, apart ? y : o, apart ? lb : lse, qa * C, C, kb * C, C, msk);
           }
@@ -414,12 +414,12 @@ class basic_reference_model {
     dk.assign(q.size(), 0.0);
     dv.assign(q.size(), 0.0);
     if (ring == 1) {
-      loom::attention_block_backward<T>(a, q, k, v, lse, dout, delta, dq, dk, dv, 0, N, 0, N, loom::block_mask::causal);
+      loom::attention_block_backward<T>(a, q, k, v, lse, dout, delta, dq, dk, dv, 0, N, 0, N, m_.causal ? loom::block_mask::causal : loom::block_mask::full);
       return;
     }
     const int C = N / (2 * ring);
     auto block = [&](int qa, int kb, std::span<T> gq, std::span<T> gk, std::span<T> gv) {
-      const auto msk = loom::chunk_mask(qa, kb, true);
+      const auto msk = loom::chunk_mask(qa, kb, m_.causal);
       if (msk != loom::block_mask::none)
         loom::attention_block_backward<T>(a, q, k, v, lse, dout, delta, gq, gk, gv, qa * C, C, kb * C, C, msk);
     };

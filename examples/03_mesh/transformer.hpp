@@ -5,7 +5,8 @@
 //! \file
 //! A small decoder-only transformer in double precision on the CPU, written as a loom pipeline
 //! stage whose layers shard over a mesh: token and position embedding, pre-LN blocks (layer norm,
-//! causal multi-head attention, residual; layer norm, MLP with tanh, residual), a final layer
+//! multi-head attention, causal unless `model_spec::causal` is off, residual; layer norm, MLP with
+//! tanh, residual), a final layer
 //! norm, the output projection and a softmax cross-entropy loss per token.
 //!
 //! Sharding of a block (Megatron-LM, Shoeybi et al. 2019, §3): the Q/K/V projection and the first
@@ -14,8 +15,9 @@
 //! of a microbatch is split in one of four ways (`loom/exec/sequence_parallel.hpp`,
 //! `loom/exec/tensor_parallel.hpp`):
 //! - `megatron`: over the tp group outside the tensor-parallel regions (Megatron-SP);
-//! - `ulysses`, `ring`, `usp`: over the `sp` dimension everywhere; the attention gathers the
-//!   sequence by Ulysses all-to-alls, ring attention or both (USP).
+//! - `ulysses`, `ring`, `usp`, `tokenring`: over the `sp` dimension everywhere; the attention
+//!   gathers the sequence by Ulysses all-to-alls, ring attention, both (USP), or TokenRing (the
+//!   queries travel, K and V stay with their owner).
 //! Blocks are cut into pipeline stages (stage 0 also embeds, the last stage also computes the
 //! loss), the stages run by any loom schedule over `pp`, and the whole is replicated over `dp`.
 //! With `model_spec::moe`, every K-th block's MLP is an MoE branch whose experts split over `ep`
@@ -60,6 +62,7 @@ struct model_spec {
   int blocks = 4;     //!< transformer blocks (raised to the number of virtual stages)
   double lr = 0.1;    //!< SGD learning rate
   moe_spec moe{};     //!< MoE blocks (`moe_block.hpp`; none by default)
+  bool causal = true; //!< causal attention (a decoder's); false: every token sees the whole sequence
   int head_dim() const { return hidden / heads; }
 };
 
@@ -369,7 +372,7 @@ class transformer_stage {
         hl_(static_cast<std::size_t>(m.hidden / s.tp)),
         fl_(static_cast<std::size_t>(m.ffn / s.tp)),
         att_(bound(comms.ulysses, own_uly_), bound(comms.ring, own_ring_), s.region_tokens(m),
-             loom::attention_dims{m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))}, true,
+             loom::attention_dims{m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))}, m.causal,
              s.token_ring()) {
     const int ep_rank = comms.ep == nullptr ? 0 : comms.ep->rank();
     slots_ = stage_tensors(m, s, tp_rank, b0, b1, embed, final_layers, ep_rank);

@@ -3,8 +3,9 @@
 // The mesh example's transformer trained on threads over dp x tp x pp x sp meshes equals the
 // single-rank reference: bitwise in deterministic mode (the reference then adds in the mesh's
 // documented order), within 1e-12 relative otherwise. Each dimension alone, in pairs, the
-// 8-rank dp2 x pp2 x tp2 mesh over every registered schedule family, sp in its four kinds, ZeRO
-// on and off, ZeRO stages 1-3 with SGD and Adam, local SGD (periodic and one-shot averaging).
+// 8-rank dp2 x pp2 x tp2 mesh over every registered schedule family, sp in its five kinds
+// (causal, and with full attention), ZeRO on and off, ZeRO stages 1-3 with SGD and Adam, local
+// SGD (periodic and one-shot averaging).
 
 #include <doctest/doctest.h>
 
@@ -31,7 +32,7 @@ std::string name(const config& c, bool det, bool zero) {
 
 //! Runs `configs` in both numerics modes (ZeRO on and off where there is a data-parallel or
 //! sequence-parallel group to shard over) and checks every one against the reference.
-void check_all(const std::vector<config>& configs, int steps = 2) {
+void check_all(const std::vector<config>& configs, int steps = 2, const model_spec& m = {}) {
   int runs = 0;
   for (const config& c : configs)
     for (bool det : {true, false})
@@ -39,8 +40,8 @@ void check_all(const std::vector<config>& configs, int steps = 2) {
         if (zero && c.s.dp * c.s.sp_ranks() == 1 && !c.s.megatron()) continue;
         run_options o{.layout = c.s, .microbatches = 2 * c.s.pp + 1, .steps = steps, .deterministic = det, .zero = zero,
                       .bucket_bytes = zero ? 512 : std::size_t{25} << 20};
-        INFO(name(c, det, zero));
-        auto r = run(c.family, o);
+        INFO(name(c, det, zero) << (m.causal ? "" : " full attention"));
+        auto r = run(c.family, o, m);
         CHECK(r.values() > 0);
         CHECK(r.differing() == 0);
         ++runs;
@@ -72,6 +73,27 @@ TEST_CASE("mesh training: each dimension alone equals the single-rank reference"
       {layout(1, 1, 1, 2, seq_kind::tokenring), "1f1b"},
       {layout(1, 1, 1, 4, seq_kind::tokenring), "zb-h1"},
   });
+}
+
+TEST_CASE("mesh training: full attention (no causal mask) under every sequence-parallel kind, alone and with pp, dp and tp, equals the reference") {
+  model_spec full;
+  full.causal = false;
+  check_all(
+      {
+          {layout(1, 1, 1, 2, seq_kind::tokenring), "1f1b"},
+          {layout(1, 1, 1, 4, seq_kind::tokenring), "zb-h1"},
+          {layout(2, 1, 1, 2, seq_kind::tokenring), "gpipe"},
+          {layout(1, 2, 1, 2, seq_kind::tokenring), "1f1b"},
+          {layout(1, 1, 2, 4, seq_kind::tokenring), "interleaved-1f1b"},
+          {layout(2, 2, 2, 2, seq_kind::tokenring), "zb-v"},
+          {layout(1, 1, 1, 4, seq_kind::ring), "1f1b"},
+          {layout(1, 1, 2, 2, seq_kind::ulysses), "zb-h1"},
+          {layout(1, 1, 1, 8, seq_kind::usp), "1f1b"},
+          {layout(1, 2, 1, 4, seq_kind::usp, 2), "1f1b"},
+          {layout(2, 2, 1, 2, seq_kind::megatron), "1f1b"},
+          {layout(1, 1, 1, 1), "1f1b"},
+      },
+      2, full);
 }
 
 TEST_CASE("mesh training: each pair of dimensions equals the single-rank reference") {

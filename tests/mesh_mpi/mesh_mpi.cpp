@@ -3,7 +3,8 @@
 // The mesh example's transformer over MPI processes (run by ctest under mpiexec, see
 // CMakeLists.txt). Modes:
 //   train8 - 8 processes: dp2 x pp2 x tp2 over every registered schedule family (deterministic
-//            bitwise, ZeRO on and off) and 8-rank meshes with every sequence-parallel kind;
+//            bitwise, ZeRO on and off) and 8-rank meshes with every sequence-parallel kind (causal,
+//            and TokenRing and USP with full attention);
 //            rank 0 prints MESH-MPI-OK when every run equals the reference.
 //   train4 - 4 processes: dimensions in pairs (dp x tp, dp x pp, pp x sp, dp x sp, tp x sp).
 //   fault  - 4 processes (pp2 x tp2): one rank's stage throws while its tensor-parallel peer
@@ -40,15 +41,16 @@ using mesh_test::layout;
 int runs = 0, failures = 0;
 
 void check(loom::mpi::comm& c, const sharding& s, const std::string& family, bool det, bool zero, int zero_stage = 0,
-           bool adam = false, int local_steps = 0) {
+           bool adam = false, int local_steps = 0, bool causal = true) {
   const loom::schedule sched = loom::default_registry().at(family).make({s.pp, 2 * s.pp + 1, 0});
   model_spec m;
   m.blocks = std::max(m.blocks, sched.stages);
+  m.causal = causal;
   run_options o{.layout = s, .microbatches = 2 * s.pp + 1, .steps = local_steps > 0 ? 4 : 2, .deterministic = det, .zero = zero,
                 .zero_stage = zero_stage, .adam = adam, .local_steps = local_steps, .bucket_bytes = zero || zero_stage > 0 ? 512 : std::size_t{25} << 20};
   if (std::getenv("LOOM_MESH_MPI_TRACE") != nullptr && c.rank() == 0) {
-    std::printf("run %s %s%s ZeRO stage %d%s local steps %d\n", s.describe().c_str(), family.c_str(), det ? " deterministic" : "",
-                zero ? 2 : zero_stage, adam ? " adam" : "", local_steps);
+    std::printf("run %s %s%s ZeRO stage %d%s local steps %d%s\n", s.describe().c_str(), family.c_str(), det ? " deterministic" : "",
+                zero ? 2 : zero_stage, adam ? " adam" : "", local_steps, causal ? "" : " full attention");
     std::fflush(stdout);
   }
   auto r = train(c, o, m, sched);
@@ -56,8 +58,9 @@ void check(loom::mpi::comm& c, const sharding& s, const std::string& family, boo
   if (r.differing != 0 || r.values == 0) {
     ++failures;
     if (c.rank() == 0)
-      std::printf("MISMATCH %s %s%s%s ZeRO stage %d%s: %lld of %lld differ\n", s.describe().c_str(), family.c_str(),
-                  det ? " deterministic" : "", zero ? " zero" : "", zero_stage, adam ? " adam" : "", r.differing, r.values);
+      std::printf("MISMATCH %s %s%s%s ZeRO stage %d%s%s: %lld of %lld differ\n", s.describe().c_str(), family.c_str(),
+                  det ? " deterministic" : "", zero ? " zero" : "", zero_stage, adam ? " adam" : "", causal ? "" : " full attention",
+                  r.differing, r.values);
   }
 }
 
@@ -82,6 +85,10 @@ int mode_train8(loom::mpi::comm& c) {
   check(c, layout(2, 1, 1, 4, seq_kind::ring), "1f1b", true, false);
   check(c, layout(2, 2, 1, 2, seq_kind::tokenring), "zb-h1", true, false);
   check(c, layout(1, 1, 2, 4, seq_kind::tokenring), "1f1b", false, false);
+  // Full attention (no causal mask): TokenRing with dp, tp and pp; Ulysses inside USP.
+  check(c, layout(2, 2, 1, 2, seq_kind::tokenring), "1f1b", true, false, 0, false, 0, false);
+  check(c, layout(1, 1, 2, 4, seq_kind::tokenring), "zb-h1", false, false, 0, false, 0, false);
+  check(c, layout(1, 2, 1, 4, seq_kind::usp), "1f1b", true, false, 0, false, 0, false);
   check(c, layout(2, 2, 1, 2, seq_kind::ulysses), "1f1b", true, true);
   check(c, layout(2, 4, 1, 4, seq_kind::megatron), "1f1b", true, false);
   check(c, layout(1, 1, 1, 8, seq_kind::usp, 4), "1f1b", false, false);
