@@ -8,7 +8,9 @@
 // shape (docs/plan/gpt-70b.model.json) on 64 GPUs with three vocabularies, planned without and
 // with vocabulary parallelism. Last, a mixture of experts of Switch-Large's layer shape
 // (docs/plan/switch-large-moe.model.json) on the same 64 GPUs: `loom plan`'s table, and the best
-// configuration for each expert-parallel degree ep.
+// configuration for each expert-parallel degree ep. Then the GPT 70B shape again with 4 to 32
+// sequences per microbatch, where the tensor-parallel grids apply: the fastest configuration of
+// each tensor-parallel kind, and `loom plan`'s table at 16.
 //   g++ -std=c++20 -O2 -Iinclude -Itools/loom -DLOOM_SOURCE_DIR='"."' docs/plan-table.cpp -o /tmp/plan-table && /tmp/plan-table
 #include <cstdio>
 #include <string>
@@ -123,4 +125,36 @@ int main() {
                 loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute), best->step_time, best->dp_time, best->memory_bytes / gib,
                 best->expert_bytes / gib, best->all_to_all_bytes / gib);
   }
+  // Tensor-parallel grids: the fastest configuration of each kind per microbatch size (a grid
+  // needs whole sequences per member, so it appears from 4 sequences per microbatch on).
+  loom::plan_options go;
+  go.families = {"1f1b", "interleaved-1f1b", "zb-h1"};
+  std::printf("\n| sequences per microbatch | 1D (dp, tp, pp) | step (s) | 2D | step (s) | 2.5D | step (s) | 3D | step (s) |\n"
+              "|---:|:--|---:|:--|---:|:--|---:|:--|---:|\n");
+  loom::plan_report g16;
+  for (long long mb : {1LL, 4LL, 8LL, 16LL, 32LL}) {
+    loom::model_desc d = m.desc;
+    d.micro_batch = mb;
+    const loom::plan_report rep = loom::plan(d, c.desc, go);
+    if (mb == 16) g16 = rep;
+    std::printf("| %lld |", mb);
+    for (loom::tp_kind kind : {loom::tp_kind::d1, loom::tp_kind::d2, loom::tp_kind::d2_5, loom::tp_kind::d3}) {
+      const loom::plan_result* best = nullptr;
+      for (const auto& r : rep.ranked)
+        if (r.config.tp_grid == kind) {
+          best = &r;
+          break;
+        }
+      if (best == nullptr) {
+        std::printf(" none fits or divides | |");
+        continue;
+      }
+      const auto& k = best->config;
+      std::printf(" (%lld, %s, %lld) %s, recompute %s%s | %.2f%s |", k.dp, loom::plan_io::tp_label(k).c_str(), k.pp,
+                  loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute), k.sp ? ", SP" : "", best->step_time,
+                  best == &rep.ranked[0] ? " (fastest)" : "");
+    }
+    std::printf("\n");
+  }
+  std::printf("\n%s", loom::plan_io::table(g16, 8).c_str());
 }

@@ -112,25 +112,15 @@ inline std::string grid_rule(const grid_setup& s) {
   return {};
 }
 
-//! One part of a block: a layer norm over `in` features, or a linear layer `in -> out` (`odd`:
-//! the second of a 3D pair, `cube_roles`). Each part has two tensors: the norm's weight and bias,
-//! or the layer's weight `[out][in]` and bias `[out]`.
-struct part {
-  bool norm = false;   //!< a layer norm (else a linear layer)
-  std::size_t in = 0;  //!< input features
-  std::size_t out = 0; //!< output features
-  bool odd = false;    //!< a linear layer's parity on a 3D grid
-};
-
-//! The parts of a block in order: the attention half's norm, Q, K, V and the output projection;
-//! the MLP half's norm, the up and the down projection.
-enum : std::size_t { ln1, wq, wk, wv, wo, ln2, w1, w2, part_count };
+//! One part of a block (`loom::grid_block_part`) and the parts in order (`loom::grid_block`:
+//! the attention half's norm, Q, K, V and the output projection; the MLP half's norm, the up and
+//! the down projection).
+using part = loom::grid_block_part;
+using enum loom::grid_block::index;
+inline constexpr std::size_t part_count = loom::grid_block::count;
 
 //! The parts of a block of width `h` and MLP features `f`.
-inline std::array<part, part_count> block_parts(std::size_t h, std::size_t f) {
-  return {part{true, h, h, false}, part{false, h, h, false}, part{false, h, h, false}, part{false, h, h, false},
-          part{false, h, h, true}, part{true, h, h, false},  part{false, h, f, false}, part{false, f, h, true}};
-}
+inline std::array<part, part_count> block_parts(std::size_t h, std::size_t f) { return loom::grid_block::parts(h, f); }
 
 //! Where a block's tensors sit in its parameter vector, whole (one rank) or a member's pieces:
 //! tensor `2 p` and `2 p + 1` of part `p`, in order.
@@ -266,79 +256,9 @@ struct grid_place {
   }
 };
 
-//! Elements one member moves per microbatch and block, by grid group and operation (the
-//! layers' volumes, `summa_volume`, `cube_volume`, `norm_volume`, summed over the block's parts),
-//! in one of the three calls: the forward, the input gradient (with the first norm's, or without
-//! it: the first block of the first stage, whose input gradient nobody needs), the weight
-//! gradient.
-struct block_volume {
-  std::map<std::pair<loom::grid_group, loom::comm_op>, std::size_t> elements;  //!< what each group moves, by operation
-
-  //! The three calls of a block.
-  enum class call { forward, input, weight };
-  //! One block's call `c` on the member's `n` tokens.
-  static block_volume of(const loom::tp_grid& g, std::size_t n, std::size_t h, std::size_t f, call c, bool norm_input = true) {
-    using loom::comm_op;
-    using loom::grid_group;
-    block_volume v;
-    auto add = [&](grid_group x, comm_op op, std::size_t e) {
-      if (e != 0) v.elements[{x, op}] += e;
-    };
-    const auto q = static_cast<std::size_t>(g.q), reps = static_cast<std::size_t>(g.depth);
-    const bool is_cube = g.kind == loom::tp_kind::d3;
-    // The norm's groups: features, pieces (replicas: depth).
-    const loom::cube_roles even{0, 0, 0, false};
-    const grid_group nf = is_cube ? even.output() : grid_group::row, np = is_cube ? even.input() : grid_group::column;
-    auto norm = [&](const loom::norm_volume& x) {
-      add(nf, comm_op::all_reduce, x.features_reduce);
-      add(np, comm_op::all_gather, x.pieces_gather);
-      add(np, comm_op::reduce_scatter, x.pieces_scatter);
-      add(grid_group::depth, comm_op::all_reduce, reps > 1 ? x.replicas_reduce : 0);
-    };
-    auto summa = [&](const loom::summa_volume& x) {
-      add(grid_group::row, comm_op::broadcast, x.row_broadcast);
-      add(grid_group::row, comm_op::reduce, x.row_reduce);
-      add(grid_group::column, comm_op::broadcast, x.column_broadcast);
-      add(grid_group::column, comm_op::reduce, x.column_reduce);
-      add(grid_group::column, comm_op::all_gather, x.column_gather);
-      add(grid_group::column, comm_op::reduce_scatter, x.column_scatter);
-      add(grid_group::depth, comm_op::all_reduce, reps > 1 ? x.depth_reduce : 0);
-    };
-    auto cube = [&](const loom::cube_volume& x, bool odd) {
-      const loom::cube_roles r{0, 0, 0, odd};
-      add(r.input(), comm_op::all_gather, x.input_gather);
-      add(loom::cube_roles::weight(), comm_op::all_gather, x.weight_gather);
-      add(r.output(), comm_op::all_gather, x.output_gather);
-      add(r.input(), comm_op::reduce_scatter, x.input_scatter);
-      add(loom::cube_roles::weight(), comm_op::reduce_scatter, x.weight_scatter);
-      add(r.output(), comm_op::reduce_scatter, x.output_scatter);
-    };
-    const auto parts = block_parts(h, f);
-    for (std::size_t p = 0; p < part_count; ++p) {
-      const part& x = parts[p];
-      if (x.norm) {
-        if (c == call::forward) norm(loom::norm_volume::forward(n, h, q, q));
-        else if (c == call::weight) norm(loom::norm_volume::backward_weight(h, q, q, reps));
-        else if (p != ln1 || norm_input) norm(loom::norm_volume::backward_input(n, h, q, q));
-        continue;
-      }
-      if (is_cube)
-        cube(c == call::forward ? loom::cube_volume::forward(n, x.in, x.out, g)
-             : c == call::input ? loom::cube_volume::backward_input(n, x.in, x.out, g)
-                                : loom::cube_volume::backward_weight(n, x.in, x.out, g),
-             x.odd);
-      else
-        summa(c == call::forward ? loom::summa_volume::forward(n, x.in, x.out, g)
-              : c == call::input ? loom::summa_volume::backward_input(n, x.in, x.out, g)
-                                 : loom::summa_volume::backward_weight(n, x.in, x.out, g));
-    }
-    return v;
-  }
-  //! `this += k x other`.
-  void add(const block_volume& other, std::size_t k) {
-    for (const auto& [key, e] : other.elements) elements[key] += k * e;
-  }
-};
+//! Elements one member moves per microbatch and block, by grid group and operation, in one of
+//! its three calls (`loom::grid_block_volume`, which `loom::plan` prices too).
+using block_volume = loom::grid_block_volume;
 
 //! One virtual stage of the grid model on one grid member: blocks `[first, last)` of the stack
 //! (and the loss on the last stage), over the member's grid groups `gc`. A split stage: `B`

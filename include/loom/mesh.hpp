@@ -8,5 +8,6 @@
 //! each dimension its own counted communicator.
 
 #include "loom/comm/counting.hpp"
+#include "loom/mesh/grid_volume.hpp"
 #include "loom/mesh/mesh.hpp"
 #include "loom/mesh/mesh_comm.hpp"

@@ -26,6 +26,7 @@ struct plan_text {
   std::string model, cluster, top = "5", families, recompute, sp = "both";
   bool json = false;
   bool vocab_parallel = false;
+  bool no_grids = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -84,6 +85,7 @@ void run_plan(const plan_text& t) {
   if (t.sp != "on" && t.sp != "off" && t.sp != "both") throw loom::cli::usage_error("--sp '" + t.sp + "' is not one of: on, off, both");
   o.sp_on = t.sp != "off";
   o.sp_off = t.sp != "on";
+  o.grids = !t.no_grids;
   const auto model = loom::plan_io::read_model(t.model);
   const auto cluster = loom::plan_io::read_cluster(t.cluster);
 
@@ -133,7 +135,7 @@ void run_plan(const plan_text& t) {
 }
 
 loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = [](CLI::App& app) {
-  auto* sub = app.add_subcommand("plan", "search dp x tp x pp (and ep with experts), SP, recomputation and schedule for a model on a cluster");
+  auto* sub = app.add_subcommand("plan", "search dp x tp x pp (and ep with experts), tensor-parallel grids, SP, recomputation and schedule for a model on a cluster");
   auto t = std::make_shared<plan_text>();
   sub->add_option("--model", t->model, "model file (JSON; see docs/plan.md)")->type_name("FILE");
   sub->add_option("--cluster", t->cluster, "cluster file (JSON; see docs/plan.md)")->type_name("FILE");
@@ -147,6 +149,9 @@ loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = []
   sub->add_option("--recompute", t->recompute, "recomputation modes to try: none,selective,full (default: all)")->type_name("LIST");
   sub->add_option("--sp", t->sp, "try Megatron sequence parallelism on, off or both (where tp > 1)")
       ->capture_default_str()->type_name("on|off|both");
+  sub->add_flag("--no-grids", t->no_grids,
+                "try Megatron's 1D tensor parallelism only (by default the search also tries the 2D, 2.5D and 3D grids of dense "
+                "models whose microbatch splits into whole sequences per grid member; docs/plan.md)");
   sub->callback([t] { run_plan(*t); });
 }}};
 

@@ -197,6 +197,12 @@ inline std::string schedule_label(const plan_config& k) {
   return k.family + (k.v_placement && k.family == "zb-auto" ? " (v)" : "");
 }
 
+//! The tp column: the degree, and a grid's kind and shape (`16 (2d 4x4)`).
+inline std::string tp_label(const plan_config& k) {
+  if (k.tp_grid == tp_kind::d1) return std::to_string(k.tp);
+  return std::to_string(k.tp) + " (" + std::string(loom::detail::plan_grid(k).describe().view()) + ")";
+}
+
 //! The markdown table `loom plan` prints: the first `top` ranked configurations.
 inline std::string table(const plan_report& rep, std::size_t top) {
   if (rep.moe) {  // with experts: the ep degree, the all-to-all volume and the experts' state
@@ -226,8 +232,8 @@ inline std::string table(const plan_report& rep, std::size_t top) {
   for (std::size_t i = 0; i < rep.ranked.size() && i < top; ++i) {
     const plan_result& r = rep.ranked[i];
     const plan_config& k = r.config;
-    std::snprintf(buf, sizeof buf, "| %zu | %lld | %lld | %lld | %s | %s | %s | %d | %lld | %.2f | %.2f | %.3f | %.3f | %.1f | %.0f |\n",
-                  i + 1, k.dp, k.tp, k.pp, k.sp ? "on" : "off", to_string(k.recompute), schedule_label(k).c_str(), k.chunks,
+    std::snprintf(buf, sizeof buf, "| %zu | %lld | %s | %lld | %s | %s | %s | %d | %lld | %.2f | %.2f | %.3f | %.3f | %.1f | %.0f |\n",
+                  i + 1, k.dp, tp_label(k).c_str(), k.pp, k.sp ? "on" : "off", to_string(k.recompute), schedule_label(k).c_str(), k.chunks,
                   k.microbatches, r.step_time, r.pipeline_time, r.dp_time, r.bubble, r.memory_bytes / (1024.0 * 1024.0 * 1024.0),
                   r.flops_per_gpu / 1e12);
     out += buf;
@@ -241,6 +247,8 @@ inline nlohmann::json to_json(const plan_result& r, std::size_t rank) {
   return {{"rank", rank},
           {"dp", k.dp},
           {"tp", k.tp},
+          {"tp_kind", std::string(to_string(k.tp_grid))},
+          {"tp_depth", k.tp_depth},
           {"pp", k.pp},
           {"sp", k.sp},
           {"recompute", to_string(k.recompute)},

@@ -74,6 +74,7 @@
 #include "loom/comm/ordered.hpp"
 #include "loom/exec/tensor_parallel.hpp"
 #include "loom/mesh/mesh.hpp"
+#include "loom/mesh/grid_volume.hpp"
 #include "loom/mesh/mesh_comm.hpp"
 #include "loom/schedule/error.hpp"
 
@@ -107,74 +108,6 @@ tp_grid_comms<typename mesh_comm<Mesh, Comm>::comm_type> grid_comms(mesh_comm<Me
   return {&mc.grid(grid_group::row), &mc.grid(grid_group::column), &mc.grid(grid_group::depth), mc.mesh().grid(),
           mc.coord(dim::tp), ordered};
 }
-
-//! The rule a SUMMA linear layer of `in` x `out` features over `tokens` tokens (the whole
-//! batch of one tensor-parallel group) breaks on the grid `g`, or "": the features split into
-//! `q` blocks (the biases into `q^2` pieces) and the tokens into `depth x q` blocks.
-constexpr text summa_rule(std::size_t in, std::size_t out, std::size_t tokens, const tp_grid& g) {
-  const auto q = static_cast<std::size_t>(g.q), d = static_cast<std::size_t>(g.depth);
-  const text name = "tensor parallel " + text(g.describe());
-  if (g.kind != tp_kind::d2 && g.kind != tp_kind::d2_5) return name + ": SUMMA's layer runs on the 2d and 2.5d grids";
-  if (in % q != 0) return name + ": " + detail::to_text(in) + " input features are not divisible by q = " + detail::to_text(q);
-  if (out % (q * q) != 0)
-    return name + ": " + detail::to_text(out) + " output features are not divisible by q x q = " + detail::to_text(q * q) +
-           " (the biases are split over the grid)";
-  if (tokens % (q * d) != 0)
-    return name + ": " + detail::to_text(tokens) + " tokens are not divisible by q x depth = " + detail::to_text(q * d);
-  return {};
-}
-
-//! Elements one member moves per call of the SUMMA linear layer (see the file comment), by kind
-//! of collective and group.
-struct summa_volume {
-  std::size_t row_broadcast = 0;     //!< broadcast over the row
-  std::size_t column_broadcast = 0;  //!< broadcast over the column
-  std::size_t row_reduce = 0;        //!< reduced over the row
-  std::size_t column_reduce = 0;     //!< reduced over the column
-  std::size_t column_gather = 0;     //!< all-gathered over the column (output elements)
-  std::size_t column_scatter = 0;    //!< reduce-scattered over the column (input elements)
-  std::size_t depth_reduce = 0;      //!< all-reduced over depth
-
-  //! Every element.
-  constexpr std::size_t total() const {
-    return row_broadcast + column_broadcast + row_reduce + column_reduce + column_gather + column_scatter + depth_reduce;
-  }
-  friend constexpr bool operator==(const summa_volume&, const summa_volume&) = default;
-  //! Elements over the member's link in the bandwidth-optimal algorithms (`loom::bus_factor`:
-  //! broadcasts and reduces once, gathers and scatters `(q - 1) / q`, the depth all-reduce
-  //! `2 (d - 1) / d`), as `loom::counted`'s bus bytes count them.
-  constexpr double bus(const tp_grid& g) const {
-    return static_cast<double>(row_broadcast) * bus_factor(comm_op::broadcast, g.q) +
-           static_cast<double>(column_broadcast) * bus_factor(comm_op::broadcast, g.q) +
-           static_cast<double>(row_reduce) * bus_factor(comm_op::reduce, g.q) +
-           static_cast<double>(column_reduce) * bus_factor(comm_op::reduce, g.q) +
-           static_cast<double>(column_gather) * bus_factor(comm_op::all_gather, g.q) +
-           static_cast<double>(column_scatter) * bus_factor(comm_op::reduce_scatter, g.q) +
-           static_cast<double>(depth_reduce) * bus_factor(comm_op::all_reduce, g.depth);
-  }
-
-  //! The forward's volume for `n` tokens per member (with a bias).
-  static constexpr summa_volume forward(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q);
-    if (q == 1) return {};
-    return {.row_broadcast = q * (n * in / q), .column_broadcast = q * (out / q) * (in / q), .column_gather = out / q};
-  }
-  //! The input gradient's.
-  static constexpr summa_volume backward_input(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q);
-    if (q == 1) return {};
-    return {.column_broadcast = q * (out / q) * (in / q), .row_reduce = q * (n * in / q)};
-  }
-  //! The weight and bias gradients'.
-  static constexpr summa_volume backward_weight(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q);
-    if (q == 1) return {.depth_reduce = g.depth > 1 ? out * in + out : 0};
-    return {.row_broadcast = q * (n * in / q),
-            .column_reduce = q * (out / q) * (in / q),
-            .column_scatter = out / q,
-            .depth_reduce = g.depth > 1 ? (out / q) * (in / q) + out / (q * q) : 0};
-  }
-};
 
 //! Scratch of one member for `summa_linear` (host memory; a device layer passes device spans of
 //! the same sizes): `x` one input block, `w` one weight block, `b` one bias block, `part` one
@@ -497,84 +430,6 @@ struct summa_layout {
         if (to_whole) w = b;
         else b = w;
       }
-  }
-};
-
-//! The rule a 3D linear layer of `in` x `out` features over `tokens` tokens (one grid's batch)
-//! breaks on the cube `g`, or "": the input features split into `q` blocks, the output features
-//! into `q^2` pieces (weights and biases over the weight group) and the tokens into `q^2` slices.
-constexpr text cube_rule(std::size_t in, std::size_t out, std::size_t tokens, const tp_grid& g) {
-  const auto q = static_cast<std::size_t>(g.q);
-  const text name = "tensor parallel " + text(g.describe());
-  if (g.kind != tp_kind::d3) return name + ": the 3D layer runs on the 3d grid";
-  if (in % q != 0) return name + ": " + detail::to_text(in) + " input features are not divisible by q = " + detail::to_text(q);
-  if (out % (q * q) != 0)
-    return name + ": " + detail::to_text(out) + " output features are not divisible by q x q = " + detail::to_text(q * q);
-  if (tokens % (q * q) != 0)
-    return name + ": " + detail::to_text(tokens) + " tokens are not divisible by q x q = " + detail::to_text(q * q);
-  return {};
-}
-
-//! Which grid axis plays which part in one 3D layer (Bian et al. 2021, §3; the groups of
-//! ColossalAI's `linear_3d`, `hpcaitech/ColossalAI`,
-//! `colossalai/legacy/nn/layer/parallel_3d/_operation.py`, commit
-//! f085c54430bc94d648ee8b0c35a698156d246dd7): the member `(layer k, row i, column j)` of the cube
-//! is `(a, b, c)` = `(k, i, j)` in an even layer and `(k, j, i)` in an odd one, where `a` is the
-//! token block, `b` the input feature block and `c` the output feature block. Its input group
-//! varies `c`, its weight group `a` (the depth group), its output group `b`; an odd layer swaps
-//! the row and column groups, so each layer's output is laid out as the next one's input.
-struct cube_roles {
-  int a = 0, b = 0, c = 0;  //!< the member's token block, input block and output block
-  bool odd = false;         //!< the layer's parity
-
-  //! The roles of member `t` of `g` in a layer of parity `odd`.
-  static constexpr cube_roles of(const tp_grid& g, int t, bool odd) {
-    return odd ? cube_roles{g.layer(t), g.column(t), g.row(t), true} : cube_roles{g.layer(t), g.row(t), g.column(t), false};
-  }
-  //! The grid group serving as the input group (varies `c`).
-  constexpr grid_group input() const { return odd ? grid_group::column : grid_group::row; }
-  //! The weight group (varies `a`).
-  static constexpr grid_group weight() { return grid_group::depth; }
-  //! The output group (varies `b`).
-  constexpr grid_group output() const { return odd ? grid_group::row : grid_group::column; }
-};
-
-//! Elements one member moves per call of `cube_linear` (all-gathers counted by their output,
-//! reduce-scatters by their input, as `loom::counted` counts them), for `n` tokens per member.
-struct cube_volume {
-  std::size_t input_gather = 0;    //!< all-gathered over the input group
-  std::size_t weight_gather = 0;   //!< all-gathered over the weight group (weights and biases)
-  std::size_t output_gather = 0;   //!< all-gathered over the output group
-  std::size_t input_scatter = 0;   //!< reduce-scattered over the input group
-  std::size_t weight_scatter = 0;  //!< reduce-scattered over the weight group
-  std::size_t output_scatter = 0;  //!< reduce-scattered over the output group
-
-  //! Every element.
-  constexpr std::size_t total() const {
-    return input_gather + weight_gather + output_gather + input_scatter + weight_scatter + output_scatter;
-  }
-  friend constexpr bool operator==(const cube_volume&, const cube_volume&) = default;
-  //! Elements over the member's link in the bandwidth-optimal algorithms (every collective a
-  //! gather or a scatter over `q` ranks: `(q - 1) / q` of its counted size).
-  constexpr double bus(const tp_grid& g) const { return static_cast<double>(total()) * bus_factor(comm_op::all_gather, g.q); }
-
-  //! The forward's (with a bias).
-  static constexpr cube_volume forward(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q);
-    if (q == 1) return {};
-    return {.input_gather = q * n * (in / q), .weight_gather = (out / q) * (in / q) + out / q, .output_scatter = q * n * (out / q)};
-  }
-  //! The input gradient's.
-  static constexpr cube_volume backward_input(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q);
-    if (q == 1) return {};
-    return {.weight_gather = (out / q) * (in / q), .output_gather = q * n * (out / q), .input_scatter = q * n * (in / q)};
-  }
-  //! The weight and bias gradients'.
-  static constexpr cube_volume backward_weight(std::size_t n, std::size_t in, std::size_t out, const tp_grid& g) {
-    const auto q = static_cast<std::size_t>(g.q);
-    if (q == 1) return {};
-    return {.input_gather = q * n * (in / q), .output_gather = q * n * (out / q), .weight_scatter = (out / q) * (in / q) + out / q};
   }
 };
 
@@ -974,30 +829,6 @@ struct grid_layer_norm {
   template <class C, class T>
   static void scatter(norm_groups<C>& ng, std::span<const T> in, std::span<T> out) {
     detail::grid_scatter_sum(ng.ordered, *ng.pieces, in, out);
-  }
-};
-
-//! Elements one member moves per call of `grid_layer_norm` for `n` tokens of `h` features, `q`
-//! feature blocks, `p` pieces and `r` replicas (all-gathers counted by their output,
-//! reduce-scatters by their input, all-reduces by their buffer; nothing on a group of one).
-struct norm_volume {
-  std::size_t features_reduce = 0;  //!< all-reduced over the features group (row statistics)
-  std::size_t pieces_gather = 0;    //!< all-gathered over the pieces group (weights)
-  std::size_t pieces_scatter = 0;   //!< reduce-scattered over the pieces group (gradients)
-  std::size_t replicas_reduce = 0;  //!< all-reduced over the replicas (gradients)
-  friend constexpr bool operator==(const norm_volume&, const norm_volume&) = default;
-
-  //! The forward's: the two statistics, the weight and bias blocks.
-  static constexpr norm_volume forward(std::size_t n, std::size_t h, std::size_t q, std::size_t p) {
-    return {.features_reduce = q > 1 ? 2 * n : 0, .pieces_gather = p > 1 ? 2 * (h / q) : 0};
-  }
-  //! The input gradient's: the two row sums, the weight block.
-  static constexpr norm_volume backward_input(std::size_t n, std::size_t h, std::size_t q, std::size_t p) {
-    return {.features_reduce = q > 1 ? 2 * n : 0, .pieces_gather = p > 1 ? h / q : 0};
-  }
-  //! The weights' gradients.
-  static constexpr norm_volume backward_weight(std::size_t h, std::size_t q, std::size_t p, std::size_t r) {
-    return {.pieces_scatter = p > 1 ? 2 * (h / q) : 0, .replicas_reduce = r > 1 ? 2 * (h / (q * p)) : 0};
   }
 };
 

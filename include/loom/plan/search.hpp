@@ -51,6 +51,20 @@
 //! "SP" here is Megatron-LM sequence parallelism (Korthikanti et al. 2022, §4.2.2): it reuses the
 //! tensor-parallel group, so it adds no degree to the mesh; it divides activations (and the
 //! pipeline message) by `tp`. Ulysses / context parallelism is not modelled.
+//!
+//! Tensor-parallel grids (`plan_config::tp_grid`, `plan_options::grids`; Optimus, Xu et al. 2021;
+//! Tesseract, Wang et al. 2022; Bian et al. 2021; `loom/exec/tensor_grid.hpp`): beside the 1D split
+//! inside a node, the search tries every 2D (`q x q`), 2.5D (`q x q x d`) and 3D (`q x q x q`) grid
+//! of `tp` ranks that divides the cluster and is aligned to its nodes (`tp` a multiple or a divisor
+//! of `gpus_per_node`), for a dense model whose layers it splits (`detail::plan_grid_rule`: whole
+//! heads per column and whole sequences per member, as the mesh example's grid model runs them). A
+//! grid splits the FLOPs and every activation over its `tp` ranks and the weights over `tp` (2.5D:
+//! over `q^2`, replicated over its depth). Its collectives per layer, microbatch and call are
+//! `grid_block_volume` (the example's block: Q, K, V, the output projection, an MLP of `4h`, two
+//! norms; the example's counters equal it every step), each grid group on the intra-node link when
+//! it stays in a node, else the inter-node one, priced `calls x (n - 1) alpha + bus bytes x beta`;
+//! the weight-gradient call's collectives go into `w`. The embeddings and the output layer are
+//! split like the weights, their collectives left out (as the 1D model leaves the embedding's).
 
 #include <algorithm>
 #include <cmath>
@@ -61,6 +75,7 @@
 #include <tuple>
 #include <vector>
 
+#include "loom/mesh/grid_volume.hpp"
 #include "loom/plan/formulas.hpp"
 #include "loom/schedule/error.hpp"
 #include "loom/schedule/registry.hpp"
@@ -84,6 +99,10 @@ struct plan_config {
   //! stage, the output layer on the last), 1 or 2 the algorithm (the layers split over every rank).
   int vocab = 0;
   long long ep = 1;  //!< expert-parallel degree (MoE models; see the file comment)
+  //! The tensor-parallel group's kind: Megatron's 1D split (`d1`), or a grid of `tp` ranks (`d2`:
+  //! q x q, `d2_5`: q x q x `tp_depth`, `d3`: q x q x q; see the file comment).
+  tp_kind tp_grid = tp_kind::d1;
+  int tp_depth = 1;  //!< 2.5D's layers (1 for the other kinds)
   friend bool operator==(const plan_config&, const plan_config&) = default;
 };
 
@@ -116,6 +135,8 @@ struct plan_options {
   std::vector<recompute_kind> recompute{recompute_kind::none, recompute_kind::selective, recompute_kind::full};
   bool sp_off = true;  //!< try tensor parallelism without sequence parallelism
   bool sp_on = true;   //!< try Megatron sequence parallelism (only where tp > 1)
+  //! Try tensor-parallel grids (2D, 2.5D, 3D) beside Megatron's 1D split, dense models only.
+  bool grids = true;
   int max_chunks = 8;  //!< largest interleaving degree tried
   //! Shapes with more than this many ranks x microbatches are not given to cost-aware
   //! auto-schedulers (zb-auto, zb-v), whose search grows faster than linearly; 0: no limit.
@@ -270,6 +291,72 @@ inline schedule make_plan_vocab_family(const plan_vocab_family& f, const shape& 
   return f.vocab == 1 ? generate(v_half_vocab_1{}, s) : generate(v_half_vocab_2{}, s);
 }
 
+//! The tensor-parallel grid of `k` (`tp_kind::d1` for Megatron's 1D split).
+constexpr loom::tp_grid plan_grid(const plan_config& k) {
+  return make_tp_grid(k.tp_grid, static_cast<int>(k.tp), k.tp_grid == tp_kind::d2_5 ? k.tp_depth : 0);
+}
+
+//! The ranks each weight is split over: `tp`, except on a 2.5D grid, whose `tp_depth` layers hold
+//! the same `q x q` blocks.
+constexpr double weight_split(const plan_config& k) {
+  return static_cast<double>(k.tp_grid == tp_kind::d2_5 ? k.tp / k.tp_depth : k.tp);
+}
+
+//! Whether every activation is split over the `tp` ranks: Megatron-SP, or a grid (the tokens over
+//! its rows and layers, the features over its columns).
+constexpr bool splits_activations(const plan_config& k) { return k.sp || k.tp_grid != tp_kind::d1; }
+
+//! Tokens of one microbatch on one member of grid `g`: `s b / (q d)` on a 2D or 2.5D grid,
+//! `s b / q^2` on a 3D one.
+constexpr long long grid_member_tokens(const model_desc& m, const loom::tp_grid& g) {
+  return m.seq * m.micro_batch / (g.kind == tp_kind::d3 ? static_cast<long long>(g.q) * g.q : static_cast<long long>(g.q) * g.depth);
+}
+
+//! The rule model `m` breaks on grid `g`, or "": the block's layers split (`summa_rule`,
+//! `cube_rule` for `h -> h`, `h -> 4h`, `4h -> h` over the microbatch's tokens), whole heads per
+//! column (`heads % q`), and whole sequences per member (`micro_batch` a multiple of the token
+//! blocks, `q d` or `q^2`: the attention is local, as the mesh example's grid model runs it).
+inline std::string plan_grid_rule(const model_desc& m, const loom::tp_grid& g) {
+  const auto h = static_cast<std::size_t>(m.hidden), n = static_cast<std::size_t>(m.seq * m.micro_batch);
+  for (auto [in, out] : {std::pair{h, h}, std::pair{h, 4 * h}, std::pair{4 * h, h}}) {
+    const text r = g.kind == tp_kind::d3 ? cube_rule(in, out, n, g) : summa_rule(in, out, n, g);
+    if (!r.empty()) return std::string(r.view());
+  }
+  if (m.heads % g.q != 0) return "tensor parallel " + std::string(g.describe().view()) + ": " + std::to_string(m.heads) + " heads are not divisible by q";
+  const long long blocks = g.kind == tp_kind::d3 ? static_cast<long long>(g.q) * g.q : static_cast<long long>(g.q) * g.depth;
+  if (m.micro_batch % blocks != 0)
+    return "tensor parallel " + std::string(g.describe().view()) + ": a microbatch of " + std::to_string(m.micro_batch) +
+           " sequences does not split into " + std::to_string(blocks) + " token blocks of whole sequences";
+  return {};
+}
+
+//! The link of grid group `x` on `c`: the intra-node link when every group of that kind of the
+//! tp group's ranks (tp innermost, the group aligned to nodes) stays inside a node, else the
+//! inter-node link.
+inline const link_cost& grid_group_link(const cluster_desc& c, const loom::tp_grid& g, grid_group x) {
+  for (int t = 0; t < g.ranks; ++t)
+    for (int i = 0; i < g.size(x); ++i)
+      if (g.group_member(x, t, i) / c.gpus_per_node != t / c.gpus_per_node) return c.inter;
+  return c.intra;
+}
+
+//! Seconds one grid member spends in the collectives of one layer's call `call` on one
+//! microbatch (`grid_block_volume` with `f = 4h`): per group and operation, `calls x (n - 1)`
+//! latencies and the bus bytes (`loom::bus_factor`) over its link.
+inline double grid_layer_time(const model_desc& m, const cluster_desc& c, const loom::tp_grid& g, grid_block_volume::call call) {
+  const auto h = static_cast<std::size_t>(m.hidden);
+  const grid_block_volume v = grid_block_volume::of(g, static_cast<std::size_t>(grid_member_tokens(m, g)), h, 4 * h, call);
+  double t = 0;
+  for (const auto& [key, e] : v.elements) {
+    const auto [x, op] = key;
+    const int n = g.size(x);
+    const link_cost& l = grid_group_link(c, g, x);
+    t += static_cast<double>(v.calls.at(key)) * static_cast<double>(n - 1) * l.alpha +
+         static_cast<double>(e) * m.bytes_per_element * bus_factor(op, n) * l.beta;
+  }
+  return t;
+}
+
 //! Pipeline ranks per node for `cost_model::ranks_per_node` (Megatron rank order: tp, ep, dp, pp).
 constexpr int pipeline_ranks_per_node(const cluster_desc& c, const plan_config& k) {
   const long long inner = k.tp * k.ep * k.dp;
@@ -328,9 +415,25 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
                              ? pf::moe_expert_activation_bytes(m, k.tp) - pf::mlp_activation_bytes(m, k.tp, k.sp)
                              : 0;
   const double rate = c.peak_flops * c.achievable_fraction;  // one GPU's
-  const double coll = pf::ring_allreduce_time(pf::tp_collective_bytes(m), k.tp, c.intra);
-  const double act_layer = pf::layer_activation_bytes(m, k.tp, k.sp, k.recompute);
-  const double bwd_colls = k.recompute == recompute_kind::full ? 4 : 2;
+  const bool grid = k.tp_grid != tp_kind::d1, full = k.recompute == recompute_kind::full;
+  if (grid && (m.experts > 0 || k.vocab != 0))
+    throw config_error("plan: tensor-parallel grids are modelled for dense models without vocabulary parallelism");
+  // Per layer and microbatch: 1D, 2 all-reduces of s b h forward and 2 backward (2 more when the
+  // backward recomputes the forward); a grid, its block's collectives in each call.
+  double comm_f = 0, comm_b = 0, comm_w = 0;
+  if (grid) {
+    const loom::tp_grid g = detail::plan_grid(k);
+    if (std::string rule = detail::plan_grid_rule(m, g); !rule.empty()) throw config_error("plan: " + rule);
+    comm_f = detail::grid_layer_time(m, c, g, grid_block_volume::call::forward);
+    comm_b = detail::grid_layer_time(m, c, g, grid_block_volume::call::input) + (full ? comm_f : 0);
+    comm_w = detail::grid_layer_time(m, c, g, grid_block_volume::call::weight);
+  } else {
+    const double coll = pf::ring_allreduce_time(pf::tp_collective_bytes(m), k.tp, c.intra);
+    comm_f = 2 * coll;
+    comm_b = (full ? 4 : 2) * coll;
+  }
+  const bool split = detail::splits_activations(k);
+  const double act_layer = pf::layer_activation_bytes(m, k.tp, split, k.recompute);
   cost_model out;
   out.stages.resize(static_cast<std::size_t>(S));
   for (int st = 0; st < S; ++st) {
@@ -339,12 +442,12 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     const auto q = static_cast<double>(detail::stage_moe_layers(m, st, S));
     double act = L * act_layer + q * moe_act;
     if (st == S - 1 && k.vocab == 0) act += pf::logit_activation_bytes(m, k.tp);
-    x.f = fl.f / rate + L * 2 * coll + q * 2 * a2a;
-    x.b = fl.b / rate + L * bwd_colls * coll + q * (k.recompute == recompute_kind::full ? 4 : 2) * a2a;
-    x.w = fl.w / rate;
+    x.f = fl.f / rate + L * comm_f + q * 2 * a2a;
+    x.b = fl.b / rate + L * comm_b + q * (full ? 4 : 2) * a2a;
+    x.w = fl.w / rate + L * comm_w;
     x.activation = act;
-    x.message_bytes = pf::p2p_message_bytes(m, k.tp, k.sp);
-    x.param_bytes = (detail::stage_params(m, st, S, k.vocab) / static_cast<double>(k.tp) +
+    x.message_bytes = pf::p2p_message_bytes(m, k.tp, split);
+    x.param_bytes = (detail::stage_params(m, st, S, k.vocab) / detail::weight_split(k) +
                      detail::stage_expert_params(m, st, S) / static_cast<double>(k.ep)) *
                     m.bytes_per_element;
   }
@@ -399,7 +502,7 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   if (k.vocab != 0)
     for (double& p : params) p += detail::vocab_params_per_rank(m, k.pp);
   const double transient = (k.recompute == recompute_kind::full
-                                ? pf::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
+                                ? pf::layer_activation_bytes(m, k.tp, detail::splits_activations(k), recompute_kind::none)
                                 : 0) +
                            (k.vocab != 0 ? detail::vocab_stash_bytes(m, k.tp, k.pp) : 0);
   double max_params = 0, max_experts = 0, max_moe = 0;
@@ -410,7 +513,7 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
     max_experts = std::max(max_experts, e);
     max_moe = std::max(max_moe, moe_layers[u] * s.param_copies);
     const double expert_state = e * m.state_bytes_per_param;
-    const double state = p * m.state_bytes_per_param / static_cast<double>(k.tp) + expert_state;
+    const double state = p * m.state_bytes_per_param / detail::weight_split(k) + expert_state;
     const double act = sim.peak_activation[u] + transient;
     if (state + act > r.memory_bytes) {
       r.memory_bytes = state + act;
@@ -421,7 +524,7 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   }
   // The dense gradients over dp x ep, the experts' over dp (Megatron rank order: tp, ep, dp, pp).
   const link_cost& dp_link = k.tp * k.ep * k.dp > c.gpus_per_node ? c.inter : c.intra;
-  r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / static_cast<double>(k.tp), k.dp * k.ep, dp_link) +
+  r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / detail::weight_split(k), k.dp * k.ep, dp_link) +
               (max_experts > 0 ? pf::ring_allreduce_time(max_experts * m.bytes_per_element, k.dp, dp_link) : 0);
   r.step_time = r.pipeline_time + r.dp_time;
   r.fits = r.memory_bytes <= c.usable_bytes();
@@ -465,8 +568,34 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
   };
   std::vector<candidate> todo;
   const registry& reg = default_registry();
-  for (long long tp = 1; tp <= c.gpus_per_node && tp <= c.gpus; ++tp) {
-    if (c.gpus_per_node % tp != 0 || m.heads % tp != 0 || m.hidden % tp != 0) continue;
+  // The tensor-parallel groups tried: Megatron's 1D split inside a node (tp divides the node, the
+  // heads and the hidden size), and, with `o.grids` for a dense model, every 2D, 2.5D and 3D grid
+  // that divides the cluster, is aligned to its nodes and fits the model (`plan_grid_rule`).
+  struct tp_choice {
+    long long tp;
+    tp_kind kind;
+    int depth;
+  };
+  std::vector<tp_choice> tps;
+  for (long long tp = 1; tp <= c.gpus_per_node && tp <= c.gpus; ++tp)
+    if (c.gpus_per_node % tp == 0 && m.heads % tp == 0 && m.hidden % tp == 0) tps.push_back({tp, tp_kind::d1, 1});
+  if (o.grids && m.experts == 0) {
+    auto add = [&](tp_kind kind, long long tp, long long depth) {
+      if (c.gpus % tp != 0 || (tp % c.gpus_per_node != 0 && c.gpus_per_node % tp != 0)) return;
+      const loom::tp_grid g = make_tp_grid(kind, static_cast<int>(tp), kind == tp_kind::d2_5 ? static_cast<int>(depth) : 0);
+      if (detail::plan_grid_rule(m, g).empty()) tps.push_back({tp, kind, static_cast<int>(depth)});
+    };
+    for (long long q = 2; q * q <= c.gpus; ++q) {
+      if (c.gpus % (q * q) != 0) continue;
+      add(tp_kind::d2, q * q, 1);
+      for (long long d = 2; q * q * d <= c.gpus; ++d) add(tp_kind::d2_5, q * q * d, d);
+      if (q * q * q <= c.gpus) add(tp_kind::d3, q * q * q, q);
+    }
+  }
+  for (const tp_choice& tc : tps) {
+    const long long tp = tc.tp;
+    const bool grid = tc.kind != tp_kind::d1;
+    const double split = static_cast<double>(tc.kind == tp_kind::d2_5 ? tp / tc.depth : tp);  // detail::weight_split
     for (long long pp = 1; pp <= m.layers && tp * pp <= c.gpus; ++pp) {
       if (m.layers % pp != 0 || c.gpus % (tp * pp) != 0) continue;
       // Expert parallelism (MoE models): ep divides the experts; ranks that differ in ep hold other tokens.
@@ -483,17 +612,19 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
         // MoE layers (dense parts over tp, experts over ep).
         const auto Q = static_cast<double>(plan_formulas::moe_layers_in(m, 0, m.layers));
         const double layer_state = ((static_cast<double>(m.layers) - Q) * plan_formulas::layer_params(m) + Q * plan_formulas::moe_layer_dense_params(m)) /
-                                       static_cast<double>(tp) +
+                                       split +
                                    Q * static_cast<double>(m.experts) / static_cast<double>(ep) * plan_formulas::expert_params(m);
         const double min_state = layer_state * m.state_bytes_per_param / static_cast<double>(pp);
         const long long per_rank = m.layers / pp;
         for (bool sp : {false, true}) {
-          if (sp && tp == 1) continue;
-          if (tp > 1 && !(sp ? o.sp_on : o.sp_off)) continue;
+          if (sp && (tp == 1 || grid)) continue;  // a grid splits every activation already
+          if (!grid && tp > 1 && !(sp ? o.sp_on : o.sp_off)) continue;
           for (recompute_kind rc : o.recompute) {
-            plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb, .ep = ep};
+            plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb, .ep = ep,
+                             .tp_grid = tc.kind, .tp_depth = tc.depth};
             for (const std::string& name : o.families) {
               if (const detail::plan_vocab_family* vf = detail::find_plan_vocab_family(name); vf != nullptr) {
+                if (grid) continue;  // the vocabulary-parallel layers are modelled over a 1D group
                 const shape sh{.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = vf->chunks};
                 if (per_rank % vf->chunks != 0 || !detail::check_plan_vocab_family(*vf, sh).empty()) continue;
                 plan_config k = base;
@@ -597,13 +728,13 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
         double here = 0;
         for (int j = 0; j < k.chunks; ++j) {
           const int st = k.v_placement ? (j == 0 ? rk : 2 * Pi - 1 - rk) : rk + j * Pi;
-          here += (detail::stage_params(m, st, S) / static_cast<double>(k.tp) + detail::stage_expert_params(m, st, S) / static_cast<double>(k.ep)) *
+          here += (detail::stage_params(m, st, S) / detail::weight_split(k) + detail::stage_expert_params(m, st, S) / static_cast<double>(k.ep)) *
                   m.state_bytes_per_param;
         }
         max_params = std::max(max_params, here);
       }
       const double transient = k.recompute == recompute_kind::full
-                                   ? plan_formulas::layer_activation_bytes(m, k.tp, k.sp, recompute_kind::none)
+                                   ? plan_formulas::layer_activation_bytes(m, k.tp, detail::splits_activations(k), recompute_kind::none)
                                    : 0;
       const double room = c.usable_bytes() - max_params - transient;
       const double limit = act > 0 ? std::floor(room / act) : 0;
@@ -633,7 +764,8 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     if (o.progress) o.progress(++done, todo.size());
   }
   auto label = [](const plan_config& k) {
-    return std::make_tuple(k.dp, k.ep, k.tp, k.pp, k.family, k.chunks, k.v_placement, k.sp, static_cast<int>(k.recompute));
+    return std::make_tuple(k.dp, k.ep, k.tp, static_cast<int>(k.tp_grid), k.tp_depth, k.pp, k.family, k.chunks, k.v_placement, k.sp,
+                           static_cast<int>(k.recompute));
   };
   // A total order (the label tells configurations apart), so std::sort is deterministic
   // (libstdc++ 12's std::stable_sort warns under clang: deprecated get_temporary_buffer).
@@ -642,9 +774,10 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     if (a.memory_bytes != b.memory_bytes) return a.memory_bytes < b.memory_bytes;
     return label(a.config) < label(b.config);
   });
-  std::map<std::tuple<long long, long long, long long, long long, std::string, int, bool>, double> least_memory;
+  std::map<std::tuple<long long, long long, long long, int, int, long long, std::string, int, bool>, double> least_memory;
   for (const plan_result& r : all) {
-    auto g = std::make_tuple(r.config.dp, r.config.ep, r.config.tp, r.config.pp, r.config.family, r.config.chunks, r.config.v_placement);
+    auto g = std::make_tuple(r.config.dp, r.config.ep, r.config.tp, static_cast<int>(r.config.tp_grid), r.config.tp_depth, r.config.pp,
+                             r.config.family, r.config.chunks, r.config.v_placement);
     auto it = least_memory.find(g);
     if (it != least_memory.end() && it->second <= r.memory_bytes) continue;  // dominated by a faster variant
     least_memory[g] = r.memory_bytes;
