@@ -10,7 +10,9 @@
 // (docs/plan/switch-large-moe.model.json) on the same 64 GPUs: `loom plan`'s table, and the best
 // configuration for each expert-parallel degree ep. Then the GPT 70B shape again with 4 to 32
 // sequences per microbatch, where the tensor-parallel grids apply: the fastest configuration of
-// each tensor-parallel kind, and `loom plan`'s table at 16.
+// each tensor-parallel kind, and `loom plan`'s table at 16. Last, that shape at 8192 to 131072
+// tokens (2M tokens per step) with context parallelism: the fastest configuration of each kind,
+// and `loom plan --context-parallel`'s table at 32768.
 //   g++ -std=c++20 -O2 -Iinclude -Itools/loom -DLOOM_SOURCE_DIR='"."' docs/plan-table.cpp -o /tmp/plan-table && /tmp/plan-table
 #include <cstdio>
 #include <string>
@@ -157,4 +159,38 @@ int main() {
     std::printf("\n");
   }
   std::printf("\n%s", loom::plan_io::table(g16, 8).c_str());
+  // Context parallelism: the fastest configuration of each kind per sequence length, the tokens
+  // per step held at 512 x 4096.
+  loom::plan_options co = go;
+  co.context = true;
+  std::printf("\n| sequence | sequences per step | no cp (dp, cp, tp, pp) | step (s) | Ulysses | step (s) | ring attention | step (s) | USP | step (s) "
+              "| TokenRing | step (s) |\n|---:|---:|:--|---:|:--|---:|:--|---:|:--|---:|:--|---:|\n");
+  loom::plan_report c32;
+  for (long long seq : {8192LL, 16384LL, 32768LL}) {
+    loom::model_desc d = m.desc;
+    d.seq = seq;
+    d.global_batch = 512 * 4096 / seq;
+    const loom::plan_report rep = loom::plan(d, c.desc, co);
+    if (seq == 32768) c32 = rep;
+    std::printf("| %lld | %lld |", seq, d.global_batch);
+    for (loom::context_kind kind : {loom::context_kind::none, loom::context_kind::ulysses, loom::context_kind::ring, loom::context_kind::usp,
+                                    loom::context_kind::tokenring}) {
+      const loom::plan_result* best = nullptr;
+      for (const auto& r : rep.ranked)
+        if (r.config.cp_kind == kind) {
+          best = &r;
+          break;
+        }
+      if (best == nullptr) {
+        std::printf(" none fits or divides | |");
+        continue;
+      }
+      const auto& k = best->config;
+      std::printf(" (%lld, %s, %lld, %lld) %s, recompute %s%s | %.2f%s |", k.dp, loom::plan_io::cp_label(k).c_str(), k.tp, k.pp,
+                  loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute), k.sp ? ", SP" : "", best->step_time,
+                  best == &rep.ranked[0] ? " (fastest)" : "");
+    }
+    std::printf("\n");
+  }
+  std::printf("\n%s", loom::plan_io::table(c32, 6).c_str());
 }

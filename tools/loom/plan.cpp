@@ -27,6 +27,7 @@ struct plan_text {
   bool json = false;
   bool vocab_parallel = false;
   bool no_grids = false;
+  bool context = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -86,6 +87,7 @@ void run_plan(const plan_text& t) {
   o.sp_on = t.sp != "off";
   o.sp_off = t.sp != "on";
   o.grids = !t.no_grids;
+  o.context = t.context;
   const auto model = loom::plan_io::read_model(t.model);
   const auto cluster = loom::plan_io::read_cluster(t.cluster);
 
@@ -135,7 +137,7 @@ void run_plan(const plan_text& t) {
 }
 
 loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = [](CLI::App& app) {
-  auto* sub = app.add_subcommand("plan", "search dp x tp x pp (and ep with experts), tensor-parallel grids, SP, recomputation and schedule for a model on a cluster");
+  auto* sub = app.add_subcommand("plan", "search dp x tp x pp (and ep with experts, cp with --context-parallel), tensor-parallel grids, SP, recomputation and schedule for a model on a cluster");
   auto t = std::make_shared<plan_text>();
   sub->add_option("--model", t->model, "model file (JSON; see docs/plan.md)")->type_name("FILE");
   sub->add_option("--cluster", t->cluster, "cluster file (JSON; see docs/plan.md)")->type_name("FILE");
@@ -152,6 +154,9 @@ loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = []
   sub->add_flag("--no-grids", t->no_grids,
                 "try Megatron's 1D tensor parallelism only (by default the search also tries the 2D, 2.5D and 3D grids of dense "
                 "models whose microbatch splits into whole sequences per grid member; docs/plan.md)");
+  sub->add_flag("--context-parallel", t->context,
+                "also try context parallelism: the sequence over cp ranks, its attention by Ulysses, ring attention, USP or TokenRing "
+                "(dense models on the 1D split; docs/plan.md)");
   sub->callback([t] { run_plan(*t); });
 }}};
 

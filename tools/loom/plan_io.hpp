@@ -203,6 +203,14 @@ inline std::string tp_label(const plan_config& k) {
   return std::to_string(k.tp) + " (" + std::string(loom::detail::plan_grid(k).describe().view()) + ")";
 }
 
+//! The cp column: the degree and the kind (`8 ring`, `8 usp (ulysses 2)`; `1` without).
+inline std::string cp_label(const plan_config& k) {
+  if (k.cp == 1) return "1";
+  std::string out = std::to_string(k.cp) + " " + to_string(k.cp_kind);
+  if (k.cp_kind == context_kind::usp) out += " (ulysses " + std::to_string(k.cp_ulysses) + ")";
+  return out;
+}
+
 //! The markdown table `loom plan` prints: the first `top` ranked configurations.
 inline std::string table(const plan_report& rep, std::size_t top) {
   if (rep.moe) {  // with experts: the ep degree, the all-to-all volume and the experts' state
@@ -224,16 +232,20 @@ inline std::string table(const plan_report& rep, std::size_t top) {
     }
     return out;
   }
-  std::string out =
-      "| rank | dp | tp | pp | sp | recompute | schedule | chunks | microbatches | step (s) | pipeline (s) | dp all-reduce (s) "
-      "| bubble | memory (GiB) | TFLOP/s per GPU |\n"
-      "|---:|---:|---:|---:|:--|:--|:--|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  // With context parallelism searched: a cp column after dp.
+  std::string out = rep.context ? "| rank | dp | cp | tp | pp | sp | recompute | schedule | chunks | microbatches | step (s) | pipeline (s) | dp all-reduce (s) "
+                                  "| bubble | memory (GiB) | TFLOP/s per GPU |\n"
+                                  "|---:|---:|:--|---:|---:|:--|:--|:--|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+                                : "| rank | dp | tp | pp | sp | recompute | schedule | chunks | microbatches | step (s) | pipeline (s) | dp all-reduce (s) "
+                                  "| bubble | memory (GiB) | TFLOP/s per GPU |\n"
+                                  "|---:|---:|---:|---:|:--|:--|:--|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   char buf[512];
   for (std::size_t i = 0; i < rep.ranked.size() && i < top; ++i) {
     const plan_result& r = rep.ranked[i];
     const plan_config& k = r.config;
-    std::snprintf(buf, sizeof buf, "| %zu | %lld | %s | %lld | %s | %s | %s | %d | %lld | %.2f | %.2f | %.3f | %.3f | %.1f | %.0f |\n",
-                  i + 1, k.dp, tp_label(k).c_str(), k.pp, k.sp ? "on" : "off", to_string(k.recompute), schedule_label(k).c_str(), k.chunks,
+    const std::string dp = rep.context ? std::to_string(k.dp) + " | " + cp_label(k) : std::to_string(k.dp);
+    std::snprintf(buf, sizeof buf, "| %zu | %s | %s | %lld | %s | %s | %s | %d | %lld | %.2f | %.2f | %.3f | %.3f | %.1f | %.0f |\n",
+                  i + 1, dp.c_str(), tp_label(k).c_str(), k.pp, k.sp ? "on" : "off", to_string(k.recompute), schedule_label(k).c_str(), k.chunks,
                   k.microbatches, r.step_time, r.pipeline_time, r.dp_time, r.bubble, r.memory_bytes / (1024.0 * 1024.0 * 1024.0),
                   r.flops_per_gpu / 1e12);
     out += buf;
@@ -249,6 +261,9 @@ inline nlohmann::json to_json(const plan_result& r, std::size_t rank) {
           {"tp", k.tp},
           {"tp_kind", std::string(to_string(k.tp_grid))},
           {"tp_depth", k.tp_depth},
+          {"cp", k.cp},
+          {"cp_kind", to_string(k.cp_kind)},
+          {"cp_ulysses", k.cp_ulysses},
           {"pp", k.pp},
           {"sp", k.sp},
           {"recompute", to_string(k.recompute)},

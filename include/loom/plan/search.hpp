@@ -50,7 +50,15 @@
 //!
 //! "SP" here is Megatron-LM sequence parallelism (Korthikanti et al. 2022, §4.2.2): it reuses the
 //! tensor-parallel group, so it adds no degree to the mesh; it divides activations (and the
-//! pipeline message) by `tp`. Ulysses / context parallelism is not modelled.
+//! pipeline message) by `tp`.
+//!
+//! Context parallelism (`plan_options::context`, `plan_config::cp`, `cp_kind`): the sequence of
+//! every microbatch over `cp` ranks (rank order tp, cp, ep, dp, pp), its attention by Ulysses,
+//! ring attention, USP or TokenRing (`detail::context_choices`, `detail::context_times`): the
+//! FLOPs over `tp x cp`, the activations, the logits and the pipeline message over `cp`, the
+//! attention's exchanges added per layer (ring attention's and TokenRing's hidden under the
+//! attention core where it is longer), the gradients reduced over `dp x cp`; dense models on the
+//! 1D split. DSP needs two sequence dimensions, which `model_desc` does not describe.
 //!
 //! Tensor-parallel grids (`plan_config::tp_grid`, `plan_options::grids`; Optimus, Xu et al. 2021;
 //! Tesseract, Wang et al. 2022; Bian et al. 2021; `loom/exec/tensor_grid.hpp`): beside the 1D split
@@ -84,6 +92,25 @@
 
 namespace loom {
 
+//! How the attention of a context-parallel configuration (`plan_config::cp` > 1) sees the whole
+//! sequence (docs/mesh.md, `loom/exec/sequence_parallel.hpp`): Ulysses' all-to-alls over the
+//! heads (Jacobs et al. 2023), ring attention's K/V passes (Liu et al. 2023, zig-zag), USP's
+//! Ulysses inside ring groups (Fang and Zhao 2024), or TokenRing's queries and partial outputs
+//! (Wang et al. 2024).
+enum class context_kind : unsigned char { none, ulysses, ring, usp, tokenring };
+
+//! The kind's name (`none`, `ulysses`, `ring`, `usp`, `tokenring`).
+constexpr const char* to_string(context_kind k) {
+  switch (k) {
+    case context_kind::ulysses: return "ulysses";
+    case context_kind::ring: return "ring";
+    case context_kind::usp: return "usp";
+    case context_kind::tokenring: return "tokenring";
+    case context_kind::none: break;
+  }
+  return "none";
+}
+
 //! One point of the search space.
 struct plan_config {
   long long dp = 1;                             //!< data-parallel degree
@@ -103,6 +130,9 @@ struct plan_config {
   //! q x q, `d2_5`: q x q x `tp_depth`, `d3`: q x q x q; see the file comment).
   tp_kind tp_grid = tp_kind::d1;
   int tp_depth = 1;  //!< 2.5D's layers (1 for the other kinds)
+  long long cp = 1;  //!< context-parallel degree: every microbatch's sequence split over `cp` ranks (see the file comment)
+  context_kind cp_kind = context_kind::none;  //!< how the attention sees the whole sequence (`none` when cp = 1)
+  long long cp_ulysses = 1;                   //!< Ulysses' degree inside cp (ulysses: cp; ring, tokenring: 1; usp: a divisor)
   friend bool operator==(const plan_config&, const plan_config&) = default;
 };
 
@@ -137,6 +167,8 @@ struct plan_options {
   bool sp_on = true;   //!< try Megatron sequence parallelism (only where tp > 1)
   //! Try tensor-parallel grids (2D, 2.5D, 3D) beside Megatron's 1D split, dense models only.
   bool grids = true;
+  //! Try context parallelism (a `cp` degree with each `context_kind`), dense models on the 1D split.
+  bool context = false;
   int max_chunks = 8;  //!< largest interleaving degree tried
   //! Shapes with more than this many ranks x microbatches are not given to cost-aware
   //! auto-schedulers (zb-auto, zb-v), whose search grows faster than linearly; 0: no limit.
@@ -153,6 +185,7 @@ struct plan_report {
   std::size_t layouts = 0;          //!< (dp, ep, tp, pp) layouts that divide the cluster and the model
   long long cells = 0;              //!< forward passes (ranks x microbatches x chunks) of the configurations simulated
   bool moe = false;                 //!< the model has experts (the table shows ep, the all-to-all volume and the expert memory)
+  bool context = false;             //!< the search tried context parallelism (the table shows cp and its kind)
 };
 
 namespace detail {
@@ -357,9 +390,73 @@ inline double grid_layer_time(const model_desc& m, const cluster_desc& c, const 
   return t;
 }
 
+//! The context-parallel kinds `plan` tries for `cp` ranks under `tp`-way tensor parallelism, with
+//! their Ulysses degree: none for cp = 1; else Ulysses when the `heads / tp` split over cp, ring
+//! attention and TokenRing when the sequence splits into `2 cp` zig-zag chunks, and USP with each
+//! Ulysses degree `u` strictly between 1 and cp that divides cp and the heads (both rules).
+inline std::vector<std::pair<context_kind, long long>> context_choices(const model_desc& m, long long tp, long long cp) {
+  if (cp == 1) return {{context_kind::none, 1}};
+  std::vector<std::pair<context_kind, long long>> out;
+  const long long heads = m.heads / tp;
+  const bool zigzag = m.seq % (2 * cp) == 0;
+  if (heads % cp == 0) out.push_back({context_kind::ulysses, cp});
+  if (zigzag) {
+    out.push_back({context_kind::ring, 1});
+    out.push_back({context_kind::tokenring, 1});
+    for (long long u = 2; u < cp; ++u)
+      if (cp % u == 0 && heads % u == 0) out.push_back({context_kind::usp, u});
+  }
+  return out;
+}
+
+//! Seconds of one layer's context-parallel communication per microbatch on one GPU that its
+//! attention does not hide, forward (`f`) and input-gradient backward (`b`); `attn_f` and `attn_b`
+//! are the attention core's compute seconds there, which the K/V passes of ring attention and
+//! TokenRing's messages overlap (double-buffered: only what exceeds them counts). With `n = s b h
+//! / (tp cp)` elements (a rank's Q, K, V or output) and `m = s b a / (tp cp)` (its log-sum-exp):
+//! Ulysses (over `u` ranks) 4 all-to-alls of `n` forward and 4 backward, not overlapped; ring
+//! attention over `R = cp / u` positions `R - 1` passes of K and V (`2n`) forward and `2R - 1`
+//! (K, V again, then dK, dV) backward; TokenRing `R - 1` steps forward, each the queries one way
+//! (`n`) and a partial output with its log-sum-exp (`n + m`) the other, so `n + m` a step on a
+//! full-duplex link, and backward `R - 1` bundles of `2n + 2m` and `R` query gradients of `n`,
+//! one way (docs/mesh.md). The Ulysses group (adjacent cp ranks) and the ring run on the
+//! intra-node link while they stay in a node (tp innermost, then cp), else on the inter-node one.
+struct context_cost {
+  double f = 0, b = 0;
+};
+inline context_cost context_times(const model_desc& m, const cluster_desc& c, const plan_config& k, double attn_f, double attn_b) {
+  context_cost out;
+  if (k.cp <= 1) return out;
+  const double e = m.bytes_per_element, T = static_cast<double>(k.tp * k.cp);
+  const double n = static_cast<double>(m.seq) * m.micro_batch * m.hidden / T * e, lse = static_cast<double>(m.seq) * m.micro_batch * m.heads / T * e;
+  const long long u = k.cp_kind == context_kind::ulysses ? k.cp : k.cp_kind == context_kind::usp ? k.cp_ulysses : 1;
+  const long long R = k.cp / u;
+  if (u > 1) {
+    const link_cost& l = k.tp * u > c.gpus_per_node ? c.inter : c.intra;
+    const double a2a = plan_formulas::all_to_all_time(n, u, l);
+    out.f += 4 * a2a;
+    out.b += 4 * a2a;
+  }
+  if (R > 1) {
+    const link_cost& l = k.tp * k.cp > c.gpus_per_node ? c.inter : c.intra;
+    const double Rm1 = static_cast<double>(R - 1), Rd = static_cast<double>(R);
+    double f = 0, b = 0;
+    if (k.cp_kind == context_kind::tokenring) {
+      f = Rm1 * l.time(n + lse);
+      b = Rm1 * l.time(2 * n + 2 * lse) + Rd * l.time(n);
+    } else {
+      f = Rm1 * l.time(2 * n);
+      b = (2 * Rd - 1) * l.time(2 * n);
+    }
+    out.f += std::max(0.0, f - attn_f);
+    out.b += std::max(0.0, b - attn_b);
+  }
+  return out;
+}
+
 //! Pipeline ranks per node for `cost_model::ranks_per_node` (Megatron rank order: tp, ep, dp, pp).
 constexpr int pipeline_ranks_per_node(const cluster_desc& c, const plan_config& k) {
-  const long long inner = k.tp * k.ep * k.dp;
+  const long long inner = k.tp * k.cp * k.ep * k.dp;
   return inner >= c.gpus_per_node ? 1 : static_cast<int>(c.gpus_per_node / inner);
 }
 
@@ -373,7 +470,7 @@ struct stage_flops {
 inline stage_flops stage_gpu_flops(const model_desc& m, const plan_config& k, int st, int S) {
   namespace pf = plan_formulas;
   const auto L = static_cast<double>(m.layers / S), q = static_cast<double>(stage_moe_layers(m, st, S));
-  const double mlp = 16.0 * m.micro_batch * m.seq * m.hidden * m.hidden, T = static_cast<double>(k.tp);
+  const double mlp = 16.0 * m.micro_batch * m.seq * m.hidden * m.hidden, T = static_cast<double>(k.tp * k.cp);
   const bool full = k.recompute == recompute_kind::full;
   stage_flops x;
   x.f = L * pf::layer_forward_flops(m) - q * mlp;
@@ -428,12 +525,28 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     comm_b = detail::grid_layer_time(m, c, g, grid_block_volume::call::input) + (full ? comm_f : 0);
     comm_w = detail::grid_layer_time(m, c, g, grid_block_volume::call::weight);
   } else {
-    const double coll = pf::ring_allreduce_time(pf::tp_collective_bytes(m), k.tp, c.intra);
+    // (With context parallelism each rank's all-reduces carry its s b / cp tokens.)
+    const double coll = pf::ring_allreduce_time(pf::tp_collective_bytes(m) / static_cast<double>(k.cp), k.tp, c.intra);
     comm_f = 2 * coll;
     comm_b = (full ? 4 : 2) * coll;
   }
+  // Context parallelism: what the attention's exchanges add (the attention core's FLOPs per layer,
+  // 4 b s^2 h forward and 8 b s^2 h in B, hide ring attention's and TokenRing's messages).
+  if (k.cp > 1 || k.cp_kind != context_kind::none) {
+    const auto choices = detail::context_choices(m, k.tp, k.cp);
+    if (grid || m.experts > 0 || k.vocab != 0 || k.cp < 1 ||
+        std::find(choices.begin(), choices.end(), std::pair{k.cp_kind, k.cp_ulysses}) == choices.end())
+      throw config_error("plan: context parallelism cp " + std::to_string(k.cp) + " (" + to_string(k.cp_kind) + ", Ulysses degree " +
+                         std::to_string(k.cp_ulysses) + ") is not one plan models for this model (dense, on the 1D split, heads / tp " +
+                         "divisible by the Ulysses degree, the sequence into 2 cp chunks)");
+    const double T = static_cast<double>(k.tp * k.cp), core = 4.0 * m.micro_batch * m.seq * m.seq * m.hidden / T / rate;
+    const detail::context_cost cc = detail::context_times(m, c, k, core, 2 * core);
+    comm_f += cc.f;
+    comm_b += cc.b + (full ? cc.f : 0);
+  }
   const bool split = detail::splits_activations(k);
-  const double act_layer = pf::layer_activation_bytes(m, k.tp, split, k.recompute);
+  const double cpd = static_cast<double>(k.cp);  // the tokens split over cp
+  const double act_layer = pf::layer_activation_bytes(m, k.tp, split, k.recompute) / cpd;
   cost_model out;
   out.stages.resize(static_cast<std::size_t>(S));
   for (int st = 0; st < S; ++st) {
@@ -441,12 +554,12 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     const detail::stage_flops fl = detail::stage_gpu_flops(m, k, st, S);
     const auto q = static_cast<double>(detail::stage_moe_layers(m, st, S));
     double act = L * act_layer + q * moe_act;
-    if (st == S - 1 && k.vocab == 0) act += pf::logit_activation_bytes(m, k.tp);
+    if (st == S - 1 && k.vocab == 0) act += pf::logit_activation_bytes(m, k.tp) / cpd;
     x.f = fl.f / rate + L * comm_f + q * 2 * a2a;
     x.b = fl.b / rate + L * comm_b + q * (full ? 4 : 2) * a2a;
     x.w = fl.w / rate + L * comm_w;
     x.activation = act;
-    x.message_bytes = pf::p2p_message_bytes(m, k.tp, split);
+    x.message_bytes = pf::p2p_message_bytes(m, k.tp, split) / cpd;
     x.param_bytes = (detail::stage_params(m, st, S, k.vocab) / detail::weight_split(k) +
                      detail::stage_expert_params(m, st, S) / static_cast<double>(k.ep)) *
                     m.bytes_per_element;
@@ -502,7 +615,8 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
   if (k.vocab != 0)
     for (double& p : params) p += detail::vocab_params_per_rank(m, k.pp);
   const double transient = (k.recompute == recompute_kind::full
-                                ? pf::layer_activation_bytes(m, k.tp, detail::splits_activations(k), recompute_kind::none)
+                                ? pf::layer_activation_bytes(m, k.tp, detail::splits_activations(k), recompute_kind::none) /
+                                      static_cast<double>(k.cp)
                                 : 0) +
                            (k.vocab != 0 ? detail::vocab_stash_bytes(m, k.tp, k.pp) : 0);
   double max_params = 0, max_experts = 0, max_moe = 0;
@@ -522,9 +636,9 @@ inline plan_result evaluate_plan(const model_desc& m, const cluster_desc& c, con
       r.expert_bytes = expert_state;
     }
   }
-  // The dense gradients over dp x ep, the experts' over dp (Megatron rank order: tp, ep, dp, pp).
-  const link_cost& dp_link = k.tp * k.ep * k.dp > c.gpus_per_node ? c.inter : c.intra;
-  r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / detail::weight_split(k), k.dp * k.ep, dp_link) +
+  // The dense gradients over dp x cp x ep, the experts' over dp (Megatron rank order: tp, cp, ep, dp, pp).
+  const link_cost& dp_link = k.tp * k.cp * k.ep * k.dp > c.gpus_per_node ? c.inter : c.intra;
+  r.dp_time = pf::ring_allreduce_time(max_params * m.bytes_per_element / detail::weight_split(k), k.dp * k.cp * k.ep, dp_link) +
               (max_experts > 0 ? pf::ring_allreduce_time(max_experts * m.bytes_per_element, k.dp, dp_link) : 0);
   r.step_time = r.pipeline_time + r.dp_time;
   r.fits = r.memory_bytes <= c.usable_bytes();
@@ -556,6 +670,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
   if (auto r = detail::check_cluster_desc(c); !r.empty()) throw config_error(r);
   plan_report rep;
   rep.moe = m.experts > 0;
+  rep.context = o.context && m.experts == 0;
   for (const std::string& name : o.families)
     if (const family_entry* e = default_registry().find(name); e != nullptr && e->multi_step)
       throw config_error("plan: '" + name +
@@ -600,8 +715,13 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
       if (m.layers % pp != 0 || c.gpus % (tp * pp) != 0) continue;
       // Expert parallelism (MoE models): ep divides the experts; ranks that differ in ep hold other tokens.
       for (long long ep = 1; ep <= std::max<long long>(1, m.experts) && tp * pp * ep <= c.gpus; ++ep) {
-        if ((ep > 1 && m.experts % ep != 0) || c.gpus % (tp * pp * ep) != 0) continue;
-        const long long dp = c.gpus / (tp * pp * ep);
+        // Context parallelism (`o.context`, dense models on the 1D split): the sequence over cp ranks.
+        for (long long cp = 1; tp * pp * ep * cp <= c.gpus; ++cp) {
+        if (cp > 1 && (!o.context || grid || m.experts > 0)) break;
+        if ((ep > 1 && m.experts % ep != 0) || c.gpus % (tp * pp * ep * cp) != 0) continue;
+        const std::vector<std::pair<context_kind, long long>> contexts = detail::context_choices(m, tp, cp);
+        if (contexts.empty()) continue;
+        const long long dp = c.gpus / (tp * pp * ep * cp);
         if ((m.global_batch / m.micro_batch) % (dp * ep) != 0) continue;
         if (pp > max_ranks) continue;
         const long long mb = m.global_batch / (dp * ep * m.micro_batch);
@@ -619,12 +739,13 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
         for (bool sp : {false, true}) {
           if (sp && (tp == 1 || grid)) continue;  // a grid splits every activation already
           if (!grid && tp > 1 && !(sp ? o.sp_on : o.sp_off)) continue;
-          for (recompute_kind rc : o.recompute) {
+          for (recompute_kind rc : o.recompute)
+            for (const auto& [ck, u] : contexts) {
             plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb, .ep = ep,
-                             .tp_grid = tc.kind, .tp_depth = tc.depth};
+                             .tp_grid = tc.kind, .tp_depth = tc.depth, .cp = cp, .cp_kind = ck, .cp_ulysses = u};
             for (const std::string& name : o.families) {
               if (const detail::plan_vocab_family* vf = detail::find_plan_vocab_family(name); vf != nullptr) {
-                if (grid) continue;  // the vocabulary-parallel layers are modelled over a 1D group
+                if (grid || cp > 1) continue;  // the vocabulary-parallel layers are modelled over a 1D group, whole sequences
                 const shape sh{.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = vf->chunks};
                 if (per_rank % vf->chunks != 0 || !detail::check_plan_vocab_family(*vf, sh).empty()) continue;
                 plan_config k = base;
@@ -669,6 +790,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
               }
             }
           }
+        }
         }
       }
     }
@@ -734,7 +856,8 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
         max_params = std::max(max_params, here);
       }
       const double transient = k.recompute == recompute_kind::full
-                                   ? plan_formulas::layer_activation_bytes(m, k.tp, detail::splits_activations(k), recompute_kind::none)
+                                   ? plan_formulas::layer_activation_bytes(m, k.tp, detail::splits_activations(k), recompute_kind::none) /
+                                         static_cast<double>(k.cp)
                                    : 0;
       const double room = c.usable_bytes() - max_params - transient;
       const double limit = act > 0 ? std::floor(room / act) : 0;
@@ -764,8 +887,8 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     if (o.progress) o.progress(++done, todo.size());
   }
   auto label = [](const plan_config& k) {
-    return std::make_tuple(k.dp, k.ep, k.tp, static_cast<int>(k.tp_grid), k.tp_depth, k.pp, k.family, k.chunks, k.v_placement, k.sp,
-                           static_cast<int>(k.recompute));
+    return std::make_tuple(k.dp, k.ep, k.tp, static_cast<int>(k.tp_grid), k.tp_depth, k.cp, static_cast<int>(k.cp_kind), k.cp_ulysses, k.pp,
+                           k.family, k.chunks, k.v_placement, k.sp, static_cast<int>(k.recompute));
   };
   // A total order (the label tells configurations apart), so std::sort is deterministic
   // (libstdc++ 12's std::stable_sort warns under clang: deprecated get_temporary_buffer).
@@ -774,10 +897,12 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     if (a.memory_bytes != b.memory_bytes) return a.memory_bytes < b.memory_bytes;
     return label(a.config) < label(b.config);
   });
-  std::map<std::tuple<long long, long long, long long, int, int, long long, std::string, int, bool>, double> least_memory;
+  std::map<std::tuple<long long, long long, long long, int, int, long long, int, long long, long long, std::string, int, bool>, double>
+      least_memory;
   for (const plan_result& r : all) {
-    auto g = std::make_tuple(r.config.dp, r.config.ep, r.config.tp, static_cast<int>(r.config.tp_grid), r.config.tp_depth, r.config.pp,
-                             r.config.family, r.config.chunks, r.config.v_placement);
+    auto g = std::make_tuple(r.config.dp, r.config.ep, r.config.tp, static_cast<int>(r.config.tp_grid), r.config.tp_depth, r.config.cp,
+                             static_cast<int>(r.config.cp_kind), r.config.cp_ulysses, r.config.pp, r.config.family, r.config.chunks,
+                             r.config.v_placement);
     auto it = least_memory.find(g);
     if (it != least_memory.end() && it->second <= r.memory_bytes) continue;  // dominated by a faster variant
     least_memory[g] = r.memory_bytes;
