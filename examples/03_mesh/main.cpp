@@ -369,8 +369,6 @@ std::string configure(options& o) {
   else if (o.sp_kind == "usp") s.kind = seq_kind::usp;
   else if (o.sp_kind == "tokenring") s.kind = seq_kind::tokenring;
   else return "--sp-kind " + o.sp_kind + " is not one of megatron, ulysses, ring, usp, tokenring, dsp";
-  if (s.kind == seq_kind::tokenring && (o.backend == "cuda_local" || o.backend == "nccl"))
-    return "--sp-kind tokenring runs on the threads and mpi backends so far (its device form is not written yet)";
   if (s.kind == seq_kind::megatron && s.sp == 1) s.sp = s.tp;
   if (o.ulysses < 0) return "--ulysses " + std::to_string(o.ulysses) + " is negative";
   if (o.ulysses != 0 && s.kind != seq_kind::usp) return "--ulysses is USP's Ulysses degree: it needs --sp-kind usp";

@@ -416,7 +416,8 @@ class transformer_stage {
     const auto T = static_cast<std::size_t>(s.tokens(m));
     const std::size_t work = work_slots * work_part(m, s);
     const std::size_t att = loom::usp_attention<G, T_value>::buffer_elements(
-        s.u(), s.ring(), s.region_tokens(m), {m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))});
+        s.u(), s.ring(), s.region_tokens(m), {m.heads / s.tp, m.head_dim(), 1.0 / std::sqrt(static_cast<double>(m.head_dim()))},
+        s.token_ring());
     return (2 * z.weights + work + att) * sizeof(T_value) + T * sizeof(int);
   }
 

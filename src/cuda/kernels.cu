@@ -215,6 +215,8 @@ void attention_backward_async(const attention_block<float>& b, cudaStream_t s) {
 void attention_backward_async(const attention_block<double>& b, cudaStream_t s) { launch_backward(b, s); }
 void attention_delta_async(const attention_delta_rows<float>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
 void attention_delta_async(const attention_delta_rows<double>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
+void attention_merge_async(const attention_merge_rows<float>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
+void attention_merge_async(const attention_merge_rows<double>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
 void ulysses_move_async(const ulysses_move<float>& f, cudaStream_t s) { launch_items(f, f.l.size(), s); }
 void ulysses_move_async(const ulysses_move<double>& f, cudaStream_t s) { launch_items(f, f.l.size(), s); }
 

@@ -1,7 +1,8 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
 // The tensor- and sequence-parallel patterns (Megatron's column- and row-parallel layers with
-// loom's device linear kernel; the tensor grids' SUMMA and 3D layers; ring attention, Ulysses, USP), written once over a group, on a
+// loom's device linear kernel; the tensor grids' SUMMA and 3D layers; ring attention, Ulysses, USP,
+// TokenRing, causal and not), written once over a group, on a
 // device group bound to a stream (cuda_local and nccl): the same results as on the threads
 // backend (bitwise under the simulator, whose kernels run the same per-item code on the host;
 // within 1e-5 on a GPU, whose exp and log differ in the last bits) and the same per-group
@@ -62,13 +63,13 @@ struct result {
   return d / m;
 }
 
-std::vector<result> on_threads(split s) {
+std::vector<result> on_threads(split s, bool token_ring = false, bool causal = true) {
   std::vector<result> out(static_cast<std::size_t>(s.ranks()));
   loom::run_threads(s.ranks(), [&](loom::threads::comm& w) {
     using counted = loom::counted<loom::threads::comm>;
     counted uc(w.split(w.rank() / s.u, w.rank() % s.u)), rc(w.split(w.rank() % s.u, w.rank() / s.u));
     const loom::attention_dims a{heads, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
-    loom::usp_attention<counted, float> att(&uc, &rc, tokens, a, true);
+    loom::usp_attention<counted, float> att(&uc, &rc, tokens, a, causal, token_ring);
     std::vector<float> qkv(3 * elems), dout(elems), o(elems), g(3 * elems), stash(att.stash_size());
     for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = value(0, w.rank(), i);
     for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = value(1, w.rank(), i);
@@ -81,14 +82,14 @@ std::vector<result> on_threads(split s) {
 
 //! The same on a device world: both groups split from it, counted, bound to one stream.
 template <class W>
-result on_device_rank(W& w, split s, const loom::sp_faults& faults = {}) {
+result on_device_rank(W& w, split s, const loom::sp_faults& faults = {}, bool token_ring = false, bool causal = true) {
   using counted = loom::counted<W>;
   counted uc(w.split(w.rank() / s.u, w.rank() % s.u)), rc(w.split(w.rank() % s.u, w.rank() / s.u));
   loom::cuda::stream st;
   loom::cuda::name_stream(st.get(), "r" + std::to_string(w.rank()) + " attention");
   loom::on_stream<counted> ug(uc, st.get()), rg(rc, st.get());
   const loom::attention_dims a{heads, head_dim, 1.0 / std::sqrt(static_cast<double>(head_dim))};
-  loom::usp_attention<loom::on_stream<counted>, float> att(&ug, &rg, tokens, a, true);
+  loom::usp_attention<loom::on_stream<counted>, float> att(&ug, &rg, tokens, a, causal, token_ring);
   att.inject(faults);
   std::vector<float> qkv(3 * elems), dout(elems);
   for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = value(0, w.rank(), i);
@@ -208,41 +209,54 @@ grid_result grid_pair(loom::tp_grid_comms<G>& g, K k, Make&& make, Fetch&& fetch
   return {fetch(y2), fetch(dy1), fetch(dx), fetch(gw1), fetch(gb1), fetch(gw2), fetch(gb2), {}};
 }
 
+//! The attention of split `s` (TokenRing as its ring part when `token_ring`) on both device
+//! backends under `seeds` simulator seeds: every rank's output, gradients and both groups'
+//! counters equal the threads backend's, and the simulator finds nothing.
+void device_equals_threads(split s, bool token_ring, bool causal, std::uint64_t seeds) {
+  CAPTURE(s.u);
+  CAPTURE(s.ring);
+  CAPTURE(token_ring);
+  CAPTURE(causal);
+  const auto want = on_threads(s, token_ring, causal);
+  for (backend b : {backend::cuda_local, backend::nccl}) {
+    CAPTURE(loom_device_test::name(b));
+    if (loom_device_test::skip_unless_devices(b, s.ranks())) continue;
+    for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+      CAPTURE(seed);
+      loom_device_test::simulate_with(seed);
+      std::vector<result> got(static_cast<std::size_t>(s.ranks()));
+      auto body = [&](auto& w) { got[static_cast<std::size_t>(w.rank())] = on_device_rank(w, s, {}, token_ring, causal); };
+      loom_device_test::run_on(b, s.ranks(), body);
+      for (std::size_t r = 0; r < got.size(); ++r) {
+        CAPTURE(r);
+#if defined(LOOM_CUDA_SIM)
+        CHECK(got[r].o == want[r].o);
+        CHECK(got[r].dqkv == want[r].dqkv);
+#else
+        CHECK(max_rel(got[r].o, want[r].o) <= 1e-5);
+        CHECK(max_rel(got[r].dqkv, want[r].dqkv) <= 1e-5);
+#endif
+        CHECK(got[r].ulysses == want[r].ulysses);
+        CHECK(got[r].ring == want[r].ring);
+      }
+      CHECK(loom_device_test::findings() == "");
+#if !defined(LOOM_CUDA_SIM)
+      break;  // a GPU has no seeds to vary
+#endif
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("ring attention, Ulysses and USP run on device groups with the threads backend's results and counters") {
-  for (split s : {split{2, 1}, split{1, 2}, split{1, 4}, split{2, 2}}) {
-    CAPTURE(s.u);
-    CAPTURE(s.ring);
-    const auto want = on_threads(s);
-    for (backend b : {backend::cuda_local, backend::nccl}) {
-      CAPTURE(loom_device_test::name(b));
-      if (loom_device_test::skip_unless_devices(b, s.ranks())) continue;
-      for (std::uint64_t seed = 1; seed <= 20; ++seed) {
-        CAPTURE(seed);
-        loom_device_test::simulate_with(seed);
-        std::vector<result> got(static_cast<std::size_t>(s.ranks()));
-        auto body = [&](auto& w) { got[static_cast<std::size_t>(w.rank())] = on_device_rank(w, s); };
-        loom_device_test::run_on(b, s.ranks(), body);
-        for (std::size_t r = 0; r < got.size(); ++r) {
-          CAPTURE(r);
-#if defined(LOOM_CUDA_SIM)
-          CHECK(got[r].o == want[r].o);
-          CHECK(got[r].dqkv == want[r].dqkv);
-#else
-          CHECK(max_rel(got[r].o, want[r].o) <= 1e-5);
-          CHECK(max_rel(got[r].dqkv, want[r].dqkv) <= 1e-5);
-#endif
-          CHECK(got[r].ulysses == want[r].ulysses);
-          CHECK(got[r].ring == want[r].ring);
-        }
-        CHECK(loom_device_test::findings() == "");
-#if !defined(LOOM_CUDA_SIM)
-        break;  // a GPU has no seeds to vary
-#endif
-      }
-    }
-  }
+  for (split s : {split{2, 1}, split{1, 2}, split{1, 4}, split{2, 2}}) device_equals_threads(s, false, true, 20);
+}
+
+// TokenRing's ring counters hold no K or V bytes: its formula (tests/mesh/token_ring_suite.hpp).
+TEST_CASE("TokenRing (alone and inside USP) runs on device groups with the threads backend's results and counters, causal and not") {
+  for (split s : {split{1, 2}, split{1, 3}, split{1, 4}, split{2, 2}})
+    for (bool causal : {true, false}) device_equals_threads(s, true, causal, 10);
 }
 
 #if defined(LOOM_CUDA_SIM)

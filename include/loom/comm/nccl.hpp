@@ -48,6 +48,7 @@
 #include <exception>
 #include <fstream>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -230,14 +231,17 @@ class comm {
   ncclComm_t get() const { return world_; }
 
   //! Creates the sub-communicator and streams of every channel this rank takes part in
-  //! (collective: every rank passes the same list).
+  //! (collective: every rank passes the same list). A channel opened by an earlier call is
+  //! skipped on every rank alike (the group remembers every channel opened, its own or not), so
+  //! the calls' lists may overlap.
   void open_channels(std::span<const channel> chans) {
     check_live();
     std::vector<channel> todo(chans.begin(), chans.end());
     std::sort(todo.begin(), todo.end());
     todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
     std::erase_if(todo, [&](const channel& c) { return c.from == c.to || c.from < 0 || c.to < 0 || c.from >= size_ || c.to >= size_; });
-    std::erase_if(todo, [&](const channel& c) { return channels_.contains({c.from, c.to}); });
+    std::erase_if(todo, [&](const channel& c) { return opened_.contains({c.from, c.to}); });
+    for (const channel& c : todo) opened_.insert({c.from, c.to});
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (!todo.empty()) {
       // One round: channels that share no rank, split off together.
@@ -518,6 +522,7 @@ class comm {
       if (ch.stream != nullptr) (void)cudaStreamDestroy(ch.stream);
     }
     channels_.clear();
+    opened_.clear();
     if (world_ != nullptr) (void)ncclCommDestroy(world_);
     if (agree_stream_ != nullptr) (void)cudaStreamDestroy(agree_stream_);
     world_ = nullptr;
@@ -531,6 +536,7 @@ class comm {
     std::swap(device_, o.device_);
     std::swap(world_, o.world_);
     std::swap(channels_, o.channels_);
+    std::swap(opened_, o.opened_);
     std::swap(agree_stream_, o.agree_stream_);
     std::swap(exec_, o.exec_);
     std::swap(events_, o.events_);
@@ -546,6 +552,7 @@ class comm {
   int rank_ = 0, size_ = 1, device_ = 0;
   ncclComm_t world_ = nullptr;
   std::map<std::pair<int, int>, chan> channels_;
+  std::set<std::pair<int, int>> opened_;  // every channel opened on the group, this rank's or not
   cudaStream_t agree_stream_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   loom::detail::event_pool events_;

@@ -104,6 +104,14 @@ void attention_delta_async(const attention_delta_rows<T>& f, std::size_t rows, c
     for (std::size_t r = 0; r < rows; ++r) f(r);
   });
 }
+//! TokenRing's merge of a partial output into the running one (`attention_merge_rows` per row
+//! and head), on `s`.
+template <class T>
+void attention_merge_async(const attention_merge_rows<T>& f, std::size_t rows, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda attention merge", [f, rows] {
+    for (std::size_t r = 0; r < rows; ++r) f(r);
+  });
+}
 //! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.
 template <class T>
 void ulysses_move_async(const ulysses_move<T>& f, cudaStream_t s) {
@@ -208,6 +216,10 @@ void attention_backward_async(const attention_block<double>& b, cudaStream_t s);
 void attention_delta_async(const attention_delta_rows<float>& f, std::size_t rows, cudaStream_t s);
 //! The attention backward's row term for `rows` rows and heads, on `s`.
 void attention_delta_async(const attention_delta_rows<double>& f, std::size_t rows, cudaStream_t s);
+//! TokenRing's merge of a partial output (`attention_merge_rows` per row and head), on `s`.
+void attention_merge_async(const attention_merge_rows<float>& f, std::size_t rows, cudaStream_t s);
+//! TokenRing's merge of a partial output (`attention_merge_rows` per row and head), on `s`.
+void attention_merge_async(const attention_merge_rows<double>& f, std::size_t rows, cudaStream_t s);
 //! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.
 void ulysses_move_async(const ulysses_move<float>& f, cudaStream_t s);
 //! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.

@@ -6,7 +6,7 @@
 //! The device form of loom's tensor- and sequence-parallel patterns: `loom::cuda::linear_kernel`,
 //! the local product of Megatron's column- and row-parallel layers
 //! (`loom/exec/tensor_parallel.hpp`) as kernels on a stream, and the device form of the
-//! sequence-parallel patterns (`loom::ring_attention`,
+//! sequence-parallel patterns (`loom::ring_attention`, `loom::token_ring_attention`,
 //! `loom::ulysses`, `loom::usp_attention` of `loom/exec/sequence_parallel.hpp`): include this
 //! header and instantiate them over a device group bound to a stream, `loom::on_stream<G>` with
 //! `G` a `cuda_local` or `nccl` communicator (or a mesh's `counted` group of one). The patterns'
@@ -22,7 +22,8 @@
 //!   stream order); a receive waits for an event recorded when it is posted (the kernels and sends
 //!   that used its buffer before are done), unless `sp_faults::skip_kv_free_wait` asks it not to;
 //! - each `forward` or `backward` call brackets its transfers with the group's `begin_step` and
-//!   `end_step` on the stream, and construction opens the ring's channels (collective).
+//!   `end_step` on the stream, and construction opens the ring's channels (collective; TokenRing
+//!   opens one from every position to every other, its partial outputs going to their owner).
 
 #include <cstddef>
 #include <limits>
@@ -108,6 +109,14 @@ struct sp_space<C> {
                                      cuda::writes(std::span<T>(f.delta, n))};
     cuda::region reg(group(c).stream(), "loom attention delta", acc);
     cuda::detail::attention_delta_async(f, n, c->stream());
+  }
+  template <class T>
+  static void merge(C* c, state&, const attention_merge_rows<T>& f, std::size_t n) {
+    const auto D = static_cast<std::size_t>(f.head_dim);
+    const cuda::byte_access acc[] = {cuda::reads(std::span<const T>(f.y, n * D)), cuda::reads(std::span<const T>(f.lb, n)),
+                                     cuda::writes(std::span<T>(f.o, n * D)), cuda::writes(std::span<T>(f.lse, n))};
+    cuda::region reg(group(c).stream(), "loom attention merge", acc);
+    cuda::detail::attention_merge_async(f, n, c->stream());
   }
   template <class T>
   static void move(C* c, state&, const ulysses_move<T>& f) {

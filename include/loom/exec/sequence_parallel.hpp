@@ -208,6 +208,10 @@ struct sp_space {
     for (std::size_t w = 0; w < f.l.size(); ++w) f(w);
   }
   template <class T>
+  static void merge(C*, state&, const attention_merge_rows<T>& f, std::size_t rows) {
+    for (std::size_t r = 0; r < rows; ++r) f(r);
+  }
+  template <class T>
   static void all_to_all(C* c, state&, std::span<const T> in, std::span<T> out) {
     c->all_to_all(in, out);
   }
@@ -464,11 +468,16 @@ class ring_attention {
 //! `(R - 1)(2n + 2m)` query bundles and `R n` query gradients; no K or V. Ring attention sends
 //! `2 (R - 1) n` forward and `2 (R - 1) n + 2 R n` backward, all one way.
 //!
-//! Host groups (threads, MPI, their `counted` wrappers); the device form is not written yet.
-//! Construction is not collective.
+//! Written once for every group, as `ring_attention` (`detail::sp_space`): on a host group
+//! (threads, MPI) host loops and blocking waits; on a device group (`loom::on_stream` over a
+//! `cuda_local` or `nccl` group, with `loom/cuda/patterns.hpp`) every block and merge a kernel and
+//! every transfer stream-ordered, the buffers the object's own (device memory), each receive
+//! ordered after the kernels that last read its buffer. Construction is collective over a device
+//! ring (it opens a channel from every position to every other: the partials go to their owner).
 template <class C, class T>
 class token_ring_attention {
-  static_assert(!detail::device_group<C>, "loom: token_ring_attention runs on host groups (its device form is not written yet)");
+  using space = detail::sp_space<C>;
+  using buffer = typename space::template buffer<T>;
 
  public:
   //! TokenRing on `ring` for `tokens` tokens of this rank (two equal zig-zag chunks when the ring
@@ -480,6 +489,22 @@ class token_ring_attention {
       throw config_error("token ring attention: " + std::to_string(tokens) + " tokens per rank cannot form two zig-zag chunks");
     n_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim);
     m_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads);
+    cur_ = space::template make<T>(c_, 2 * n_ + 2 * m_);
+    gq_ = space::template make<T>(c_, n_);
+    if (R_ > 1) {
+      const std::size_t part = n_ + m_;
+      qcur_ = space::template make<T>(c_, n_);
+      qnext_ = space::template make<T>(c_, n_);
+      sent_ = space::template make<T>(c_, static_cast<std::size_t>(R_ - 1) * part);
+      got_ = space::template make<T>(c_, static_cast<std::size_t>(R_ - 1) * part);
+      nxt_ = space::template make<T>(c_, 2 * n_ + 2 * m_);
+      gq_next_ = space::template make<T>(c_, n_);
+      std::vector<channel> chans;
+      for (int p = 0; p < R_; ++p)
+        for (int q = 0; q < R_; ++q)
+          if (p != q) chans.push_back({p, q});
+      space::open(c_, st_, chans);
+    }
   }
 
   //! Elements this position sends in one forward and one backward (see the class comment).
@@ -488,102 +513,119 @@ class token_ring_attention {
   std::size_t backward_elements() const {
     return R_ == 1 ? 0 : static_cast<std::size_t>(R_ - 1) * (2 * n_ + 2 * m_) + static_cast<std::size_t>(R_) * n_;
   }
+  //! Elements of the buffers a TokenRing over `ring` positions holds for `tokens` tokens and
+  //! `dims` (device memory on a device group): the travelling bundle and the query gradient, and
+  //! with more than one position their second copies, the travelling queries' two buffers and the
+  //! partials sent and received.
+  static std::size_t buffer_elements(int ring, int tokens, attention_dims dims) {
+    const std::size_t n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim),
+                      m = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads);
+    const std::size_t one = 2 * n + 2 * m + n;
+    return ring > 1 ? 2 * one + 2 * n + 2 * static_cast<std::size_t>(ring - 1) * (n + m) : one;
+  }
+  //! Commits `f` from now on (device groups; see `ring_attention::inject`).
+  void inject(const sp_faults& f) { faults_ = f; }
 
   //! `o` and `lse` of this rank's queries over the whole sequence (see the class comment).
   void forward(std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> o, std::span<T> lse) {
-    std::fill(o.begin(), o.end(), T{});
-    std::fill(lse.begin(), lse.end(), -std::numeric_limits<T>::infinity());
-    if (R_ == 1) return blocks(pos_, q, k, v, o, lse);
+    space::begin(c_, st_);
+    space::fill(c_, st_, o, T{});
+    space::fill(c_, st_, lse, -std::numeric_limits<T>::infinity());
+    if (R_ == 1) {
+      blocks(pos_, q, k, v, o, lse);
+      return space::end(c_, st_);
+    }
     const std::size_t part = n_ + m_;
-    std::vector<T> qcur(q.begin(), q.end()), qnext(n_), sent(static_cast<std::size_t>(R_ - 1) * part),
-        got(static_cast<std::size_t>(R_ - 1) * part);
-    std::vector<typename C::request> recvs(static_cast<std::size_t>(R_)), sends;
+    space::copy(c_, st_, q, detail::whole(qcur_));
+    std::vector<typename space::request> recvs(static_cast<std::size_t>(R_)), sends;
     // The partial of step s comes from position p - s. The last one (s = R - 1) comes from p + 1,
     // which also sends the queries: it is posted after their receives, in the order they are sent.
     auto post_partial = [&](int st) {
-      recvs[static_cast<std::size_t>(st)] = irecv_values(*c_, (pos_ - st + R_) % R_, slot(got, st, part));
+      recvs[static_cast<std::size_t>(st)] =
+          space::irecv(c_, st_, (pos_ - st + R_) % R_, std::as_writable_bytes(slot(got_, st, part)), faults_);
     };
     for (int st = 1; st < R_ - 1; ++st) post_partial(st);
     for (int st = 0; st < R_; ++st) {
-      typename C::request rq{}, sq{};
+      typename space::request rq{}, sq{};
       if (st + 1 < R_) {
-        rq = irecv_values(*c_, next(), std::span<T>(qnext));
-        sq = isend_values(*c_, prev(), std::span<const T>(qcur));
+        rq = space::irecv(c_, st_, next(), std::as_writable_bytes(detail::whole(qnext_)), faults_);
+        sq = space::isend(c_, st_, prev(), std::as_bytes(detail::whole(qcur_)), faults_);
         if (st + 1 == R_ - 1) post_partial(R_ - 1);
       }
       const int owner = (pos_ + st) % R_;
+      const std::span<const T> qs(qcur_.data(), n_);
       if (st == 0) {
-        blocks(owner, std::span<const T>(qcur), k, v, o, lse);
+        blocks(owner, qs, k, v, o, lse);
       } else {
-        std::span<T> out = slot(sent, st, part);
-        std::fill(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n_), T{});
-        std::fill(out.begin() + static_cast<std::ptrdiff_t>(n_), out.end(), -std::numeric_limits<T>::infinity());
-        blocks(owner, std::span<const T>(qcur), k, v, out.first(n_), out.subspan(n_, m_));
-        sends.push_back(isend_values(*c_, owner, std::span<const T>(out)));
+        const std::span<T> out = slot(sent_, st, part);
+        space::fill(c_, st_, out.first(n_), T{});
+        space::fill(c_, st_, out.subspan(n_), -std::numeric_limits<T>::infinity());
+        blocks(owner, qs, k, v, out.first(n_), out.subspan(n_, m_));
+        sends.push_back(space::isend(c_, st_, owner, std::as_bytes(out), faults_));
       }
       if (st + 1 < R_) {
-        c_->wait(rq);
-        c_->wait(sq);
-        std::swap(qcur, qnext);
+        space::wait(c_, st_, rq);
+        space::wait(c_, st_, sq);
+        std::swap(qcur_, qnext_);
       }
     }
     // Merge in step order, whatever the order of arrival.
     for (int st = 1; st < R_; ++st) {
-      c_->wait(recvs[static_cast<std::size_t>(st)]);
-      const std::span<T> in = slot(got, st, part);
-      const attention_merge_rows<T> merge{o.data(), lse.data(), in.data(), in.data() + n_, a_.head_dim};
-      for (std::size_t r = 0; r < m_; ++r) merge(r);
+      space::wait(c_, st_, recvs[static_cast<std::size_t>(st)]);
+      const std::span<T> in = slot(got_, st, part);
+      space::merge(c_, st_, attention_merge_rows<T>{o.data(), lse.data(), in.data(), in.data() + n_, a_.head_dim}, m_);
     }
-    for (auto& r : sends) c_->wait(r);
+    for (auto& r : sends) space::wait(c_, st_, r);
+    space::end(c_, st_);
   }
 
   //! Gradients of this rank's `q`, `k`, `v` (overwritten) given the forward's `o`, `lse` and the
   //! output gradient `dout`.
   void backward(std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<const T> o, std::span<const T> lse,
                 std::span<const T> dout, std::span<T> dq, std::span<T> dk, std::span<T> dv) {
+    space::begin(c_, st_);
     // The travelling bundle: queries, output gradient, log-sum-exp, delta; and the query gradient.
-    const std::size_t bundle = 2 * n_ + 2 * m_;
-    std::vector<T> cur(bundle), nxt(bundle), gq(n_, T{}), gq_next(n_);
-    std::copy(q.begin(), q.end(), cur.begin());
-    std::copy(dout.begin(), dout.end(), cur.begin() + static_cast<std::ptrdiff_t>(n_));
-    std::copy(lse.begin(), lse.end(), cur.begin() + static_cast<std::ptrdiff_t>(2 * n_));
-    const attention_delta_rows<T> delta{o.data(), dout.data(), cur.data() + 2 * n_ + m_, a_.head_dim};
-    for (std::size_t r = 0; r < m_; ++r) delta(r);
-    std::fill(dk.begin(), dk.end(), T{});
-    std::fill(dv.begin(), dv.end(), T{});
+    space::copy(c_, st_, q, std::span<T>(cur_.data(), n_));
+    space::copy(c_, st_, dout, std::span<T>(cur_.data() + n_, n_));
+    space::copy(c_, st_, lse, std::span<T>(cur_.data() + 2 * n_, m_));
+    space::delta(c_, st_, attention_delta_rows<T>{o.data(), dout.data(), cur_.data() + 2 * n_ + m_, a_.head_dim}, m_);
+    space::fill(c_, st_, dk, T{});
+    space::fill(c_, st_, dv, T{});
+    space::fill(c_, st_, detail::whole(gq_), T{});
     for (int st = 0; st < R_; ++st) {
-      typename C::request rb{}, sb{}, rg{}, sg{};
+      typename space::request rb{}, sb{}, rg{}, sg{};
       if (st + 1 < R_) {
-        rb = irecv_values(*c_, next(), std::span<T>(nxt));
-        rg = irecv_values(*c_, next(), std::span<T>(gq_next));
-        sb = isend_values(*c_, prev(), std::span<const T>(cur));
+        rb = space::irecv(c_, st_, next(), std::as_writable_bytes(detail::whole(nxt_)), faults_);
+        rg = space::irecv(c_, st_, next(), std::as_writable_bytes(detail::whole(gq_next_)), faults_);
+        sb = space::isend(c_, st_, prev(), std::as_bytes(detail::whole(cur_)), faults_);
       }
       const int owner = (pos_ + st) % R_;
       for_blocks(owner, [&](int q0, int k0, int n, block_mask mask) {
-        const attention_block<T> b{cur.data(), k.data(), v.data(), nullptr, cur.data() + 2 * n_, cur.data() + n_,
-                                   cur.data() + 2 * n_ + m_, gq.data(), dk.data(), dv.data(), a_.heads, a_.head_dim,
-                                   static_cast<T>(a_.scale), q0, n, k0, n, mask};
-        detail::host_backward(b);
+        space::backward(c_, st_,
+                        attention_block<T>{cur_.data(), k.data(), v.data(), nullptr, cur_.data() + 2 * n_, cur_.data() + n_,
+                                           cur_.data() + 2 * n_ + m_, gq_.data(), dk.data(), dv.data(), a_.heads, a_.head_dim,
+                                           static_cast<T>(a_.scale), q0, n, k0, n, mask});
       });
       if (st + 1 < R_) {
-        sg = isend_values(*c_, prev(), std::span<const T>(gq));
-        c_->wait(rb);
-        c_->wait(rg);
-        c_->wait(sb);
-        c_->wait(sg);
-        std::swap(cur, nxt);
-        std::swap(gq, gq_next);
+        sg = space::isend(c_, st_, prev(), std::as_bytes(detail::whole(gq_)), faults_);
+        space::wait(c_, st_, rb);
+        space::wait(c_, st_, rg);
+        space::wait(c_, st_, sb);
+        space::wait(c_, st_, sg);
+        std::swap(cur_, nxt_);
+        std::swap(gq_, gq_next_);
       }
     }
     if (R_ == 1) {
-      std::copy(gq.begin(), gq.end(), dq.begin());
-      return;
+      space::copy(c_, st_, std::span<const T>(gq_.data(), n_), dq);
+      return space::end(c_, st_);
     }
     // The last query gradient held belongs to p - 1: one hop home; ours comes from p + 1.
-    auto rg = irecv_values(*c_, next(), dq);
-    auto sg = isend_values(*c_, prev(), std::span<const T>(gq));
-    c_->wait(rg);
-    c_->wait(sg);
+    auto rg = space::irecv(c_, st_, next(), std::as_writable_bytes(dq), faults_);
+    auto sg = space::isend(c_, st_, prev(), std::as_bytes(detail::whole(gq_)), faults_);
+    space::wait(c_, st_, rg);
+    space::wait(c_, st_, sg);
+    space::end(c_, st_);
   }
 
   //! Calls `f(q0, k0, rows, mask)` for the unmasked chunk blocks of the queries of `owner` against
@@ -601,13 +643,14 @@ class token_ring_attention {
  private:
   int prev() const { return (pos_ + R_ - 1) % R_; }
   int next() const { return (pos_ + 1) % R_; }
-  static std::span<T> slot(std::vector<T>& v, int st, std::size_t part) {
-    return std::span<T>(v).subspan(static_cast<std::size_t>(st - 1) * part, part);
+  static std::span<T> slot(buffer& b, int st, std::size_t part) {
+    return std::span<T>(b.data(), b.size()).subspan(static_cast<std::size_t>(st - 1) * part, part);
   }
-  void blocks(int owner, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> o, std::span<T> lse) const {
+  void blocks(int owner, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> o, std::span<T> lse) {
     for_blocks(owner, [&](int q0, int k0, int n, block_mask mask) {
-      detail::host_forward(attention_block<T>{q.data(), k.data(), v.data(), o.data(), lse.data(), nullptr, nullptr, nullptr,
-                                              nullptr, nullptr, a_.heads, a_.head_dim, static_cast<T>(a_.scale), q0, n, k0, n, mask});
+      space::forward(c_, st_,
+                     attention_block<T>{q.data(), k.data(), v.data(), o.data(), lse.data(), nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        a_.heads, a_.head_dim, static_cast<T>(a_.scale), q0, n, k0, n, mask});
     });
   }
 
@@ -616,6 +659,9 @@ class token_ring_attention {
   attention_dims a_;
   bool causal_;
   std::size_t n_ = 0, m_ = 0;
+  typename space::state st_{};
+  sp_faults faults_{};
+  buffer cur_, nxt_, gq_, gq_next_, qcur_, qnext_, sent_, got_;
 };
 
 //! TokenRing's forward on one rank (`token_ring_attention`'s order of merging), for the `R`
@@ -782,7 +828,7 @@ class usp_attention {
  public:
   //! Attention over `tokens` tokens of this rank, `dims.heads` heads on this rank. With
   //! `token_ring` the ring part is TokenRing (`token_ring_attention`: the queries travel, K and V
-  //! stay) instead of ring attention; host groups only (a device group throws `config_error`).
+  //! stay) instead of ring attention.
   usp_attention(C* ulysses_comm, C* ring_comm, int tokens, attention_dims dims, bool causal, bool token_ring = false)
       : u_(ulysses_comm == nullptr ? 1 : ulysses_comm->size()),
         t_(tokens),
@@ -794,10 +840,7 @@ class usp_attention {
     n_ = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) * static_cast<std::size_t>(dims.head_dim);
     packed_ = space::template make<T>(ring_comm, n_);
     grads_ = space::template make<T>(ring_comm, 3 * n_);
-    if (token_ring) {
-      if constexpr (detail::device_group<C>) throw config_error("token ring attention runs on host groups (threads, MPI) so far");
-      else token_ring_.emplace(ring_comm, tokens * u_, inner_, causal);
-    }
+    if (token_ring) token_ring_.emplace(ring_comm, tokens * u_, inner_, causal);
   }
 
   //! Elements of the per-call stash: Q, K, V, O and the log-sum-exp in the ring's layout.
@@ -806,29 +849,34 @@ class usp_attention {
   //! `ring` ranks holds for `tokens` tokens and `dims` (device memory on a device group): the
   //! Ulysses exchanges' send and receive buffers (3 tensors and 1, when `u > 1`), the ring's
   //! current and next K/V (and their gradients' pair when `ring > 1`) and its deltas, the
-  //! backward's packed output gradient and Q/K/V gradients.
-  static std::size_t buffer_elements(int u, int ring, int tokens, attention_dims dims) {
+  //! backward's packed output gradient and Q/K/V gradients; with `token_ring` TokenRing's too
+  //! (`token_ring_attention::buffer_elements` on the ring's `u x tokens` tokens and `heads / u`
+  //! heads).
+  static std::size_t buffer_elements(int u, int ring, int tokens, attention_dims dims, bool token_ring = false) {
     const std::size_t n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads) *
                           static_cast<std::size_t>(dims.head_dim);
     const std::size_t exchanges = u > 1 ? 2 * (3 * n + n) : 0;
     const std::size_t kv = (ring > 1 ? 8 : 4) * n + static_cast<std::size_t>(tokens) * static_cast<std::size_t>(dims.heads);
-    return exchanges + kv + n + 3 * n;
+    const std::size_t tr =
+        token_ring ? token_ring_attention<C, T>::buffer_elements(ring, tokens * u, {dims.heads / u, dims.head_dim, dims.scale}) : 0;
+    return exchanges + kv + n + 3 * n + tr;
   }
   //! The ring attention inside (for its block counts).
   const ring_attention<C, T>& ring() const { return ring_; }
-  //! Commits `f` from now on (see `ring_attention::inject`).
-  void inject(const sp_faults& f) { ring_.inject(f); }
+  //! Commits `f` from now on (see `ring_attention::inject`; TokenRing's too).
+  void inject(const sp_faults& f) {
+    ring_.inject(f);
+    if (token_ring_) token_ring_->inject(f);
+  }
 
   //! `qkv` is `[3][tokens][heads][head_dim]` (Q, K, V of this rank's tokens); `o` receives
   //! `[tokens][heads][head_dim]`.
   void forward(std::span<const T> qkv, std::span<T> o, std::span<T> stash) {
     std::span<T> s3 = stash.subspan(0, 3 * n_), so = stash.subspan(3 * n_, n_), sl = stash.subspan(4 * n_, lse_size());
     a2a3_.scatter_heads(qkv, s3);
-    if constexpr (!detail::device_group<C>) {
-      if (token_ring_) {
-        token_ring_->forward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl);
-        return a2a1_.gather_heads(std::span<const T>(so), o);
-      }
+    if (token_ring_) {
+      token_ring_->forward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl);
+      return a2a1_.gather_heads(std::span<const T>(so), o);
     }
     ring_.forward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl);
     a2a1_.gather_heads(std::span<const T>(so), o);
@@ -840,15 +888,10 @@ class usp_attention {
     std::span<T> dos(packed_.data(), n_);
     a2a1_.scatter_heads(dout, dos);
     std::span<T> g(grads_.data(), 3 * n_);
-    bool done = false;
-    if constexpr (!detail::device_group<C>) {
-      if (token_ring_) {
-        token_ring_->backward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl, dos, g.subspan(0, n_),
-                              g.subspan(n_, n_), g.subspan(2 * n_, n_));
-        done = true;
-      }
-    }
-    if (!done)
+    if (token_ring_)
+      token_ring_->backward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl, dos, g.subspan(0, n_),
+                            g.subspan(n_, n_), g.subspan(2 * n_, n_));
+    else
       ring_.backward(s3.subspan(0, n_), s3.subspan(n_, n_), s3.subspan(2 * n_, n_), so, sl, dos, g.subspan(0, n_),
                      g.subspan(n_, n_), g.subspan(2 * n_, n_));
     a2a3_.gather_heads(std::span<const T>(g), dqkv);
@@ -861,8 +904,7 @@ class usp_attention {
   attention_dims dims_, inner_;
   ulysses<C, T> a2a3_, a2a1_;
   ring_attention<C, T> ring_;
-  struct no_token_ring {};
-  std::conditional_t<detail::device_group<C>, no_token_ring, std::optional<token_ring_attention<C, T>>> token_ring_{};
+  std::optional<token_ring_attention<C, T>> token_ring_{};
   std::size_t n_ = 0;
   typename space::template buffer<T> packed_, grads_;
 };
