@@ -252,7 +252,8 @@ std::string dsp_configure(const options& o, const CLI::App& app, dsp::dsp_setup&
       return std::string(name) + " applies to the transformer: --sp-kind dsp trains the spatial-temporal model (block pairs over frames "
                                  "and patches) by synchronous SGD so far (docs/mesh.md)";
   if (o.backend == "cuda_local" || o.backend == "nccl")
-    return "--sp-kind dsp runs on the threads and mpi backends so far (its device form is not written yet)";
+    return "--sp-kind dsp runs on the threads and mpi backends so far (the spatial-temporal model is host code; DSP's switch itself "
+           "also runs on device groups)";
   s.dp = o.layout.dp;
   s.pp = o.layout.pp;
   s.sp = o.layout.sp;

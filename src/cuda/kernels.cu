@@ -217,6 +217,8 @@ void attention_delta_async(const attention_delta_rows<float>& f, std::size_t row
 void attention_delta_async(const attention_delta_rows<double>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
 void attention_merge_async(const attention_merge_rows<float>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
 void attention_merge_async(const attention_merge_rows<double>& f, std::size_t rows, cudaStream_t s) { launch_items(f, rows, s); }
+void dsp_move_async(const dsp_move<float>& f, std::size_t ranks, cudaStream_t s) { launch_items(f, f.size(ranks), s); }
+void dsp_move_async(const dsp_move<double>& f, std::size_t ranks, cudaStream_t s) { launch_items(f, f.size(ranks), s); }
 void ulysses_move_async(const ulysses_move<float>& f, cudaStream_t s) { launch_items(f, f.l.size(), s); }
 void ulysses_move_async(const ulysses_move<double>& f, cudaStream_t s) { launch_items(f, f.l.size(), s); }
 

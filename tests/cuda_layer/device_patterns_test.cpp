@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The tensor- and sequence-parallel patterns (Megatron's column- and row-parallel layers with
 // loom's device linear kernel; the tensor grids' SUMMA and 3D layers; ring attention, Ulysses, USP,
-// TokenRing, causal and not), written once over a group, on a
+// TokenRing, causal and not; DSP's switch), written once over a group, on a
 // device group bound to a stream (cuda_local and nccl): the same results as on the threads
 // backend (bitwise under the simulator, whose kernels run the same per-item code on the host;
 // within 1e-5 on a GPU, whose exp and log differ in the last bits) and the same per-group
@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -257,6 +258,66 @@ TEST_CASE("ring attention, Ulysses and USP run on device groups with the threads
 TEST_CASE("TokenRing (alone and inside USP) runs on device groups with the threads backend's results and counters, causal and not") {
   for (split s : {split{1, 2}, split{1, 3}, split{1, 4}, split{2, 2}})
     for (bool causal : {true, false}) device_equals_threads(s, true, causal, 10);
+}
+
+TEST_CASE("DSP's switch runs on device groups: both directions bit for bit the threads backend's, the same all-to-all counts") {
+  constexpr int A = 8, B = 12, F = 3;
+  for (int P : {1, 2, 4}) {
+    CAPTURE(P);
+    const std::size_t n = static_cast<std::size_t>(A * B * F / P);
+    auto input = [&](int r) {
+      std::vector<float> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = value(20, r, i);
+      return v;
+    };
+    struct out {
+      std::vector<float> first, back;
+      loom::comm_counters counts;
+    };
+    std::vector<out> want(static_cast<std::size_t>(P));
+    loom::run_threads(P, [&](loom::threads::comm& w) {
+      loom::counted<loom::threads::comm> c(w.split(0, w.rank()));
+      loom::dsp_switch<loom::counted<loom::threads::comm>, float> sw(&c, A, B, F);
+      std::vector<float> x = input(w.rank()), y(n), z(n);
+      sw.to_first(x, y);
+      sw.to_second(y, z);
+      CHECK(z == x);  // the inverse
+      want[static_cast<std::size_t>(w.rank())] = {y, z, c.counters()};
+    });
+    for (backend b : {backend::cuda_local, backend::nccl}) {
+      CAPTURE(loom_device_test::name(b));
+      if (loom_device_test::skip_unless_devices(b, P)) continue;
+      for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+        loom_device_test::simulate_with(seed);
+        std::vector<out> got(static_cast<std::size_t>(P));
+        auto body = [&](auto& w) {
+          using counted = loom::counted<std::remove_reference_t<decltype(w)>>;
+          counted c(w.split(0, w.rank()));
+          loom::cuda::stream st;
+          loom::on_stream<counted> g(c, st.get());
+          loom::dsp_switch<loom::on_stream<counted>, float> sw(&g, A, B, F);
+          const std::vector<float> host = input(w.rank());  // alive until the asynchronous upload has read it
+          auto x = upload(host, st.get());
+          loom::cuda::device_buffer<float> y(n), z(n);
+          sw.to_first(std::span<const float>(x.span()), y.span());
+          sw.to_second(std::span<const float>(y.span()), z.span());
+          got[static_cast<std::size_t>(w.rank())] = {download(y, st.get()), download(z, st.get()), c.counters()};
+          w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);
+        };
+        loom_device_test::run_on(b, P, body);
+        for (int r = 0; r < P; ++r) {
+          CAPTURE(r);
+          CHECK(got[static_cast<std::size_t>(r)].first == want[static_cast<std::size_t>(r)].first);
+          CHECK(got[static_cast<std::size_t>(r)].back == want[static_cast<std::size_t>(r)].back);
+          CHECK(got[static_cast<std::size_t>(r)].counts == want[static_cast<std::size_t>(r)].counts);
+        }
+        CHECK(loom_device_test::findings() == "");
+#if !defined(LOOM_CUDA_SIM)
+        break;
+#endif
+      }
+    }
+  }
 }
 
 #if defined(LOOM_CUDA_SIM)

@@ -112,6 +112,13 @@ void attention_merge_async(const attention_merge_rows<T>& f, std::size_t rows, c
     for (std::size_t r = 0; r < rows; ++r) f(r);
   });
 }
+//! DSP's layout change (`dsp_move` per buffer element of `ranks` blocks), on `s`.
+template <class T>
+void dsp_move_async(const dsp_move<T>& f, std::size_t ranks, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda dsp layout", [f, ranks] {
+    for (std::size_t w = 0; w < f.size(ranks); ++w) f(w);
+  });
+}
 //! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.
 template <class T>
 void ulysses_move_async(const ulysses_move<T>& f, cudaStream_t s) {
@@ -220,6 +227,10 @@ void attention_delta_async(const attention_delta_rows<double>& f, std::size_t ro
 void attention_merge_async(const attention_merge_rows<float>& f, std::size_t rows, cudaStream_t s);
 //! TokenRing's merge of a partial output (`attention_merge_rows` per row and head), on `s`.
 void attention_merge_async(const attention_merge_rows<double>& f, std::size_t rows, cudaStream_t s);
+//! DSP's layout change (`dsp_move` per buffer element of `ranks` blocks), on `s`.
+void dsp_move_async(const dsp_move<float>& f, std::size_t ranks, cudaStream_t s);
+//! DSP's layout change (`dsp_move` per buffer element of `ranks` blocks), on `s`.
+void dsp_move_async(const dsp_move<double>& f, std::size_t ranks, cudaStream_t s);
 //! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.
 void ulysses_move_async(const ulysses_move<float>& f, cudaStream_t s);
 //! Ulysses' layout change (`ulysses_move` per buffer element), on `s`.

@@ -7,7 +7,7 @@
 //! the local product of Megatron's column- and row-parallel layers
 //! (`loom/exec/tensor_parallel.hpp`) as kernels on a stream, and the device form of the
 //! sequence-parallel patterns (`loom::ring_attention`, `loom::token_ring_attention`,
-//! `loom::ulysses`, `loom::usp_attention` of `loom/exec/sequence_parallel.hpp`): include this
+//! `loom::ulysses`, `loom::usp_attention`, `loom::dsp_switch` of `loom/exec/sequence_parallel.hpp`): include this
 //! header and instantiate them over a device group bound to a stream, `loom::on_stream<G>` with
 //! `G` a `cuda_local` or `nccl` communicator (or a mesh's `counted` group of one). The patterns'
 //! code is the host one; this header supplies how it allocates (device memory), computes (loom's
@@ -117,6 +117,13 @@ struct sp_space<C> {
                                      cuda::writes(std::span<T>(f.o, n * D)), cuda::writes(std::span<T>(f.lse, n))};
     cuda::region reg(group(c).stream(), "loom attention merge", acc);
     cuda::detail::attention_merge_async(f, n, c->stream());
+  }
+  template <class T>
+  static void dsp(C* c, state&, const dsp_move<T>& f, std::size_t ranks) {
+    const std::size_t n = f.size(ranks);
+    const cuda::byte_access acc[] = {cuda::reads(std::span<const T>(f.in, n)), cuda::writes(std::span<T>(f.out, n))};
+    cuda::region reg(group(c).stream(), "loom dsp layout", acc);
+    cuda::detail::dsp_move_async(f, ranks, c->stream());
   }
   template <class T>
   static void move(C* c, state&, const ulysses_move<T>& f) {

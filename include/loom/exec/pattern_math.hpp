@@ -357,4 +357,30 @@ struct ulysses_move {
   }
 };
 
+//! One element of DSP's layout change (`dsp_switch`): element `w` of the all-to-all buffer,
+//! `[P][A/P][B/P][F]` (block `j` for rank `j`), is row `x`, column `y`, feature `f` of block `j`,
+//! which in a tensor sharded along B (`[A][B/P][F]`) sits at row `j A/P + x`, column `y`, and in
+//! one sharded along A (`[A/P][B][F]`) at row `x`, column `j B/P + y`. `gather` fills the buffer
+//! from the tensor (`out[w] = in[at]`), else the tensor from the buffer (`out[at] = in[w]`).
+template <class T>
+struct dsp_move {
+  const T* in = nullptr;  //!< source
+  T* out = nullptr;       //!< destination
+  std::size_t ap = 1;     //!< rows per rank, `A / P`
+  std::size_t bp = 1;     //!< columns per rank, `B / P`
+  std::size_t b = 1;      //!< columns, `B`
+  std::size_t f = 1;      //!< features per token
+  bool along_a = false;   //!< the tensor is sharded along A (else along B)
+  bool gather = true;     //!< buffer from tensor (else tensor from buffer)
+  //! Elements of the buffer.
+  LOOM_HOST_DEVICE std::size_t size(std::size_t ranks) const { return ranks * ap * bp * f; }
+  //! Element `w`.
+  LOOM_HOST_DEVICE void operator()(std::size_t w) const {
+    const std::size_t e = w % f, t = w / f, y = t % bp, x = (t / bp) % ap, j = t / (bp * ap);
+    const std::size_t at = (along_a ? (x * b + j * bp + y) : ((j * ap + x) * bp + y)) * f + e;
+    if (gather) out[w] = in[at];
+    else out[at] = in[w];
+  }
+};
+
 }  // namespace loom

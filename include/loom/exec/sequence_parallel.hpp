@@ -212,6 +212,10 @@ struct sp_space {
     for (std::size_t r = 0; r < rows; ++r) f(r);
   }
   template <class T>
+  static void dsp(C*, state&, const dsp_move<T>& f, std::size_t ranks) {
+    for (std::size_t w = 0; w < f.size(ranks); ++w) f(w);
+  }
+  template <class T>
   static void all_to_all(C* c, state&, std::span<const T> in, std::span<T> out) {
     c->all_to_all(in, out);
   }
@@ -710,21 +714,26 @@ void token_ring_reference_forward(const attention_dims& a, int tokens, bool caus
 //! whole shard, `A B F / P` elements, of which `(P-1)/P` leave it; Ulysses needs four such
 //! exchanges per attention (Q, K, V and the output) where DSP needs one per change of
 //! dimension. The layout changes are copies, so a DSP run equals the single-rank computation bit
-//! for bit. Host groups (threads, MPI, their `counted` wrappers).
+//! for bit. Written once over `detail::sp_space`: host groups (threads, MPI, their `counted`
+//! wrappers) pack and unpack in host loops; device groups (`loom::on_stream` with
+//! `loom/cuda/patterns.hpp`) as kernels (`dsp_move`) around the group's all-to-all on its stream.
 template <class C, class T>
 class dsp_switch {
-  static_assert(!detail::device_group<C>, "loom: dsp_switch runs on host groups (its device form is not written yet)");
+  using space = detail::sp_space<C>;
 
  public:
-  //! A switch over `c` (null: one rank, the identity) of `[a][b][features]` tensors.
+  //! A switch over `c` (null: one rank, the identity; a device form needs its group, of one rank
+  //! for degree 1) of `[a][b][features]` tensors.
   dsp_switch(C* c, int a, int b, int features) : c_(c), p_(c == nullptr ? 1 : c->size()), a_(a), b_(b), f_(features) {
     for (auto [name, n] : {std::pair<const char*, int>{"first", a}, {"second", b}})
       if (n % p_ != 0)
         throw config_error("dsp: the " + std::string(name) + " sequence dimension of " + std::to_string(n) +
                            " tokens is not divisible by the " + std::to_string(p_) + " sequence-parallel ranks");
     n_ = static_cast<std::size_t>(a) * static_cast<std::size_t>(b) * static_cast<std::size_t>(features) / static_cast<std::size_t>(p_);
-    send_.resize(n_);
-    recv_.resize(n_);
+    if (p_ > 1) {
+      send_ = space::template make<T>(c_, n_);
+      recv_ = space::template make<T>(c_, n_);
+    }
   }
   //! Elements of a shard (either sharding).
   std::size_t shard_elements() const { return n_; }
@@ -735,39 +744,34 @@ class dsp_switch {
   void to_second(std::span<const T> in, std::span<T> out) { exchange(in, out, false); }
 
  private:
-  // Block j of the all-to-all buffer, `[A/P][B/P][F]`, is what goes to (or came from) rank j.
+  // Block j of the all-to-all buffer, `[A/P][B/P][F]`, is what goes to (or came from) rank j
+  // (`dsp_move`).
   void exchange(std::span<const T> in, std::span<T> out, bool to_a) {
     if (in.size() != n_ || out.size() != n_)
       throw std::length_error("loom dsp_switch: a shard of " + std::to_string(in.size()) + " -> " + std::to_string(out.size()) +
                               " elements; the tensor's shards have " + std::to_string(n_));
-    if (p_ == 1) return (void)std::copy(in.begin(), in.end(), out.begin());
-    const auto P = static_cast<std::size_t>(p_), ap = static_cast<std::size_t>(a_) / P, bp = static_cast<std::size_t>(b_) / P,
-               B = static_cast<std::size_t>(b_), F = static_cast<std::size_t>(f_);
-    // Element (j, x, y, f) of the buffer is, sharded along B, row j ap + x, column y of this rank;
-    // sharded along A, row x of this rank, column j bp + y.
-    auto along_b = [&](std::size_t j, std::size_t x, std::size_t y) { return ((j * ap + x) * bp + y) * F; };
-    auto along_a = [&](std::size_t j, std::size_t x, std::size_t y) { return (x * B + j * bp + y) * F; };
-    auto pack = [&](std::span<const T> from, auto at) {
-      for (std::size_t j = 0, w = 0; j < P; ++j)
-        for (std::size_t x = 0; x < ap; ++x)
-          for (std::size_t y = 0; y < bp; ++y, w += F) std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(at(j, x, y)), F, send_.begin() + static_cast<std::ptrdiff_t>(w));
-    };
-    auto unpack = [&](std::span<T> to, auto at) {
-      for (std::size_t j = 0, w = 0; j < P; ++j)
-        for (std::size_t x = 0; x < ap; ++x)
-          for (std::size_t y = 0; y < bp; ++y, w += F) std::copy_n(recv_.begin() + static_cast<std::ptrdiff_t>(w), F, to.begin() + static_cast<std::ptrdiff_t>(at(j, x, y)));
-    };
-    if (to_a) pack(in, along_b);
-    else pack(in, along_a);
-    c_->all_to_all(std::span<const T>(send_), std::span<T>(recv_));
-    if (to_a) unpack(out, along_a);
-    else unpack(out, along_b);
+    if (p_ == 1) return space::copy(c_, st_, in, out);
+    const auto P = static_cast<std::size_t>(p_);
+    const dsp_move<T> m{nullptr, nullptr, static_cast<std::size_t>(a_) / P, static_cast<std::size_t>(b_) / P, static_cast<std::size_t>(b_),
+                        static_cast<std::size_t>(f_)};
+    dsp_move<T> pack = m, unpack = m;
+    pack.in = in.data();
+    pack.out = send_.data();
+    pack.along_a = !to_a;
+    unpack.in = recv_.data();
+    unpack.out = out.data();
+    unpack.along_a = to_a;
+    unpack.gather = false;
+    space::dsp(c_, st_, pack, P);
+    space::all_to_all(c_, st_, std::span<const T>(send_.data(), n_), std::span<T>(recv_.data(), n_));
+    space::dsp(c_, st_, unpack, P);
   }
 
   C* c_;
   int p_, a_, b_, f_;
   std::size_t n_ = 0;
-  std::vector<T> send_, recv_;
+  typename space::state st_{};
+  typename space::template buffer<T> send_, recv_;
 };
 
 //! Ulysses' all-to-alls over `c` (`u` ranks). `scatter_heads`: `in` holds `count` tensors
