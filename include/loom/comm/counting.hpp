@@ -43,52 +43,10 @@
 #include <string_view>
 #include <utility>
 
+#include "loom/comm/comm_op.hpp"
 #include "loom/comm/communicator.hpp"
 
 namespace loom {
-
-//! The kinds of communicator operation that `counted` distinguishes.
-enum class comm_op : unsigned char { send, recv, all_reduce, all_gather, reduce_scatter, all_to_all, barrier, broadcast, reduce };
-
-//! Every `comm_op`, in declaration order.
-inline constexpr std::array<comm_op, 9> all_comm_ops{comm_op::send,       comm_op::recv,           comm_op::all_reduce,
-                                                     comm_op::all_gather, comm_op::reduce_scatter, comm_op::all_to_all,
-                                                     comm_op::barrier,    comm_op::broadcast,      comm_op::reduce};
-
-//! Name of an operation ("send", "all_reduce", ...).
-constexpr std::string_view to_string(comm_op op) noexcept {
-  switch (op) {
-    case comm_op::send: return "send";
-    case comm_op::recv: return "recv";
-    case comm_op::all_reduce: return "all_reduce";
-    case comm_op::all_gather: return "all_gather";
-    case comm_op::reduce_scatter: return "reduce_scatter";
-    case comm_op::all_to_all: return "all_to_all";
-    case comm_op::barrier: return "barrier";
-    case comm_op::broadcast: return "broadcast";
-    case comm_op::reduce: return "reduce";
-  }
-  return "?";
-}
-
-//! The bytes one rank of an `n`-rank group sends over its link per byte of message, in the
-//! bandwidth-optimal algorithm (nccl-tests' bus factor; see the file comment).
-constexpr double bus_factor(comm_op op, int n) noexcept {
-  if (n <= 1) return 0;
-  const double f = static_cast<double>(n - 1) / n;
-  switch (op) {
-    case comm_op::send: return 1;
-    case comm_op::recv: return 0;
-    case comm_op::all_reduce: return 2 * f;
-    case comm_op::all_gather:
-    case comm_op::reduce_scatter:
-    case comm_op::all_to_all: return f;
-    case comm_op::barrier: return 0;
-    case comm_op::broadcast:
-    case comm_op::reduce: return 1;
-  }
-  return 0;
-}
 
 //! Calls and bytes of one kind of operation.
 struct op_count {

@@ -19,7 +19,7 @@
 #include <map>
 #include <utility>
 
-#include "loom/comm/counting.hpp"
+#include "loom/comm/comm_op.hpp"
 #include "loom/mesh/mesh.hpp"
 #include "loom/schedule/error.hpp"
 
