@@ -43,6 +43,26 @@ std::string published_cell(const loom::plan_report& rep, const study& s) {
   return "does not fit";
 }
 
+// The fastest configuration of `rep` that `keep` accepts, or null.
+template <class Keep>
+const loom::plan_result* fastest(const loom::plan_report& rep, Keep keep) {
+  for (const auto& r : rep.ranked)
+    if (keep(r.config)) return &r;
+  return nullptr;
+}
+
+// The two cells of a per-kind table for `best` (null: nothing of the kind), its degrees given
+// as `layout`, and "(fastest)" when it leads `rep`.
+void print_best(const loom::plan_report& rep, const loom::plan_result* best, const std::string& layout) {
+  if (best == nullptr) {
+    std::printf(" none fits or divides | |");
+    return;
+  }
+  const auto& k = best->config;
+  std::printf(" (%s) %s, recompute %s%s | %.2f%s |", layout.c_str(), loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute),
+              k.sp ? ", SP" : "", best->step_time, best == &rep.ranked[0] ? " (fastest)" : "");
+}
+
 }  // namespace
 
 int main() {
@@ -111,12 +131,7 @@ int main() {
   std::printf("\n| ep | fastest (dp, tp, pp) | schedule | step (s) | dp all-reduce (s) | memory (GiB) | experts (GiB) | all-to-all (GiB per step) |\n"
               "|---:|:--|:--|---:|---:|---:|---:|---:|\n");
   for (long long ep = 1; ep <= moe.desc.experts; ep *= 2) {
-    const loom::plan_result* best = nullptr;
-    for (const auto& r : mrep.ranked)
-      if (r.config.ep == ep) {
-        best = &r;
-        break;
-      }
+    const loom::plan_result* best = fastest(mrep, [&](const loom::plan_config& k) { return k.ep == ep; });
     if (best == nullptr) {
       std::printf("| %lld | nothing fits or divides | | | | | | |\n", ep);
       continue;
@@ -141,20 +156,9 @@ int main() {
     if (mb == 16) g16 = rep;
     std::printf("| %lld |", mb);
     for (loom::tp_kind kind : {loom::tp_kind::d1, loom::tp_kind::d2, loom::tp_kind::d2_5, loom::tp_kind::d3}) {
-      const loom::plan_result* best = nullptr;
-      for (const auto& r : rep.ranked)
-        if (r.config.tp_grid == kind) {
-          best = &r;
-          break;
-        }
-      if (best == nullptr) {
-        std::printf(" none fits or divides | |");
-        continue;
-      }
-      const auto& k = best->config;
-      std::printf(" (%lld, %s, %lld) %s, recompute %s%s | %.2f%s |", k.dp, loom::plan_io::tp_label(k).c_str(), k.pp,
-                  loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute), k.sp ? ", SP" : "", best->step_time,
-                  best == &rep.ranked[0] ? " (fastest)" : "");
+      const loom::plan_result* best = fastest(rep, [&](const loom::plan_config& k) { return k.tp_grid == kind; });
+      print_best(rep, best,
+                 best == nullptr ? "" : std::to_string(best->config.dp) + ", " + loom::plan_io::tp_label(best->config) + ", " + std::to_string(best->config.pp));
     }
     std::printf("\n");
   }
@@ -175,20 +179,11 @@ int main() {
     std::printf("| %lld | %lld |", seq, d.global_batch);
     for (loom::context_kind kind : {loom::context_kind::none, loom::context_kind::ulysses, loom::context_kind::ring, loom::context_kind::usp,
                                     loom::context_kind::tokenring}) {
-      const loom::plan_result* best = nullptr;
-      for (const auto& r : rep.ranked)
-        if (r.config.cp_kind == kind) {
-          best = &r;
-          break;
-        }
-      if (best == nullptr) {
-        std::printf(" none fits or divides | |");
-        continue;
-      }
-      const auto& k = best->config;
-      std::printf(" (%lld, %s, %lld, %lld) %s, recompute %s%s | %.2f%s |", k.dp, loom::plan_io::cp_label(k).c_str(), k.tp, k.pp,
-                  loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute), k.sp ? ", SP" : "", best->step_time,
-                  best == &rep.ranked[0] ? " (fastest)" : "");
+      const loom::plan_result* best = fastest(rep, [&](const loom::plan_config& k) { return k.cp_kind == kind; });
+      print_best(rep, best,
+                 best == nullptr ? ""
+                                 : std::to_string(best->config.dp) + ", " + loom::plan_io::cp_label(best->config) + ", " +
+                                       std::to_string(best->config.tp) + ", " + std::to_string(best->config.pp));
     }
     std::printf("\n");
   }

@@ -148,9 +148,8 @@ TEST_CASE("plan, context: a configuration outside the rules is a config_error in
 
 TEST_CASE("plan, context: on a GPT 70B shape at 32768 tokens over 64 A100s the fastest plan splits the sequence") {
   // docs/plan/gpt-70b.model.json at sequence 32768 and 64 sequences per step, selene-64.cluster.json.
-  const loom::model_desc m{.layers = 80, .hidden = 8192, .heads = 64, .seq = 32768, .vocab = 128256, .micro_batch = 1, .global_batch = 64};
-  const loom::cluster_desc c{.gpus = 64, .gpus_per_node = 8, .memory_bytes = 80.0 * (1LL << 30), .peak_flops = 312e12,
-                             .achievable_fraction = 0.6, .intra = {.alpha = 5e-6, .beta = 4e-12}, .inter = {.alpha = 1e-5, .beta = 4e-11}};
+  const loom::model_desc m = plan_test::gpt_70b(32768, 1, 64);
+  const loom::cluster_desc c = plan_test::selene_64();
   loom::plan_options o;
   o.families = {"1f1b", "interleaved-1f1b", "zb-h1"};
   const auto without = loom::plan(m, c, o);

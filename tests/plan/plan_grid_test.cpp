@@ -166,9 +166,8 @@ TEST_CASE("plan, grids: a grid the model does not fit is a config_error naming t
 
 TEST_CASE("plan, grids: on a GPT 70B shape over 64 A100s a 3D grid is fastest at 16 sequences per microbatch, the 1D split at 4") {
   // docs/plan/gpt-70b.model.json and selene-64.cluster.json (docs/plan.md, "Tensor-parallel grids").
-  loom::model_desc m{.layers = 80, .hidden = 8192, .heads = 64, .seq = 4096, .vocab = 128256, .micro_batch = 16, .global_batch = 512};
-  const loom::cluster_desc c{.gpus = 64, .gpus_per_node = 8, .memory_bytes = 80.0 * (1LL << 30), .peak_flops = 312e12,
-                             .achievable_fraction = 0.6, .intra = {.alpha = 5e-6, .beta = 4e-12}, .inter = {.alpha = 1e-5, .beta = 4e-11}};
+  loom::model_desc m = plan_test::gpt_70b(4096, 16, 512);
+  const loom::cluster_desc c = plan_test::selene_64();
   loom::plan_options o;
   o.families = {"1f1b", "interleaved-1f1b", "zb-h1"};
   const auto at16 = loom::plan(m, c, o);

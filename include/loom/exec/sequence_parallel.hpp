@@ -751,20 +751,12 @@ class dsp_switch {
       throw std::length_error("loom dsp_switch: a shard of " + std::to_string(in.size()) + " -> " + std::to_string(out.size()) +
                               " elements; the tensor's shards have " + std::to_string(n_));
     if (p_ == 1) return space::copy(c_, st_, in, out);
-    const auto P = static_cast<std::size_t>(p_);
-    const dsp_move<T> m{nullptr, nullptr, static_cast<std::size_t>(a_) / P, static_cast<std::size_t>(b_) / P, static_cast<std::size_t>(b_),
-                        static_cast<std::size_t>(f_)};
-    dsp_move<T> pack = m, unpack = m;
-    pack.in = in.data();
-    pack.out = send_.data();
-    pack.along_a = !to_a;
-    unpack.in = recv_.data();
-    unpack.out = out.data();
-    unpack.along_a = to_a;
-    unpack.gather = false;
-    space::dsp(c_, st_, pack, P);
+    const auto P = static_cast<std::size_t>(p_), ap = static_cast<std::size_t>(a_) / P, bp = static_cast<std::size_t>(b_) / P,
+               B = static_cast<std::size_t>(b_), F = static_cast<std::size_t>(f_);
+    // Packed from the input's sharding, unpacked into the other one.
+    space::dsp(c_, st_, dsp_move<T>{in.data(), send_.data(), ap, bp, B, F, !to_a, true}, P);
     space::all_to_all(c_, st_, std::span<const T>(send_.data(), n_), std::span<T>(recv_.data(), n_));
-    space::dsp(c_, st_, unpack, P);
+    space::dsp(c_, st_, dsp_move<T>{recv_.data(), out.data(), ap, bp, B, F, to_a, false}, P);
   }
 
   C* c_;

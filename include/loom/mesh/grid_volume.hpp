@@ -302,12 +302,6 @@ struct grid_block_volume {
     for (const auto& [key, e] : other.elements) elements[key] += k * e;
     for (const auto& [key, e] : other.calls) calls[key] += k * e;
   }
-  //! Every element.
-  std::size_t total() const {
-    std::size_t t = 0;
-    for (const auto& [key, e] : elements) t += e;
-    return t;
-  }
 };
 
 }  // namespace loom

@@ -339,11 +339,14 @@ constexpr double weight_split(const plan_config& k) {
 //! its rows and layers, the features over its columns).
 constexpr bool splits_activations(const plan_config& k) { return k.sp || k.tp_grid != tp_kind::d1; }
 
-//! Tokens of one microbatch on one member of grid `g`: `s b / (q d)` on a 2D or 2.5D grid,
-//! `s b / q^2` on a 3D one.
-constexpr long long grid_member_tokens(const model_desc& m, const loom::tp_grid& g) {
-  return m.seq * m.micro_batch / (g.kind == tp_kind::d3 ? static_cast<long long>(g.q) * g.q : static_cast<long long>(g.q) * g.depth);
+//! The token blocks a microbatch splits into on grid `g`: `q d` on a 2D or 2.5D grid, `q^2` on a
+//! 3D one.
+constexpr long long grid_token_blocks(const loom::tp_grid& g) {
+  return static_cast<long long>(g.q) * (g.kind == tp_kind::d3 ? g.q : g.depth);
 }
+
+//! Tokens of one microbatch on one member of grid `g`.
+constexpr long long grid_member_tokens(const model_desc& m, const loom::tp_grid& g) { return m.seq * m.micro_batch / grid_token_blocks(g); }
 
 //! The rule model `m` breaks on grid `g`, or "": the block's layers split (`summa_rule`,
 //! `cube_rule` for `h -> h`, `h -> 4h`, `4h -> h` over the microbatch's tokens), whole heads per
@@ -356,7 +359,7 @@ inline std::string plan_grid_rule(const model_desc& m, const loom::tp_grid& g) {
     if (!r.empty()) return std::string(r.view());
   }
   if (m.heads % g.q != 0) return "tensor parallel " + std::string(g.describe().view()) + ": " + std::to_string(m.heads) + " heads are not divisible by q";
-  const long long blocks = g.kind == tp_kind::d3 ? static_cast<long long>(g.q) * g.q : static_cast<long long>(g.q) * g.depth;
+  const long long blocks = grid_token_blocks(g);
   if (m.micro_batch % blocks != 0)
     return "tensor parallel " + std::string(g.describe().view()) + ": a microbatch of " + std::to_string(m.micro_batch) +
            " sequences does not split into " + std::to_string(blocks) + " token blocks of whole sequences";
@@ -365,11 +368,13 @@ inline std::string plan_grid_rule(const model_desc& m, const loom::tp_grid& g) {
 
 //! The link of grid group `x` on `c`: the intra-node link when every group of that kind of the
 //! tp group's ranks (tp innermost, the group aligned to nodes) stays inside a node, else the
-//! inter-node link.
+//! inter-node link. A row's members are `q` consecutive ranks, a column's lie in an aligned
+//! block of `q^2`, the depth group's in the whole grid (`tp_grid::member`), so a kind stays in its
+//! nodes when each such block does.
 inline const link_cost& grid_group_link(const cluster_desc& c, const loom::tp_grid& g, grid_group x) {
-  for (int t = 0; t < g.ranks; ++t)
-    for (int i = 0; i < g.size(x); ++i)
-      if (g.group_member(x, t, i) / c.gpus_per_node != t / c.gpus_per_node) return c.inter;
+  const long long w = x == grid_group::row ? g.q : x == grid_group::column ? static_cast<long long>(g.q) * g.q : g.ranks;
+  for (long long b = 0; b < g.ranks; b += w)
+    if (b / c.gpus_per_node != (b + w - 1) / c.gpus_per_node) return c.inter;
   return c.intra;
 }
 
@@ -710,7 +715,7 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
   for (const tp_choice& tc : tps) {
     const long long tp = tc.tp;
     const bool grid = tc.kind != tp_kind::d1;
-    const double split = static_cast<double>(tc.kind == tp_kind::d2_5 ? tp / tc.depth : tp);  // detail::weight_split
+    const double split = detail::weight_split({.tp = tp, .tp_grid = tc.kind, .tp_depth = tc.depth});
     for (long long pp = 1; pp <= m.layers && tp * pp <= c.gpus; ++pp) {
       if (m.layers % pp != 0 || c.gpus % (tp * pp) != 0) continue;
       // Expert parallelism (MoE models): ep divides the experts; ranks that differ in ep hold other tokens.
