@@ -76,6 +76,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <compare>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -498,6 +499,31 @@ inline stage_flops stage_gpu_flops(const model_desc& m, const plan_config& k, in
   return x;
 }
 
+// A configuration's layout (everything but the sequence-parallel and recomputation variants) and
+// its full label: a total order over the configurations one search ranks.
+struct plan_layout {
+  long long dp, ep, tp;
+  int grid, depth;
+  long long cp;
+  int cp_kind;
+  long long cp_ulysses, pp;
+  std::string family;
+  int chunks;
+  bool v_placement;
+  auto operator<=>(const plan_layout&) const = default;
+};
+struct plan_label {
+  plan_layout layout;
+  bool sp;
+  int recompute;
+  auto operator<=>(const plan_label&) const = default;
+};
+inline plan_label label_of(const plan_config& k) {
+  return {{k.dp, k.ep, k.tp, static_cast<int>(k.tp_grid), k.tp_depth, k.cp, static_cast<int>(k.cp_kind), k.cp_ulysses, k.pp, k.family, k.chunks,
+           k.v_placement},
+          k.sp,
+          static_cast<int>(k.recompute)};
+}
 }  // namespace detail
 
 //! The `loom::cost_model` of configuration `k` (`pp x chunks` stages; see the file comment):
@@ -670,7 +696,10 @@ inline constexpr long long max_search_cells = 1LL << 25;
 //! Within one (dp, tp, pp, family, chunks), a variant (sp, recompute) that is no faster and uses
 //! no less memory than one ranked before it is left out. Throws `config_error` for a model or
 //! cluster that breaks a rule (the message names the field).
-inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options& o = {}) {
+//! A template (called as `plan(m, c)`) so that only a translation unit that calls it instantiates
+//! the registry of every family it searches (docs/include-cost.md).
+template <class = void>
+plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options& o = {}) {
   if (auto r = detail::check_model_desc(m); !r.empty()) throw config_error(r);
   if (auto r = detail::check_cluster_desc(c); !r.empty()) throw config_error(r);
   plan_report rep;
@@ -891,23 +920,16 @@ inline plan_report plan(const model_desc& m, const cluster_desc& c, const plan_o
     else ++rep.over_memory;
     if (o.progress) o.progress(++done, todo.size());
   }
-  auto label = [](const plan_config& k) {
-    return std::make_tuple(k.dp, k.ep, k.tp, static_cast<int>(k.tp_grid), k.tp_depth, k.cp, static_cast<int>(k.cp_kind), k.cp_ulysses, k.pp,
-                           k.family, k.chunks, k.v_placement, k.sp, static_cast<int>(k.recompute));
-  };
   // A total order (the label tells configurations apart), so std::sort is deterministic
   // (libstdc++ 12's std::stable_sort warns under clang: deprecated get_temporary_buffer).
-  std::sort(all.begin(), all.end(), [&](const plan_result& a, const plan_result& b) {
+  std::sort(all.begin(), all.end(), [](const plan_result& a, const plan_result& b) {
     if (a.step_time != b.step_time) return a.step_time < b.step_time;
     if (a.memory_bytes != b.memory_bytes) return a.memory_bytes < b.memory_bytes;
-    return label(a.config) < label(b.config);
+    return detail::label_of(a.config) < detail::label_of(b.config);
   });
-  std::map<std::tuple<long long, long long, long long, int, int, long long, int, long long, long long, std::string, int, bool>, double>
-      least_memory;
+  std::map<detail::plan_layout, double> least_memory;
   for (const plan_result& r : all) {
-    auto g = std::make_tuple(r.config.dp, r.config.ep, r.config.tp, static_cast<int>(r.config.tp_grid), r.config.tp_depth, r.config.cp,
-                             static_cast<int>(r.config.cp_kind), r.config.cp_ulysses, r.config.pp, r.config.family, r.config.chunks,
-                             r.config.v_placement);
+    const detail::plan_layout g = detail::label_of(r.config).layout;
     auto it = least_memory.find(g);
     if (it != least_memory.end() && it->second <= r.memory_bytes) continue;  // dominated by a faster variant
     least_memory[g] = r.memory_bytes;
