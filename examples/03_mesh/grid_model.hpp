@@ -472,7 +472,7 @@ class grid_stage {
   const double* targets_;
   block_layout layout_;
   std::array<part, part_count> parts_;
-  loom::grid_layer_norm norm_;
+  loom::grid_layer_norm<> norm_;
   loom::norm_groups<C> ng_;
   std::vector<loom::summa_linear<>> summa_;
   std::vector<loom::cube_linear<>> cube_;

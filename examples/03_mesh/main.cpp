@@ -215,7 +215,8 @@ std::string grid_configure(const options& o, const CLI::App& app, grid::grid_set
       return std::string(name) + " applies to the transformer: the grid model (--tp-kind " + o.tp_kind +
              ") trains transformer blocks without embedding or vocabulary by synchronous SGD so far (docs/tensor-grids.md)";
   if (o.backend == "cuda_local" || o.backend == "nccl")
-    return "--tp-kind " + o.tp_kind + " runs on the threads and mpi backends so far (the grid's layer norm is host code)";
+    return "--tp-kind " + o.tp_kind + " runs on the threads and mpi backends so far (the grid model's attention, activations and loss are host loops; "
+           "the grid's layers and norm run on device groups)";
   if (k != loom::tp_kind::d2_5 && app.count("--tp-depth") > 0) return "--tp-depth is 2.5D's number of layers: it needs --tp-kind 2.5d";
   if (k == loom::tp_kind::d2_5 && app.count("--tp-depth") == 0) return "--tp-kind 2.5d needs its number of layers: --tp-depth d (tp = q x q x d)";
   s.kind = k;

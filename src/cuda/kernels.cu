@@ -124,6 +124,13 @@ struct key_item {
 };
 
 template <class T>
+struct norm_item {
+  norm_items<T> m;
+  norm_step step;
+  __device__ void operator()(std::size_t i) const { m(step, i); }
+};
+
+template <class T>
 struct moe_item {
   moe_items<T> m;
   moe_step step;
@@ -237,6 +244,8 @@ void linear_add_bias_async(const linear_items<double>& f, cudaStream_t s) { laun
 
 void moe_async(const moe_items<float>& m, moe_step step, cudaStream_t s) { launch_items(moe_item<float>{m, step}, m.count(step), s); }
 void moe_async(const moe_items<double>& m, moe_step step, cudaStream_t s) { launch_items(moe_item<double>{m, step}, m.count(step), s); }
+void norm_async(const norm_items<float>& m, norm_step step, cudaStream_t s) { launch_items(norm_item<float>{m, step}, m.count(step), s); }
+void norm_async(const norm_items<double>& m, norm_step step, cudaStream_t s) { launch_items(norm_item<double>{m, step}, m.count(step), s); }
 void block_transpose_async(const block_transpose<float>& b, cudaStream_t s) { launch_items(b, b.size(), s); }
 void block_transpose_async(const block_transpose<double>& b, cudaStream_t s) { launch_items(b, b.size(), s); }
 

@@ -157,6 +157,26 @@ tp_result tp_pair(loom::tp_group<G>& g, K k, Make&& make, Fetch&& fetch) {
 struct grid_result {
   std::vector<float> y2, dy1, dx, gw1, gb1, gw2, gb2;
   std::array<loom::comm_counters, 3> counts{};  // row, column, depth
+  //! The tensors, in a fixed order.
+  std::vector<std::vector<float>> values() const { return {y2, dy1, dx, gw1, gb1, gw2, gb2}; }
+};
+
+//! What one grid member ends with after a layer norm's forward and backward.
+struct norm_result {
+  std::vector<float> y, rstd, dx, gg, gb;
+  std::array<loom::comm_counters, 3> counts{};  // row, column, depth
+  //! The tensors, in a fixed order.
+  std::vector<std::vector<float>> values() const { return {y, rstd, dx, gg, gb}; }
+};
+
+//! The local kernels of the host (`loom::linear_kernel`, `loom::norm_kernel`) or of a stream.
+struct host_kernels {
+  loom::linear_kernel linear;
+  loom::norm_kernel norm;
+};
+struct device_kernels {
+  loom::cuda::linear_kernel linear;
+  loom::cuda::norm_kernel norm;
 };
 
 //! Two chained layers of the tensor grid `g` (SUMMA on a 2D grid, `cube_linear` of both parities
@@ -208,6 +228,104 @@ grid_result grid_pair(loom::tp_grid_comms<G>& g, K k, Make&& make, Fetch&& fetch
     chain(loom::summa_linear<K>{h, f, k}, loom::summa_linear<K>{f, h, k}, sp(s1), sp(s2));
   }
   return {fetch(y2), fetch(dy1), fetch(dx), fetch(gw1), fetch(gb1), fetch(gw2), fetch(gb2), {}};
+}
+
+//! A layer norm over grid `g`'s activations (SUMMA's layout, or on a 3D grid the input of a layer
+//! of parity `odd`) with kernel `k`: the forward, the input gradient with a residual gradient
+//! added, the weights' gradients; `make` and `fetch` as in `grid_pair`.
+template <class G, class K, class Make, class Fetch>
+norm_result grid_norm(loom::tp_grid_comms<G>& g, bool odd, K k, Make&& make, Fetch&& fetch) {
+  const std::size_t q = g.q(), n = 3, h = 2 * q * q, hq = h / q, pq = hq / q;
+  auto ng = g.shape.kind == loom::tp_kind::d3 ? loom::norm_groups<G>::of_cube(g, odd) : loom::norm_groups<G>::of_summa(g);
+  auto init = [&](int which, std::size_t count) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = value(which, g.member, i);
+    return v;
+  };
+  auto zeros = [&](std::size_t count) { return make(std::vector<float>(count)); };
+  auto x = make(init(20, n * hq)), gw = make(init(21, pq)), bw = make(init(22, pq)), dy = make(init(23, n * hq)), res = make(init(24, n * hq));
+  auto gg = make(init(25, pq)), gb = make(init(26, pq));
+  auto y = zeros(n * hq), xhat = zeros(n * hq), rstd = zeros(n), dx = zeros(n * hq);
+  auto sw = zeros(2 * hq), stats = zeros(2 * n), part = zeros(2 * hq), grad = zeros(2 * pq);
+  const loom::norm_scratch<float> s{whole(sw), whole(stats), whole(part), whole(grad)};
+  auto c = [](auto& b) { return std::span<const float>(whole(b)); };
+  const loom::grid_layer_norm<K> norm{h, 1e-5, k};
+  norm.forward(ng, c(x), c(gw), c(bw), whole(y), whole(xhat), whole(rstd), s);
+  norm.backward_input(ng, c(dy), c(xhat), c(rstd), c(gw), c(res), whole(dx), s);
+  norm.backward_weight(ng, c(dy), c(xhat), whole(gg), whole(gb), s);
+  return {fetch(y), fetch(rstd), fetch(dx), fetch(gg), fetch(gb), {}};
+}
+
+//! `work(grid comms, kernels, make, fetch)` on every member of the grid mesh `m` (rank-ordered
+//! sums when `ordered`), on threads with the host kernels, then on both device backends under
+//! `seeds` simulator seeds with the kernels on one stream per rank: every tensor equal (bitwise
+//! under the simulator, within 1e-5 relative on a GPU), the grid groups' counters equal, the
+//! simulator finding nothing.
+template <class Mesh, class Work>
+void grid_device_equals_threads(const Mesh& m, bool ordered, std::uint64_t seeds, Work&& work) {
+  const int n = m.size();
+  CAPTURE(std::string(m.describe().view()));
+  CAPTURE(ordered);
+  auto counts = [](auto& mc) {
+    return std::array{mc.grid(loom::grid_group::row).counters(), mc.grid(loom::grid_group::column).counters(),
+                      mc.grid(loom::grid_group::depth).counters()};
+  };
+  using result_t = decltype(work(std::declval<loom::tp_grid_comms<loom::counted<loom::threads::comm>>&>(), host_kernels{},
+                                 [](std::vector<float> v) { return v; }, [](std::vector<float>& v) { return v; }));
+  std::vector<result_t> want(static_cast<std::size_t>(n)), got(static_cast<std::size_t>(n));
+  loom::run_threads(n, [&](loom::threads::comm& w) {
+    loom::mesh_comm mc(m, w);
+    auto g = loom::grid_comms(mc, ordered);
+    auto r = work(g, host_kernels{}, [](std::vector<float> v) { return v; }, [](std::vector<float>& v) { return v; });
+    r.counts = counts(mc);
+    want[static_cast<std::size_t>(w.rank())] = r;
+  });
+  for (backend b : {backend::cuda_local, backend::nccl}) {
+    CAPTURE(loom_device_test::name(b));
+    if (loom_device_test::skip_unless_devices(b, n)) continue;
+    for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+      CAPTURE(seed);
+      loom_device_test::simulate_with(seed);
+      auto body = [&](auto& w) {
+        loom::mesh_comm mc(m, w);
+        using counted = typename decltype(mc)::comm_type;
+        loom::cuda::stream st;
+        loom::on_stream<counted> row(mc.grid(loom::grid_group::row), st.get()), col(mc.grid(loom::grid_group::column), st.get()),
+            depth(mc.grid(loom::grid_group::depth), st.get());
+        loom::tp_grid_comms<loom::on_stream<counted>> g{&row, &col, &depth, m.grid(), mc.coord(loom::dim::tp), ordered};
+        std::vector<std::vector<float>> sources;  // alive until the copies ran (fetch synchronises)
+        sources.reserve(64);
+        auto r = work(
+            g, device_kernels{{st.get()}, {st.get()}},
+            [&](std::vector<float> v) {
+              sources.push_back(std::move(v));
+              return upload(sources.back(), st.get());
+            },
+            [&](loom::cuda::device_buffer<float>& d) { return download(d, st.get()); });
+        r.counts = counts(mc);
+        got[static_cast<std::size_t>(mc.rank())] = r;
+        w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);  // every rank done before the buffers go
+      };
+      loom_device_test::run_on(b, n, body);
+      for (std::size_t r = 0; r < got.size(); ++r) {
+        CAPTURE(r);
+        const auto gv = got[r].values(), wv = want[r].values();
+        for (std::size_t t = 0; t < wv.size(); ++t) {
+          CAPTURE(t);
+#if defined(LOOM_CUDA_SIM)
+          CHECK(gv[t] == wv[t]);
+#else
+          CHECK(max_rel(gv[t], wv[t]) <= 1e-5);
+#endif
+        }
+        CHECK(got[r].counts == want[r].counts);
+      }
+      CHECK(loom_device_test::findings() == "");
+#if !defined(LOOM_CUDA_SIM)
+      break;  // a GPU has no seeds to vary
+#endif
+    }
+  }
 }
 
 //! The attention of split `s` (TokenRing as its ring part when `token_ring`) on both device
@@ -415,75 +533,25 @@ TEST_CASE("Megatron's column- and row-parallel layers run on a device group with
 
 TEST_CASE("the tensor grids' SUMMA and 3D layers run on device groups with loom's device kernels, as on threads") {
   using tpd = loom::tp<loom::dynamic, loom::tp_kind::dynamic>;
-  using mesh_t = loom::mesh<tpd>;
   for (auto [kind, n] : {std::pair{loom::tp_kind::d2, 4}, std::pair{loom::tp_kind::d3, 8}})
-    for (bool ordered : {false, true}) {
-      const mesh_t m{tpd{n, kind}};
-      CAPTURE(std::string(m.describe().view()));
-      CAPTURE(ordered);
-      auto counts = [](auto& mc) {
-        return std::array{mc.grid(loom::grid_group::row).counters(), mc.grid(loom::grid_group::column).counters(),
-                          mc.grid(loom::grid_group::depth).counters()};
-      };
-      std::vector<grid_result> want(static_cast<std::size_t>(n)), got(static_cast<std::size_t>(n));
-      loom::run_threads(n, [&](loom::threads::comm& w) {
-        loom::mesh_comm mc(m, w);
-        auto g = loom::grid_comms(mc, ordered);
-        auto r = grid_pair(g, loom::linear_kernel{}, [](std::vector<float> v) { return v; }, [](std::vector<float>& v) { return v; });
-        r.counts = counts(mc);
-        want[static_cast<std::size_t>(w.rank())] = r;
+    for (bool ordered : {false, true})
+      grid_device_equals_threads(loom::mesh<tpd>{tpd{n, kind}}, ordered, 5, [](auto& g, auto k, auto&& make, auto&& fetch) {
+        return grid_pair(g, k.linear, make, fetch);
       });
-      for (backend b : {backend::cuda_local, backend::nccl}) {
-        CAPTURE(loom_device_test::name(b));
-        if (loom_device_test::skip_unless_devices(b, n)) continue;
-        for (std::uint64_t seed = 1; seed <= 5; ++seed) {
-          CAPTURE(seed);
-          loom_device_test::simulate_with(seed);
-          auto body = [&](auto& w) {
-            loom::mesh_comm mc(m, w);
-            using counted = typename decltype(mc)::comm_type;
-            loom::cuda::stream st;
-            loom::on_stream<counted> row(mc.grid(loom::grid_group::row), st.get()), col(mc.grid(loom::grid_group::column), st.get()),
-                depth(mc.grid(loom::grid_group::depth), st.get());
-            loom::tp_grid_comms<loom::on_stream<counted>> g{&row, &col, &depth, m.grid(), mc.coord(loom::dim::tp), ordered};
-            std::vector<std::vector<float>> sources;  // alive until the copies ran (fetch synchronises)
-            sources.reserve(64);
-            auto r = grid_pair(
-                g, loom::cuda::linear_kernel{st.get()},
-                [&](std::vector<float> v) {
-                  sources.push_back(std::move(v));
-                  return upload(sources.back(), st.get());
-                },
-                [&](loom::cuda::device_buffer<float>& d) { return download(d, st.get()); });
-            r.counts = counts(mc);
-            got[static_cast<std::size_t>(mc.rank())] = r;
-            w.all_reduce(std::span<std::int64_t>(), loom::reduce_op::sum);  // every rank done before the buffers go
-          };
-          loom_device_test::run_on(b, n, body);
-          for (std::size_t r = 0; r < got.size(); ++r) {
-            CAPTURE(r);
-#if defined(LOOM_CUDA_SIM)
-            CHECK(got[r].y2 == want[r].y2);
-            CHECK(got[r].dy1 == want[r].dy1);
-            CHECK(got[r].dx == want[r].dx);
-            CHECK(got[r].gw1 == want[r].gw1);
-            CHECK(got[r].gb1 == want[r].gb1);
-            CHECK(got[r].gw2 == want[r].gw2);
-            CHECK(got[r].gb2 == want[r].gb2);
-#else
-            CHECK(max_rel(got[r].y2, want[r].y2) <= 1e-5);
-            CHECK(max_rel(got[r].dx, want[r].dx) <= 1e-5);
-            CHECK(max_rel(got[r].gw1, want[r].gw1) <= 1e-5);
-            CHECK(max_rel(got[r].gw2, want[r].gw2) <= 1e-5);
-#endif
-            CHECK(got[r].counts == want[r].counts);
-          }
-          CHECK(loom_device_test::findings() == "");
-#if !defined(LOOM_CUDA_SIM)
-          break;  // a GPU has no seeds to vary
-#endif
-        }
-      }
-    }
 }
 
+TEST_CASE("the tensor grids' layer norm runs on device groups with loom's device kernels, as on threads") {
+  using tpd = loom::tp<loom::dynamic, loom::tp_kind::dynamic>;
+  struct grid_case {
+    loom::tp_kind kind;
+    int ranks, depth;
+    bool odd;
+  };
+  for (const grid_case gc : {grid_case{loom::tp_kind::d2, 4, 0, false}, grid_case{loom::tp_kind::d2_5, 8, 2, false},
+                             grid_case{loom::tp_kind::d3, 8, 0, false}, grid_case{loom::tp_kind::d3, 8, 0, true}})
+    for (bool ordered : {false, true}) {
+      CAPTURE(gc.odd);
+      grid_device_equals_threads(loom::mesh<tpd>{tpd{gc.ranks, gc.kind, gc.depth}}, ordered, 3,
+                                 [&](auto& g, auto k, auto&& make, auto&& fetch) { return grid_norm(g, gc.odd, k.norm, make, fetch); });
+    }
+}

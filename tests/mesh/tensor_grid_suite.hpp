@@ -304,7 +304,7 @@ void norm_matches_reference(World& world, grid_case c, bool odd, bool ordered, b
   auto gc = loom::grid_comms(mc, ordered);
   auto ng = cube ? loom::norm_groups<typename decltype(mc)::comm_type>::of_cube(gc, odd)
                  : loom::norm_groups<typename decltype(mc)::comm_type>::of_summa(gc);
-  const loom::grid_layer_norm norm{h};
+  const loom::grid_layer_norm<> norm{h};
   loom::norm_host_scratch<double> s(n, h, q);
   const std::size_t reps = static_cast<std::size_t>(ng.replicas->size());
   mc.reset_counters();

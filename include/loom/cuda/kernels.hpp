@@ -176,6 +176,14 @@ void moe_async(const moe_items<T>& m, moe_step step, cudaStream_t s) {
     for (std::size_t e = 0; e < n; ++e) m(step, e);
   });
 }
+//! One step of a layer norm on a member's feature block (`norm_items` per item of `step`), on `s`.
+template <class T>
+void norm_async(const norm_items<T>& m, norm_step step, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda layer norm", [m, step] {
+    const std::size_t n = m.count(step);
+    for (std::size_t i = 0; i < n; ++i) m(step, i);
+  });
+}
 //! A block transpose (`block_transpose` per element), on `s`.
 template <class T>
 void block_transpose_async(const block_transpose<T>& b, cudaStream_t s) {
@@ -263,6 +271,10 @@ void linear_add_bias_async(const linear_items<double>& f, cudaStream_t s);
 void moe_async(const moe_items<float>& m, moe_step step, cudaStream_t s);
 //! One step of an MoE layer (`moe_items` per item of `step`), on `s`.
 void moe_async(const moe_items<double>& m, moe_step step, cudaStream_t s);
+//! One step of a layer norm on a member's feature block (`norm_items` per item of `step`), on `s`.
+void norm_async(const norm_items<float>& m, norm_step step, cudaStream_t s);
+//! One step of a layer norm on a member's feature block (`norm_items` per item of `step`), on `s`.
+void norm_async(const norm_items<double>& m, norm_step step, cudaStream_t s);
 //! A block transpose (`block_transpose` per element), on `s`.
 void block_transpose_async(const block_transpose<float>& b, cudaStream_t s);
 //! A block transpose (`block_transpose` per element), on `s`.

@@ -5,7 +5,8 @@
 //! \file
 //! The device form of loom's tensor- and sequence-parallel patterns: `loom::cuda::linear_kernel`,
 //! the local product of Megatron's column- and row-parallel layers
-//! (`loom/exec/tensor_parallel.hpp`) as kernels on a stream, and the device form of the
+//! (`loom/exec/tensor_parallel.hpp`) and of the tensor grids' layers (`loom/exec/tensor_grid.hpp`)
+//! as kernels on a stream, `loom::cuda::norm_kernel` the grids' layer norm's local steps, and the device form of the
 //! sequence-parallel patterns (`loom::ring_attention`, `loom::token_ring_attention`,
 //! `loom::ulysses`, `loom::usp_attention`, `loom::dsp_switch` of `loom/exec/sequence_parallel.hpp`): include this
 //! header and instantiate them over a device group bound to a stream, `loom::on_stream<G>` with
@@ -227,6 +228,63 @@ struct linear_kernel {
     const byte_access a[] = {reads(x), writes(acc)};
     region reg(stream, "loom linear accumulate", a);
     detail::add_async(acc.data(), x.data(), acc.size(), stream);
+  }
+};
+
+//! `loom::grid_layer_norm`'s local steps on a stream (`loom::grid_layer_norm<cuda::norm_kernel>`):
+//! each step of `loom::norm_items` as one of loom's kernels (a thread per token, per feature for
+//! the weights' sums), inside a region naming exactly what that step reads and writes; the same
+//! sums in the same order as `loom::norm_kernel` on the host. Pointers are device memory.
+struct norm_kernel {
+  cudaStream_t stream = nullptr;  //!< where every step is enqueued
+
+  //! Every item of `step`.
+  template <class T>
+  void run(const norm_items<T>& m, norm_step step) const {
+    const std::size_t a = m.n * m.hq, k = m.hq;
+    auto in = [](const T* p, std::size_t c) { return reads(std::span<const T>(p, p == nullptr ? 0 : c)); };
+    auto out = [](T* p, std::size_t c) { return writes(std::span<T>(p, p == nullptr ? 0 : c)); };
+    switch (step) {
+      case norm_step::row_sums: {
+        const byte_access acc[] = {in(m.x, a), out(m.stats, m.n)};
+        return enqueue(m, step, "loom layer norm (row sums)", acc);
+      }
+      case norm_step::centre: {
+        const byte_access acc[] = {in(m.x, a), out(m.stats, 2 * m.n)};
+        return enqueue(m, step, "loom layer norm (deviations)", acc);
+      }
+      case norm_step::normalise: {
+        const byte_access acc[] = {in(m.x, a), in(m.g, k), in(m.b, k), in(m.stats, 2 * m.n), out(m.rstd, m.n), out(m.xhat, a), out(m.y, a)};
+        return enqueue(m, step, "loom layer norm (normalise)", acc);
+      }
+      case norm_step::grad_sums: {
+        const byte_access acc[] = {in(m.dy, a), in(m.g, k), in(m.xhat, a), out(m.stats, 2 * m.n)};
+        return enqueue(m, step, "loom layer norm backward (row sums)", acc);
+      }
+      case norm_step::grad_apply: {
+        const byte_access acc[] = {in(m.dy, a), in(m.g, k), in(m.xhat, a), in(m.rstd, m.n), in(m.stats, 2 * m.n), in(m.res, a), out(m.y, a)};
+        return enqueue(m, step, "loom layer norm backward (input)", acc);
+      }
+      case norm_step::weight_sums: {
+        const byte_access acc[] = {in(m.dy, a), in(m.xhat, a), out(m.pg, k), out(m.pb, k)};
+        return enqueue(m, step, "loom layer norm backward (weight)", acc);
+      }
+    }
+  }
+  //! `acc[i] += x[i]`.
+  template <class T>
+  void accumulate(std::span<T> acc, std::span<const T> x) const {
+    if (acc.empty()) return;
+    const byte_access a[] = {reads(x), writes(acc)};
+    region reg(stream, "loom layer norm accumulate", a);
+    detail::add_async(acc.data(), x.data(), acc.size(), stream);
+  }
+
+ private:
+  template <class T>
+  void enqueue(const norm_items<T>& m, norm_step step, const char* label, std::span<const byte_access> accesses) const {
+    region reg(stream, label, accesses);
+    detail::norm_async(m, step, stream);
   }
 };
 

@@ -383,4 +383,105 @@ struct dsp_move {
   }
 };
 
+//! The steps of a layer norm over one member's feature block (`norm_items`, `loom::grid_layer_norm`):
+//! the forward's three (its two row statistics are summed over the feature blocks between them),
+//! the input gradient's two, the weights' one.
+enum class norm_step : unsigned char {
+  row_sums,     //!< per token: the sum of its block of `x` into `stats[t]`
+  centre,       //!< per token: the mean from the whole row's sum `stats[t]` (left there), the block's squared deviations into `stats[n + t]`
+  normalise,    //!< per token: `rstd`, `xhat` and `y` from the whole row's mean and squared deviations
+  grad_sums,    //!< per token: the block's sums of `dxhat = dy g` and of `dxhat xhat` into `stats[2 t]`, `stats[2 t + 1]`
+  grad_apply,   //!< per token: the input gradient into `y` from the whole row's two sums (plus `res` when given)
+  weight_sums,  //!< per feature: the sums over the tokens of `dy xhat` into `pg` and of `dy` into `pb`
+};
+
+//! A layer norm `y = (x - mean) / sqrt(var + eps) g + b` over `h` features, on one member's block
+//! of `hq` of them for `n` tokens (row-major `[n][hq]`), as items of the steps `norm_step` names:
+//! one item per token (per feature for `weight_sums`), each sum from zero in increasing index, so
+//! the host loop and the simulator's kernels give the same bits (on a GPU, contraction into fused
+//! multiply-adds may change the last bits). The row statistics between the steps are summed over
+//! the feature blocks by the caller (`loom::grid_layer_norm`).
+template <class T>
+struct norm_items {
+  const T* x = nullptr;    //!< input (forward)
+  const T* g = nullptr;    //!< the block's weight `[hq]`
+  const T* b = nullptr;    //!< the block's bias `[hq]` (forward)
+  const T* dy = nullptr;   //!< output gradient (backward)
+  const T* res = nullptr;  //!< a gradient added to the input gradient (null: none)
+  T* y = nullptr;          //!< output (forward) or input gradient (`grad_apply`)
+  T* xhat = nullptr;       //!< the normalised input: written by `normalise`, read by the backward steps
+  T* rstd = nullptr;       //!< `1 / sigma` per token `[n]`
+  T* stats = nullptr;      //!< the row statistics `[2 n]` (see `norm_step`)
+  T* pg = nullptr;         //!< the weight's partial gradient `[hq]` (`weight_sums`)
+  T* pb = nullptr;         //!< the bias's partial gradient `[hq]` (`weight_sums`)
+  std::size_t n = 0;       //!< tokens
+  std::size_t hq = 0;      //!< features of the block
+  std::size_t h = 0;       //!< features of the whole row
+  double eps = 1e-5;       //!< added to the variance
+
+  //! Items of `step`.
+  LOOM_HOST_DEVICE std::size_t count(norm_step step) const { return step == norm_step::weight_sums ? hq : n; }
+  //! Item `i` of `step`.
+  LOOM_HOST_DEVICE void operator()(norm_step step, std::size_t i) const {
+    const T H = static_cast<T>(h);
+    switch (step) {
+      case norm_step::row_sums: {
+        T z{};
+        for (std::size_t f = 0; f < hq; ++f) z += x[i * hq + f];
+        stats[i] = z;
+        break;
+      }
+      case norm_step::centre: {
+        const T mu = stats[i] / H;
+        T z{};
+        for (std::size_t f = 0; f < hq; ++f) z += (x[i * hq + f] - mu) * (x[i * hq + f] - mu);
+        stats[n + i] = z;
+        stats[i] = mu;
+        break;
+      }
+      case norm_step::normalise: {
+        const T r = T(1) / device_math::sqrt(stats[n + i] / H + static_cast<T>(eps));
+        rstd[i] = r;
+        for (std::size_t f = 0; f < hq; ++f) {
+          const std::size_t e = i * hq + f;
+          xhat[e] = (x[e] - stats[i]) * r;
+          y[e] = xhat[e] * g[f] + b[f];
+        }
+        break;
+      }
+      case norm_step::grad_sums: {
+        T m1{}, m2{};
+        for (std::size_t f = 0; f < hq; ++f) {
+          const T d = dy[i * hq + f] * g[f];
+          m1 += d;
+          m2 += d * xhat[i * hq + f];
+        }
+        stats[2 * i] = m1;
+        stats[2 * i + 1] = m2;
+        break;
+      }
+      case norm_step::grad_apply: {
+        const T m1 = stats[2 * i] / H, m2 = stats[2 * i + 1] / H;
+        for (std::size_t f = 0; f < hq; ++f) {
+          const std::size_t e = i * hq + f;
+          const T d = dy[e] * g[f];
+          const T v = rstd[i] * (d - m1 - xhat[e] * m2);
+          y[e] = res == nullptr ? v : res[e] + v;
+        }
+        break;
+      }
+      case norm_step::weight_sums: {
+        T a{}, c{};
+        for (std::size_t t = 0; t < n; ++t) {
+          a += dy[t * hq + i] * xhat[t * hq + i];
+          c += dy[t * hq + i];
+        }
+        pg[i] = a;
+        pb[i] = c;
+        break;
+      }
+    }
+  }
+};
+
 }  // namespace loom

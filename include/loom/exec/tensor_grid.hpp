@@ -57,7 +57,8 @@
 //! **Device groups.** Every copy goes through the group's `copy` where it has one and every
 //! fill and addition through the kernel (`set_bias`, `forward_add`, `accumulate`), so with the
 //! grid groups bound to a stream (`loom::on_stream`) and `loom::cuda::linear_kernel` the layers
-//! run on device memory, enqueued on that stream (`grid_layer_norm` is host code so far).
+//! run on device memory, enqueued on that stream; `grid_layer_norm` likewise with
+//! `loom::cuda::norm_kernel`.
 //!
 //! `summa_volume` returns these; the tests compare them with the counters. A group of one rank
 //! (`q = 1`, or depth 1) sends nothing.
@@ -690,6 +691,22 @@ class norm_host_scratch {
   std::vector<T> w_, stats_, part_, grad_;
 };
 
+//! The host form of `grid_layer_norm`'s local steps: each step's items (`loom::norm_items`) in
+//! order, and `acc += x`. `loom::cuda::norm_kernel` is the same on a stream.
+struct norm_kernel {
+  //! Every item of `step`.
+  template <class T>
+  void run(const norm_items<T>& m, norm_step step) const {
+    const std::size_t count = m.count(step);
+    for (std::size_t i = 0; i < count; ++i) m(step, i);
+  }
+  //! `acc[i] += x[i]`.
+  template <class T>
+  void accumulate(std::span<T> acc, std::span<const T> x) const {
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += x[i];
+  }
+};
+
 //! A layer norm `y = (x - mean) / sqrt(var + eps) g + b` over `h` features split into `q` blocks
 //! over the `features` group (Optimus' and Tesseract's layer norm on the grid; ColossalAI's
 //! `layernorm_3d` for the 3D one): each member sums its block of every token's row, the group
@@ -703,9 +720,16 @@ class norm_host_scratch {
 //! Every sum is blocked: a row's statistic is `((S_0 + S_1) + ...)` over the feature blocks, each
 //! from zero; a weight's gradient sums its token blocks as `summa_reference::blocked_weight`.
 //! `grid_norm_reference` computes the same sums on one rank.
+//!
+//! `Kernel` runs the local steps (`norm_step`, the items of `loom::norm_items`) and the final
+//! accumulation: `norm_kernel` on the host; `loom::cuda::norm_kernel` enqueues them on a stream,
+//! so with the groups bound to that stream (`loom::on_stream`) the norm runs on device memory
+//! without synchronising the host. Copies go through the group's `copy` where it has one.
+template <class Kernel = norm_kernel>
 struct grid_layer_norm {
   std::size_t h = 0;   //!< features (whole)
   double eps = 1e-5;   //!< added to the variance
+  Kernel kernel{};     //!< the local steps
 
   //! `y`, `xhat` (`[n][h / q]`) and `rstd` (`[n]`, `1 / sigma` per token) from `x` and the
   //! member's pieces `g`, `b` (`[h / q^2]`).
@@ -714,34 +738,20 @@ struct grid_layer_norm {
                std::span<T> xhat, std::span<T> rstd, norm_scratch<T> s) const {
     const std::size_t hq = block(ng), n = rstd.size();
     check(x.size(), n * hq, "input");
+    check(y.size(), n * hq, "output");
+    check(xhat.size(), n * hq, "normalised input");
     check(g.size() + b.size(), 2 * (hq / size(ng.pieces)), "weight and bias pieces");
-    const std::span<T> gw = s.w.first(hq), bw = s.w.subspan(hq, hq), sum = s.stats.first(n);
+    scratch(s, n, hq);
+    const std::span<T> gw = s.w.first(hq), bw = s.w.subspan(hq, hq);
     gather(*ng.pieces, g, gw);
     gather(*ng.pieces, b, bw);
-    for (std::size_t t = 0; t < n; ++t) {
-      T z{};
-      for (std::size_t f = 0; f < hq; ++f) z += x[t * hq + f];
-      sum[t] = z;
-    }
-    all_sum(ng, sum);
-    for (std::size_t t = 0; t < n; ++t) {
-      const T mu = sum[t] / static_cast<T>(h);
-      T z{};
-      for (std::size_t f = 0; f < hq; ++f) z += (x[t * hq + f] - mu) * (x[t * hq + f] - mu);
-      s.stats[n + t] = z;
-      sum[t] = mu;
-    }
-    const std::span<T> var = s.stats.subspan(n, n);
-    all_sum(ng, var);
-    for (std::size_t t = 0; t < n; ++t) {
-      const T r = T(1) / device_math::sqrt(var[t] / static_cast<T>(h) + static_cast<T>(eps));
-      rstd[t] = r;
-      for (std::size_t f = 0; f < hq; ++f) {
-        const std::size_t e = t * hq + f;
-        xhat[e] = (x[e] - sum[t]) * r;
-        y[e] = xhat[e] * gw[f] + bw[f];
-      }
-    }
+    const norm_items<T> m{.x = x.data(), .g = gw.data(), .b = bw.data(), .y = y.data(), .xhat = xhat.data(), .rstd = rstd.data(),
+                          .stats = s.stats.data(), .n = n, .hq = hq, .h = h, .eps = eps};
+    kernel.run(m, norm_step::row_sums);
+    all_sum(ng, s.stats.first(n));
+    kernel.run(m, norm_step::centre);
+    all_sum(ng, s.stats.subspan(n, n));
+    kernel.run(m, norm_step::normalise);
   }
 
   //! `dx = res + rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))`, `dxhat = dy g` (`res`
@@ -751,28 +761,20 @@ struct grid_layer_norm {
                       std::span<const T> g, std::span<const T> res, std::span<T> dx, norm_scratch<T> s) const {
     const std::size_t hq = block(ng), n = rstd.size();
     check(dy.size(), n * hq, "output gradient");
-    const std::span<T> gw = s.w.first(hq), m = s.stats.first(2 * n);
+    check(xhat.size(), n * hq, "normalised input");
+    check(dx.size(), n * hq, "input gradient");
+    if (!res.empty()) check(res.size(), n * hq, "residual gradient");
+    check(g.size(), hq / size(ng.pieces), "weight piece");
+    scratch(s, n, hq);
+    const std::span<T> gw = s.w.first(hq);
     gather(*ng.pieces, g, gw);
-    for (std::size_t t = 0; t < n; ++t) {
-      T m1{}, m2{};
-      for (std::size_t f = 0; f < hq; ++f) {
-        const T d = dy[t * hq + f] * gw[f];
-        m1 += d;
-        m2 += d * xhat[t * hq + f];
-      }
-      m[2 * t] = m1;
-      m[2 * t + 1] = m2;
-    }
-    all_sum(ng, m);
-    for (std::size_t t = 0; t < n; ++t) {
-      const T m1 = m[2 * t] / static_cast<T>(h), m2 = m[2 * t + 1] / static_cast<T>(h);
-      for (std::size_t f = 0; f < hq; ++f) {
-        const std::size_t e = t * hq + f;
-        const T d = dy[e] * gw[f];
-        const T v = rstd[t] * (d - m1 - xhat[e] * m2);
-        dx[e] = res.empty() ? v : res[e] + v;
-      }
-    }
+    // The backward steps only read xhat and rstd (norm_items holds them writable for `normalise`).
+    const norm_items<T> m{.g = gw.data(), .dy = dy.data(), .res = res.empty() ? nullptr : res.data(), .y = dx.data(),
+                          .xhat = const_cast<T*>(xhat.data()), .rstd = const_cast<T*>(rstd.data()), .stats = s.stats.data(), .n = n,
+                          .hq = hq, .h = h, .eps = eps};
+    kernel.run(m, norm_step::grad_sums);
+    all_sum(ng, s.stats.first(2 * n));
+    kernel.run(m, norm_step::grad_apply);
   }
 
   //! Adds the member's pieces of the weight and bias gradients to `gg`, `gb` (`[h / q^2]`).
@@ -780,25 +782,21 @@ struct grid_layer_norm {
   void backward_weight(norm_groups<C>& ng, std::span<const T> dy, std::span<const T> xhat, std::span<T> gg, std::span<T> gb,
                        norm_scratch<T> s) const {
     const std::size_t hq = block(ng), n = dy.size() / hq, pq = hq / size(ng.pieces);
+    check(dy.size(), n * hq, "output gradient");
+    check(xhat.size(), n * hq, "normalised input");
     check(gg.size() + gb.size(), 2 * pq, "weight and bias gradient pieces");
+    check(std::min(s.part.size(), 2 * hq), 2 * hq, "scratch's partial gradients");
+    check(std::min(s.grad.size(), 2 * pq), 2 * pq, "scratch's gradient pieces");
     const std::span<T> pg = s.part.first(hq), pb = s.part.subspan(hq, hq);
-    for (std::size_t f = 0; f < hq; ++f) {
-      T a{}, c{};
-      for (std::size_t t = 0; t < n; ++t) {
-        a += dy[t * hq + f] * xhat[t * hq + f];
-        c += dy[t * hq + f];
-      }
-      pg[f] = a;
-      pb[f] = c;
-    }
+    const norm_items<T> m{.dy = dy.data(), .xhat = const_cast<T*>(xhat.data()), .pg = pg.data(), .pb = pb.data(), .n = n, .hq = hq,
+                          .h = h, .eps = eps};
+    kernel.run(m, norm_step::weight_sums);
     const std::span<T> mine = s.grad.first(2 * pq);
     scatter(ng, std::span<const T>(pg), mine.first(pq));
     scatter(ng, std::span<const T>(pb), mine.subspan(pq, pq));
     detail::grid_all_sum(ng.ordered, *ng.replicas, mine);
-    for (std::size_t i = 0; i < pq; ++i) {
-      gg[i] += mine[i];
-      gb[i] += mine[pq + i];
-    }
+    kernel.accumulate(gg, std::span<const T>(mine.first(pq)));
+    kernel.accumulate(gb, std::span<const T>(mine.subspan(pq, pq)));
   }
 
  private:
@@ -817,10 +815,16 @@ struct grid_layer_norm {
       throw std::length_error(std::string("loom grid_layer_norm: the ") + what + " has " + std::to_string(got) +
                               " elements; the norm needs " + std::to_string(want));
   }
+  //! The forward's and the input gradient's scratch: the gathered weights and two statistics per token.
+  template <class T>
+  static void scratch(const norm_scratch<T>& s, std::size_t n, std::size_t hq) {
+    check(std::min(s.w.size(), 2 * hq), 2 * hq, "scratch's gathered weights");
+    check(std::min(s.stats.size(), 2 * n), 2 * n, "scratch's statistics");
+  }
   template <class C, class T>
   static void gather(C& c, std::span<const T> in, std::span<T> out) {
     if (c.size() > 1) c.all_gather(in, out);
-    else std::copy(in.begin(), in.end(), out.begin());
+    else detail::grid_copy(c, in, out);
   }
   template <class C, class T>
   static void all_sum(norm_groups<C>& ng, std::span<T> data) {
