@@ -12,7 +12,9 @@
 // sequences per microbatch, where the tensor-parallel grids apply: the fastest configuration of
 // each tensor-parallel kind, and `loom plan`'s table at 16. Last, that shape at 8192 to 131072
 // tokens (2M tokens per step) with context parallelism: the fastest configuration of each kind,
-// and `loom plan --context-parallel`'s table at 32768.
+// and `loom plan --context-parallel`'s table at 32768. Then a spatial-temporal model
+// (docs/plan/st-dit.model.json) at 256 to 4096 patches per frame, DSP among the kinds, and the
+// table at 1024.
 //   g++ -std=c++20 -O2 -Iinclude -Itools/loom -DLOOM_SOURCE_DIR='"."' docs/plan-table.cpp -o /tmp/plan-table && /tmp/plan-table
 #include <cstdio>
 #include <string>
@@ -61,6 +63,16 @@ void print_best(const loom::plan_report& rep, const loom::plan_result* best, con
   const auto& k = best->config;
   std::printf(" (%s) %s, recompute %s%s | %.2f%s |", layout.c_str(), loom::plan_io::schedule_label(k).c_str(), loom::to_string(k.recompute),
               k.sp ? ", SP" : "", best->step_time, best == &rep.ranked[0] ? " (fastest)" : "");
+}
+
+// The two cells of the per-kind table of context parallelism: the fastest configuration of `rep`
+// whose cp kind is `kind`.
+void print_kind(const loom::plan_report& rep, loom::context_kind kind) {
+  const loom::plan_result* best = fastest(rep, [&](const loom::plan_config& k) { return k.cp_kind == kind; });
+  print_best(rep, best,
+             best == nullptr ? ""
+                             : std::to_string(best->config.dp) + ", " + loom::plan_io::cp_label(best->config) + ", " +
+                                   std::to_string(best->config.tp) + ", " + std::to_string(best->config.pp));
 }
 
 }  // namespace
@@ -178,14 +190,29 @@ int main() {
     if (seq == 32768) c32 = rep;
     std::printf("| %lld | %lld |", seq, d.global_batch);
     for (loom::context_kind kind : {loom::context_kind::none, loom::context_kind::ulysses, loom::context_kind::ring, loom::context_kind::usp,
-                                    loom::context_kind::tokenring}) {
-      const loom::plan_result* best = fastest(rep, [&](const loom::plan_config& k) { return k.cp_kind == kind; });
-      print_best(rep, best,
-                 best == nullptr ? ""
-                                 : std::to_string(best->config.dp) + ", " + loom::plan_io::cp_label(best->config) + ", " +
-                                       std::to_string(best->config.tp) + ", " + std::to_string(best->config.pp));
-    }
+                                    loom::context_kind::tokenring})
+      print_kind(rep, kind);
     std::printf("\n");
   }
   std::printf("\n%s", loom::plan_io::table(c32, 6).c_str());
+  // A spatial-temporal model (docs/plan/st-dit.model.json) at 256, 1024 and 4096 patches per
+  // frame, 64 frames, the tokens per step held at 128 x 65536: the fastest of each kind, DSP too.
+  const auto st = loom::plan_io::read_model(dir + "st-dit.model.json");
+  std::printf("\n| patches per frame | sequence | sequences per step | no cp (dp, cp, tp, pp) | step (s) | Ulysses | step (s) | ring attention "
+              "| step (s) | USP | step (s) | TokenRing | step (s) | DSP | step (s) |\n"
+              "|---:|---:|---:|:--|---:|:--|---:|:--|---:|:--|---:|:--|---:|:--|---:|\n");
+  loom::plan_report st1024;
+  for (long long patches : {256LL, 1024LL, 4096LL}) {
+    loom::model_desc d = st.desc;
+    d.seq = d.frames * patches;
+    d.global_batch = 128 * 65536 / d.seq;
+    const loom::plan_report rep = loom::plan(d, c.desc, co);
+    if (patches == 1024) st1024 = rep;
+    std::printf("| %lld | %lld | %lld |", patches, d.seq, d.global_batch);
+    for (loom::context_kind kind : {loom::context_kind::none, loom::context_kind::ulysses, loom::context_kind::ring, loom::context_kind::usp,
+                                    loom::context_kind::tokenring, loom::context_kind::dsp})
+      print_kind(rep, kind);
+    std::printf("\n");
+  }
+  std::printf("\n%s", loom::plan_io::table(st1024, 6).c_str());
 }

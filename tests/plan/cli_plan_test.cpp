@@ -162,6 +162,17 @@ TEST_CASE("a bad value in the model file exits 2 with one line naming the field"
   check_usage_error(run_with(true, "\"layers\": 8", "\"layers\": 8, \"hiden\": 3"), "unknown field \"hiden\"");
 }
 
+TEST_CASE("a spatial-temporal model file (frames) plans DSP with --context-parallel, and bad frames exit 2 naming the field") {
+  result r = run_with(true, "\"seq\": 1024", "\"seq\": 1024, \"frames\": 16");
+  REQUIRE(r.status == 0);
+  r = run("plan --model " + tmp("m.json") + " --cluster " + tmp("c.json") + " --context-parallel --top 1000 --families 1f1b");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find(" dsp |") != std::string::npos);
+  check_usage_error(run_with(true, "\"seq\": 1024", "\"seq\": 1024, \"frames\": 3"),
+                    "field \"frames\" must divide \"seq\" (1024 tokens are not 3 frames of equal size)");
+  check_usage_error(run_with(true, "\"seq\": 1024", "\"seq\": 1024, \"frames\": 0"), "field \"frames\" must be a positive integer (got 0)");
+}
+
 TEST_CASE("loom plan with experts searches ep: the table shows ep, the experts' memory and the all-to-all volume, as loom::plan ranks them") {
   const std::string with = "\"global_batch\": 64, \"experts\": 8, \"top_k\": 2, \"moe_every\": 2, \"capacity_factor\": 1.25";
   result r = run_with(true, "\"global_batch\": 64", with);

@@ -1,9 +1,9 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
 // loom::plan with context parallelism (a cp degree and its kind: Ulysses, ring attention, USP,
-// TokenRing; issue 25): each kind's exchanges per layer by hand, what the attention core hides,
-// the split of FLOPs, activations and the pipeline message over cp, the search's rules, and on
-// a GPT 70B shape at 32768 tokens a faster plan with cp than without.
+// TokenRing; DSP for a spatial-temporal model; issue 25): each kind's exchanges per layer by hand,
+// what the attention core hides, the split of FLOPs, activations and the pipeline message over cp,
+// the search's rules, and on a GPT 70B shape at 32768 tokens a faster plan with cp than without.
 #include <doctest/doctest.h>
 
 #include <loom/plan.hpp>
@@ -140,7 +140,8 @@ TEST_CASE("plan, context: a configuration outside the rules is a config_error in
   m.heads = 8;  // 4 heads per tp rank: Ulysses over 8 does not split them
   CHECK_THROWS_WITH_AS(loom::plan_cost_model(m, c, cp_config(2, 8, context_kind::ulysses, 8)),
                        "plan: context parallelism cp 8 (ulysses, Ulysses degree 8) is not one plan models for this model (dense, on the 1D "
-                       "split, heads / tp divisible by the Ulysses degree, the sequence into 2 cp chunks)",
+                       "split, heads / tp divisible by the Ulysses degree, the sequence (a spatial-temporal model's patches per frame) into 2 cp chunks; DSP: a "
+                       "spatial-temporal model whose frames and patches per frame divide by cp)",
                        loom::config_error);
   CHECK_THROWS_AS(loom::plan_cost_model(m, c, cp_config(2, 4, context_kind::none, 1)), loom::config_error);
   CHECK_THROWS_AS(loom::plan_cost_model(m, c, cp_config(2, 1, context_kind::ring, 1)), loom::config_error);
@@ -159,4 +160,78 @@ TEST_CASE("plan, context: on a GPT 70B shape at 32768 tokens over 64 A100s the f
   REQUIRE_FALSE(with.ranked.empty());
   CHECK(with.ranked[0].config.cp > 1);
   CHECK(with.ranked[0].step_time < 0.9 * without.ranked[0].step_time);
+}
+
+TEST_CASE("plan, context: a spatial-temporal model: its attention span, DSP's switch by hand, the other kinds in half the layers, the rules") {
+  // 16 frames of 256 patches: the same 4096 tokens as lm.
+  loom::model_desc st = lm;
+  st.frames = 16;
+  // The attention's mean span: (256 + 16) / 2 = 136 in place of the sequence's 4096.
+  static_assert(pf::attention_span(lm) == 4096.0);
+  CHECK(pf::attention_span(st) == 136.0);
+  CHECK(pf::layer_forward_flops(st) == 24.0 * 4096 * 512 * 512 + 4.0 * 4096 * 136 * 512);
+  CHECK(pf::layer_forward_flops(st) < pf::layer_forward_flops(lm));
+  CHECK(close(pf::layer_activation_bytes(st, 1, false, loom::recompute_kind::none),
+              4096.0 * 512 * (10 + 24 + 5.0 * 16 * 136 / 512)));
+  CHECK(pf::layer_activation_bytes(st, 1, false, loom::recompute_kind::selective) ==
+        pf::layer_activation_bytes(lm, 1, false, loom::recompute_kind::selective));  // the scores' term is the only one that changes
+
+  const loom::cluster_desc c = small_cluster(16, 8, 80);
+  auto a2a = [](double bytes, double ranks, const loom::link_cost& l) { return (ranks - 1) * l.alpha + (ranks - 1) / ranks * bytes * l.beta; };
+  // DSP: one switch of the rank's whole hidden state s b h / cp per layer each way (tp 2, cp 4: in a node).
+  const auto dsp = loom::detail::context_times(st, c, cp_config(2, 4, context_kind::dsp, 1), 1e9, 1e9);
+  const double shard = 4096.0 * 512 / 4 * 2;
+  CHECK(close(dsp.f, a2a(shard, 4, c.intra)));
+  CHECK(close(dsp.b, a2a(shard, 4, c.intra)));
+  // cp 8 with tp 2 leaves the node.
+  CHECK(close(loom::detail::context_times(st, c, cp_config(2, 8, context_kind::dsp, 1), 0, 0).f, a2a(4096.0 * 512 / 8 * 2, 8, c.inter)));
+  // The other kinds exchange in the spatial half of the layers only: half of the sequence model's per layer.
+  for (const auto& [kind, u] : {std::pair{context_kind::ulysses, 4LL}, {context_kind::ring, 1LL}, {context_kind::tokenring, 1LL}, {context_kind::usp, 2LL}}) {
+    INFO(loom::to_string(kind));
+    const auto seq = loom::detail::context_times(lm, c, cp_config(2, 4, kind, u), 0, 0);
+    const auto half = loom::detail::context_times(st, c, cp_config(2, 4, kind, u), 0, 0);
+    CHECK(close(half.f * 2, seq.f));
+    CHECK(close(half.b * 2, seq.b));
+  }
+  // Per layer pair and direction DSP moves 2 switches of s b h / cp, Ulysses 4 exchanges of
+  // s b h / (tp cp) (in the spatial layer): equal at tp 2, DSP half at tp 1 (on a link without latency).
+  loom::cluster_desc free_alpha = c;
+  free_alpha.intra.alpha = 0;
+  const auto d2 = loom::detail::context_times(st, free_alpha, cp_config(2, 4, context_kind::dsp, 1), 0, 0);
+  const auto u2 = loom::detail::context_times(st, free_alpha, cp_config(2, 4, context_kind::ulysses, 4), 0, 0);
+  CHECK(close(d2.f, u2.f));
+  const auto d1 = loom::detail::context_times(st, free_alpha, cp_config(1, 4, context_kind::dsp, 1), 0, 0);
+  const auto u1 = loom::detail::context_times(st, free_alpha, cp_config(1, 4, context_kind::ulysses, 4), 0, 0);
+  CHECK(close(d1.f * 2, u1.f));  // tp 1: DSP half of Ulysses (the paper's claim; docs/mesh.md's counters)
+
+  // The rules: DSP when the frames and the patches per frame divide by cp; ring attention's zig-zag
+  // over the patches; a sequence model never gets DSP.
+  auto has = [](const auto& choices, context_kind k) {
+    return std::any_of(choices.begin(), choices.end(), [&](const auto& x) { return x.first == k; });
+  };
+  CHECK(has(loom::detail::context_choices(st, 2, 4), context_kind::dsp));
+  CHECK(has(loom::detail::context_choices(st, 2, 16), context_kind::dsp));
+  CHECK_FALSE(has(loom::detail::context_choices(st, 2, 32), context_kind::dsp));  // 16 frames do not split over 32
+  CHECK_FALSE(has(loom::detail::context_choices(lm, 2, 4), context_kind::dsp));
+  loom::model_desc few = st;
+  few.frames = 1024;  // 4 patches per frame: DSP over cp 4, no zig-zag over 2 x 4 chunks
+  CHECK(has(loom::detail::context_choices(few, 2, 4), context_kind::dsp));
+  CHECK_FALSE(has(loom::detail::context_choices(few, 2, 4), context_kind::ring));
+  CHECK_THROWS_WITH_AS(loom::plan_cost_model(lm, c, cp_config(2, 4, context_kind::dsp, 1)),
+                       doctest::Contains("DSP: a spatial-temporal model whose frames and patches per frame divide by cp"), loom::config_error);
+
+  // The model's rule: the frames divide the sequence.
+  loom::model_desc bad = st;
+  bad.frames = 3;
+  CHECK(loom::detail::check_model_desc(bad) == "field \"frames\" must divide \"seq\" (4096 tokens are not 3 frames of equal size)");
+  bad.frames = -1;
+  CHECK(loom::detail::check_model_desc(bad).find("\"frames\" must be >= 0") != std::string::npos);
+
+  // The search offers DSP for the spatial-temporal model and ranks it.
+  loom::plan_options o;
+  o.context = true;
+  o.families = {"1f1b"};
+  o.grids = false;
+  const loom::plan_report rep = loom::plan(st, c, o);
+  CHECK(std::any_of(rep.ranked.begin(), rep.ranked.end(), [](const loom::plan_result& r) { return r.config.cp_kind == context_kind::dsp; }));
 }

@@ -155,8 +155,8 @@ loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = []
                 "try Megatron's 1D tensor parallelism only (by default the search also tries the 2D, 2.5D and 3D grids of dense "
                 "models whose microbatch splits into whole sequences per grid member; docs/plan.md)");
   sub->add_flag("--context-parallel", t->context,
-                "also try context parallelism: the sequence over cp ranks, its attention by Ulysses, ring attention, USP or TokenRing "
-                "(dense models on the 1D split; docs/plan.md)");
+                "also try context parallelism: the sequence over cp ranks, its attention by Ulysses, ring attention, USP or TokenRing, "
+                "and DSP for a spatial-temporal model (\"frames\" in the model file) (dense models on the 1D split; docs/plan.md)");
   sub->callback([t] { run_plan(*t); });
 }}};
 

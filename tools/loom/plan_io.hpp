@@ -12,7 +12,8 @@
 //! Model file: `layers`, `hidden`, `heads`, `seq`, `vocab`, `global_batch` (positive integers),
 //! optional `micro_batch` (1), `bytes_per_element` (2), `state_bytes_per_param` (16), `name`,
 //! `comment`; for a mixture of experts `experts` (E), and with it optionally `top_k` (1),
-//! `moe_every` (1) and `capacity_factor` (1; 0: no dropping). Cluster file: `gpus`, `gpus_per_node` (positive integers), `memory_gib`,
+//! `moe_every` (1) and `capacity_factor` (1; 0: no dropping); for a spatial-temporal model
+//! `frames` (0: a sequence model; see `loom::model_desc::frames`). Cluster file: `gpus`, `gpus_per_node` (positive integers), `memory_gib`,
 //! `peak_flops`, `achievable_fraction` (numbers > 0), `intra` and `inter` (objects with `alpha`
 //! in seconds and `beta` in seconds per byte), optional `reserved_gib` (0: memory the model cannot
 //! use), `name`, `comment`. Unknown fields are errors.
@@ -160,6 +161,7 @@ inline named<model_desc> read_model(const std::string& path) {
   const long long k = f.positive_int("top_k", 1);
   m.moe_every = f.positive_int("moe_every", 1);
   m.capacity_factor = f.number("capacity_factor", false, 1.0);
+  m.frames = f.positive_int("frames", 0);
   if (m.experts == 0)
     for (const char* key : {"top_k", "moe_every", "capacity_factor"})
       if (j.contains(key)) f.fail(key, "describes the experts: it needs \"experts\"", j.at(key));

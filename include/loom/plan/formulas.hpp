@@ -43,6 +43,11 @@ struct model_desc {
   int top_k = 1;                 //!< `k`: experts per token, 1..E
   long long moe_every = 1;       //!< see `experts`: 1 every layer, 2 every other layer
   double capacity_factor = 1.0;  //!< Tutel's `f` (docs/moe.md): the capacity `k floor(f ceil(n / E))`; 0: no dropping
+  //! `F`: a spatial-temporal model (DSP's, Zhao et al., ICML 2025): each sequence of `seq` tokens
+  //! is `F` frames of `seq / F` patches; even layers attend within a frame (spatial), odd layers
+  //! across the frames at one patch position (temporal). 0: a sequence model (every layer
+  //! attends over the whole sequence).
+  long long frames = 0;
   friend constexpr bool operator==(const model_desc&, const model_desc&) = default;
 };
 
@@ -88,6 +93,15 @@ constexpr double layer_params(const model_desc& m) {
 //! the word embedding (Narayanan et al. 2021, §5.1).
 constexpr double embedding_params(const model_desc& m) {
   return static_cast<double>(m.vocab) * m.hidden + static_cast<double>(m.seq) * m.hidden;
+}
+
+//! The mean length of the attention's span per layer, the second `s` of the `s^2` terms below:
+//! `s` for a sequence model; for a spatial-temporal one (`model_desc::frames` F > 0) layers
+//! alternate a frame's `s / F` patches and the `F` frames, `(s / F + F) / 2` (exact for a stage of
+//! whole layer pairs).
+constexpr double attention_span(const model_desc& m) {
+  if (m.frames <= 0) return static_cast<double>(m.seq);
+  return (static_cast<double>(m.seq / m.frames) + static_cast<double>(m.frames)) / 2;
 }
 
 //! True when layer `i` (0-based) is an MoE layer (see `model_desc::experts`).
@@ -186,7 +200,7 @@ constexpr double all_to_all_time(double bytes, long long n, const link_cost& l) 
 constexpr double narayanan_step_flops(const model_desc& m) {
   const double B = static_cast<double>(m.global_batch), s = static_cast<double>(m.seq), l = static_cast<double>(m.layers),
                h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
-  return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  return 96 * B * s * l * h * h * (1 + attention_span(m) / (6 * h) + V / (16 * l * h));
 }
 
 //! Forward FLOPs of one layer on one microbatch: `24 b s h^2 + 4 b s^2 h` (the GEMMs, and the
@@ -194,13 +208,13 @@ constexpr double narayanan_step_flops(const model_desc& m) {
 //! is a third of its `72 b s h^2 (1 + s/6h)` forward + backward).
 constexpr double layer_forward_flops(const model_desc& m) {
   const double b = static_cast<double>(m.micro_batch), s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
-  return 24 * b * s * h * h + 4 * b * s * s * h;
+  return 24 * b * s * h * h + 4 * b * s * attention_span(m) * h;
 }
 //! FLOPs of a layer's input-gradient backward (`B`): the GEMMs' `24 b s h^2` and twice the
 //! attention core's `4 b s^2 h` (the score and value products each have two operand gradients).
 constexpr double layer_input_grad_flops(const model_desc& m) {
   const double b = static_cast<double>(m.micro_batch), s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
-  return 24 * b * s * h * h + 8 * b * s * s * h;
+  return 24 * b * s * h * h + 8 * b * s * attention_span(m) * h;
 }
 //! FLOPs of a layer's weight-gradient backward (`W`): `24 b s h^2` (the attention core has no
 //! weights). `B + W = 2 F`, as in Narayanan et al. and the Zero Bubble paper (Qi et al., ICLR 2024, §2).
@@ -212,7 +226,7 @@ constexpr double layer_weight_grad_flops(const model_desc& m) {
 //! `4 b s^2 h` (`selective`, Korthikanti et al. 2022, §5), or nothing.
 constexpr double layer_recompute_flops(const model_desc& m, recompute_kind r) {
   const double b = static_cast<double>(m.micro_batch), s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
-  return r == recompute_kind::full ? layer_forward_flops(m) : r == recompute_kind::selective ? 4 * b * s * s * h : 0;
+  return r == recompute_kind::full ? layer_forward_flops(m) : r == recompute_kind::selective ? 4 * b * s * attention_span(m) * h : 0;
 }
 //! Forward FLOPs of the logit layer on one microbatch: `2 b s h V` (its backward: the same again
 //! for `B` and for `W`); the `V / (16 l h)` term of Narayanan et al.'s eq. (3).
@@ -222,7 +236,8 @@ constexpr double logit_forward_flops(const model_desc& m) {
 
 //! Activation bytes one layer keeps per microbatch, on one GPU of a tensor-parallel group of `t`
 //! (Korthikanti et al. 2022, §4.2, Table 2), for 16-bit activations and scaled by
-//! `bytes_per_element / 2` otherwise:
+//! `bytes_per_element / 2` otherwise (the attention's `5 a s / h` with `attention_span` for the
+//! second `s`):
 //! - no recomputation: `s b h (34 + 5 a s / h) / t` with sequence parallelism, and
 //!   `s b h (10 + 24 / t + 5 a s / (h t))` with tensor parallelism alone;
 //! - selective: the `5 a s / h` term gone: `34 s b h / t`, or `s b h (10 + 24 / t)`;
@@ -231,7 +246,7 @@ constexpr double layer_activation_bytes(const model_desc& m, long long t, bool s
   const double s = static_cast<double>(m.seq), b = static_cast<double>(m.micro_batch), h = static_cast<double>(m.hidden),
                a = static_cast<double>(m.heads), T = static_cast<double>(t);
   const double sbh = s * b * h * (m.bytes_per_element / 2.0);
-  const double attn = r == recompute_kind::none ? 5 * a * s / h : 0;
+  const double attn = r == recompute_kind::none ? 5 * a * attention_span(m) / h : 0;
   if (r == recompute_kind::full) return sp ? 2 * sbh / T : 2 * sbh;
   return sp ? sbh * (34 + attn) / T : sbh * (10 + 24 / T + attn / T);
 }

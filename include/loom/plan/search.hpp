@@ -97,12 +97,14 @@ namespace loom {
 //! sequence (docs/mesh.md, `loom/exec/sequence_parallel.hpp`): Ulysses' all-to-alls over the
 //! heads (Jacobs et al. 2023), ring attention's K/V passes (Liu et al. 2023, zig-zag), USP's
 //! Ulysses inside ring groups (Fang and Zhao 2024), or TokenRing's queries and partial outputs
-//! (Wang et al. 2024).
-enum class context_kind : unsigned char { none, ulysses, ring, usp, tokenring };
+//! (Wang et al. 2024), or, for a spatial-temporal model (`model_desc::frames`), DSP's switch of
+//! the sharded dimension between layers (Zhao et al., ICML 2025).
+enum class context_kind : unsigned char { none, ulysses, ring, usp, tokenring, dsp };
 
-//! The kind's name (`none`, `ulysses`, `ring`, `usp`, `tokenring`).
+//! The kind's name (`none`, `ulysses`, `ring`, `usp`, `tokenring`, `dsp`).
 constexpr const char* to_string(context_kind k) {
   switch (k) {
+    case context_kind::dsp: return "dsp";
     case context_kind::ulysses: return "ulysses";
     case context_kind::ring: return "ring";
     case context_kind::usp: return "usp";
@@ -208,6 +210,10 @@ inline std::string check_model_desc(const model_desc& m) {
            std::to_string(m.micro_batch) + ")";
   if (!(std::isfinite(m.state_bytes_per_param) && m.state_bytes_per_param >= 0))
     return "field \"state_bytes_per_param\" must be a finite number >= 0";
+  if (m.frames < 0) return "field \"frames\" must be >= 0 (got " + std::to_string(m.frames) + "; 0: a sequence model)";
+  if (m.frames > 0 && m.seq % m.frames != 0)
+    return "field \"frames\" must divide \"seq\" (" + std::to_string(m.seq) + " tokens are not " + std::to_string(m.frames) +
+           " frames of equal size)";
   if (m.experts < 0) return "field \"experts\" must be >= 0 (got " + std::to_string(m.experts) + "; 0: a dense model)";
   if (m.experts > 0) {
     if (m.top_k < 1 || m.top_k > m.experts)
@@ -248,7 +254,7 @@ inline std::string check_cluster_desc(const cluster_desc& c) {
 //! input kept under full recomputation is needed by `W` as well).
 constexpr double plan_mem_w_ratio(const model_desc& m, recompute_kind r) {
   if (r == recompute_kind::full) return 1;
-  const double attn = r == recompute_kind::none ? 5.0 * m.heads * m.seq / m.hidden : 0;
+  const double attn = r == recompute_kind::none ? 5.0 * m.heads * plan_formulas::attention_span(m) / m.hidden : 0;
   return 32 / (34 + attn);
 }
 
@@ -398,13 +404,15 @@ inline double grid_layer_time(const model_desc& m, const cluster_desc& c, const 
 
 //! The context-parallel kinds `plan` tries for `cp` ranks under `tp`-way tensor parallelism, with
 //! their Ulysses degree: none for cp = 1; else Ulysses when the `heads / tp` split over cp, ring
-//! attention and TokenRing when the sequence splits into `2 cp` zig-zag chunks, and USP with each
-//! Ulysses degree `u` strictly between 1 and cp that divides cp and the heads (both rules).
+//! attention and TokenRing when the sharded dimension (the sequence; a spatial-temporal model's
+//! patches per frame) splits into `2 cp` zig-zag chunks, USP with each Ulysses degree `u` strictly
+//! between 1 and cp that divides cp and the heads (both rules), and DSP for a spatial-temporal
+//! model whose frames and patches per frame both split over cp.
 inline std::vector<std::pair<context_kind, long long>> context_choices(const model_desc& m, long long tp, long long cp) {
   if (cp == 1) return {{context_kind::none, 1}};
   std::vector<std::pair<context_kind, long long>> out;
-  const long long heads = m.heads / tp;
-  const bool zigzag = m.seq % (2 * cp) == 0;
+  const long long heads = m.heads / tp, sharded = m.frames > 0 ? m.seq / m.frames : m.seq;
+  const bool zigzag = sharded % (2 * cp) == 0;
   if (heads % cp == 0) out.push_back({context_kind::ulysses, cp});
   if (zigzag) {
     out.push_back({context_kind::ring, 1});
@@ -412,21 +420,27 @@ inline std::vector<std::pair<context_kind, long long>> context_choices(const mod
     for (long long u = 2; u < cp; ++u)
       if (cp % u == 0 && heads % u == 0) out.push_back({context_kind::usp, u});
   }
+  if (m.frames > 0 && m.frames % cp == 0 && sharded % cp == 0) out.push_back({context_kind::dsp, 1});
   return out;
 }
 
 //! Seconds of one layer's context-parallel communication per microbatch on one GPU that its
 //! attention does not hide, forward (`f`) and input-gradient backward (`b`); `attn_f` and `attn_b`
-//! are the attention core's compute seconds there, which the K/V passes of ring attention and
-//! TokenRing's messages overlap (double-buffered: only what exceeds them counts). With `n = s b h
-//! / (tp cp)` elements (a rank's Q, K, V or output) and `m = s b a / (tp cp)` (its log-sum-exp):
-//! Ulysses (over `u` ranks) 4 all-to-alls of `n` forward and 4 backward, not overlapped; ring
-//! attention over `R = cp / u` positions `R - 1` passes of K and V (`2n`) forward and `2R - 1`
-//! (K, V again, then dK, dV) backward; TokenRing `R - 1` steps forward, each the queries one way
-//! (`n`) and a partial output with its log-sum-exp (`n + m`) the other, so `n + m` a step on a
-//! full-duplex link, and backward `R - 1` bundles of `2n + 2m` and `R` query gradients of `n`,
-//! one way (docs/mesh.md). The Ulysses group (adjacent cp ranks) and the ring run on the
-//! intra-node link while they stay in a node (tp innermost, then cp), else on the inter-node one.
+//! are the compute seconds of the attention core along the sharded dimension, which the K/V passes
+//! of ring attention and TokenRing's messages overlap (double-buffered: only what exceeds them
+//! counts). With `n = s b h / (tp cp)` elements (a rank's Q, K, V or output) and `m = s b a / (tp
+//! cp)` (its log-sum-exp): Ulysses (over `u` ranks) 4 all-to-alls of `n` forward and 4 backward,
+//! not overlapped; ring attention over `R = cp / u` positions `R - 1` passes of K and V (`2n`)
+//! forward and `2R - 1` (K, V again, then dK, dV) backward; TokenRing `R - 1` steps forward, each
+//! the queries one way (`n`) and a partial output with its log-sum-exp (`n + m`) the other, so `n +
+//! m` a step on a full-duplex link, and backward `R - 1` bundles of `2n + 2m` and `R` query
+//! gradients of `n`, one way (docs/mesh.md). On a spatial-temporal model (`model_desc::frames`)
+//! the tokens stay sharded along the patches, so only the spatial layers (half of them) exchange:
+//! these kinds cost half of the above per layer on average. DSP switches the sharded dimension
+//! after every layer instead: one all-to-all of the rank's hidden state `s b h / cp` (whole on
+//! every tp rank) forward and one backward. The Ulysses group (adjacent cp ranks), the ring and
+//! DSP's group run on the intra-node link while they stay in a node (tp innermost, then cp), else
+//! on the inter-node one.
 struct context_cost {
   double f = 0, b = 0;
 };
@@ -435,6 +449,11 @@ inline context_cost context_times(const model_desc& m, const cluster_desc& c, co
   if (k.cp <= 1) return out;
   const double e = m.bytes_per_element, T = static_cast<double>(k.tp * k.cp);
   const double n = static_cast<double>(m.seq) * m.micro_batch * m.hidden / T * e, lse = static_cast<double>(m.seq) * m.micro_batch * m.heads / T * e;
+  if (k.cp_kind == context_kind::dsp) {
+    const link_cost& l = k.tp * k.cp > c.gpus_per_node ? c.inter : c.intra;
+    const double sw = plan_formulas::all_to_all_time(n * static_cast<double>(k.tp), k.cp, l);
+    return {sw, sw};
+  }
   const long long u = k.cp_kind == context_kind::ulysses ? k.cp : k.cp_kind == context_kind::usp ? k.cp_ulysses : 1;
   const long long R = k.cp / u;
   if (u > 1) {
@@ -456,6 +475,10 @@ inline context_cost context_times(const model_desc& m, const cluster_desc& c, co
     }
     out.f += std::max(0.0, f - attn_f);
     out.b += std::max(0.0, b - attn_b);
+  }
+  if (m.frames > 0) {  // only the spatial half of the layers exchanges
+    out.f /= 2;
+    out.b /= 2;
   }
   return out;
 }
@@ -561,16 +584,19 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     comm_f = 2 * coll;
     comm_b = (full ? 4 : 2) * coll;
   }
-  // Context parallelism: what the attention's exchanges add (the attention core's FLOPs per layer,
-  // 4 b s^2 h forward and 8 b s^2 h in B, hide ring attention's and TokenRing's messages).
+  // Context parallelism: what the attention's exchanges add (the attention core's FLOPs along the
+  // sharded dimension, 4 b s^2 h forward and 8 b s^2 h in B, hide ring attention's and TokenRing's messages).
   if (k.cp > 1 || k.cp_kind != context_kind::none) {
     const auto choices = detail::context_choices(m, k.tp, k.cp);
     if (grid || m.experts > 0 || k.vocab != 0 || k.cp < 1 ||
         std::find(choices.begin(), choices.end(), std::pair{k.cp_kind, k.cp_ulysses}) == choices.end())
       throw config_error("plan: context parallelism cp " + std::to_string(k.cp) + " (" + to_string(k.cp_kind) + ", Ulysses degree " +
                          std::to_string(k.cp_ulysses) + ") is not one plan models for this model (dense, on the 1D split, heads / tp " +
-                         "divisible by the Ulysses degree, the sequence into 2 cp chunks)");
-    const double T = static_cast<double>(k.tp * k.cp), core = 4.0 * m.micro_batch * m.seq * m.seq * m.hidden / T / rate;
+                         "divisible by the Ulysses degree, the sequence (a spatial-temporal model's patches per frame) into 2 cp chunks; DSP: a " +
+                         "spatial-temporal model whose frames and patches per frame divide by cp)");
+    // The attention core along the sharded dimension: the sequence, or a frame's patches.
+    const double span = static_cast<double>(m.frames > 0 ? m.seq / m.frames : m.seq);
+    const double T = static_cast<double>(k.tp * k.cp), core = 4.0 * m.micro_batch * m.seq * span * m.hidden / T / rate;
     const detail::context_cost cc = detail::context_times(m, c, k, core, 2 * core);
     comm_f += cc.f;
     comm_b += cc.b + (full ? cc.f : 0);
