@@ -155,3 +155,41 @@ TEST_CASE("tensor grid: a layer that does not fit its grid, and blocks of the wr
   CHECK(std::count(errors.begin(), errors.end(),
                    "loom summa_linear: an activation block of 7 elements is not a whole number of tokens of 4 features") == 4);
 }
+
+TEST_CASE("tensor grid: the layer norm refuses a span or a scratch of the wrong size with one sentence naming it, before communicating") {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  loom::run_threads(4, [&](loom::threads::comm& w) {
+    loom::mesh_comm mc(loom::mesh<loom::tp<4, loom::tp_kind::d2>>{}, w);
+    auto gc = loom::grid_comms(mc, true);
+    auto ng = loom::norm_groups<typename decltype(mc)::comm_type>::of_summa(gc);
+    const std::size_t n = 3, h = 8, hq = 4;  // 2 x 2 grid: feature blocks of 4, pieces of 2
+    const loom::grid_layer_norm<> norm{h};
+    loom::norm_host_scratch<double> s(n, h, 2);
+    std::vector<double> x(n * hq), g(2), b(2), y(n * hq), xhat(n * hq), rstd(n), dx(n * hq), gg(2), gb(2), small(1);
+    auto cs = [](const std::vector<double>& v) { return std::span<const double>(v); };
+    auto ms = [](std::vector<double>& v) { return std::span<double>(v); };
+    auto attempt = [&](auto&& call) {
+      try {
+        call();
+      } catch (const std::exception& e) {
+        std::lock_guard lk(mu);
+        errors.emplace_back(e.what());
+      }
+    };
+    attempt([&] { norm.forward(ng, cs(x), cs(g), cs(b), ms(y).first(n * hq - 1), ms(xhat), ms(rstd), s.spans()); });
+    attempt([&] {
+      loom::norm_scratch<double> t = s.spans();
+      t.stats = ms(small);
+      norm.forward(ng, cs(x), cs(g), cs(b), ms(y), ms(xhat), ms(rstd), t);
+    });
+    attempt([&] { norm.backward_input(ng, cs(x), cs(xhat), cs(rstd), cs(g), cs(x).first(5), ms(dx), s.spans()); });
+    attempt([&] { norm.backward_weight(ng, cs(x), cs(xhat).first(n * hq - 4), ms(gg), ms(gb), s.spans()); });
+  });
+  REQUIRE(errors.size() == 16);
+  for (const char* want : {"loom grid_layer_norm: the output has 11 elements; the norm needs 12",
+                           "loom grid_layer_norm: the scratch for the statistics has 1 elements; the norm needs 6",
+                           "loom grid_layer_norm: the residual gradient has 5 elements; the norm needs 12",
+                           "loom grid_layer_norm: the normalised input has 8 elements; the norm needs 12"})
+    CHECK(std::count(errors.begin(), errors.end(), std::string(want)) == 4);
+}

@@ -785,8 +785,8 @@ struct grid_layer_norm {
     check(dy.size(), n * hq, "output gradient");
     check(xhat.size(), n * hq, "normalised input");
     check(gg.size() + gb.size(), 2 * pq, "weight and bias gradient pieces");
-    check(std::min(s.part.size(), 2 * hq), 2 * hq, "scratch's partial gradients");
-    check(std::min(s.grad.size(), 2 * pq), 2 * pq, "scratch's gradient pieces");
+    check(std::min(s.part.size(), 2 * hq), 2 * hq, "scratch for the partial gradients");
+    check(std::min(s.grad.size(), 2 * pq), 2 * pq, "scratch for the gradient pieces");
     const std::span<T> pg = s.part.first(hq), pb = s.part.subspan(hq, hq);
     const norm_items<T> m{.dy = dy.data(), .xhat = const_cast<T*>(xhat.data()), .pg = pg.data(), .pb = pb.data(), .n = n, .hq = hq,
                           .h = h, .eps = eps};
@@ -818,8 +818,8 @@ struct grid_layer_norm {
   //! The forward's and the input gradient's scratch: the gathered weights and two statistics per token.
   template <class T>
   static void scratch(const norm_scratch<T>& s, std::size_t n, std::size_t hq) {
-    check(std::min(s.w.size(), 2 * hq), 2 * hq, "scratch's gathered weights");
-    check(std::min(s.stats.size(), 2 * n), 2 * n, "scratch's statistics");
+    check(std::min(s.w.size(), 2 * hq), 2 * hq, "scratch for the gathered weights");
+    check(std::min(s.stats.size(), 2 * n), 2 * n, "scratch for the statistics");
   }
   template <class C, class T>
   static void gather(C& c, std::span<const T> in, std::span<T> out) {
