@@ -38,7 +38,7 @@ constexpr std::string_view to_string(comm_op op) noexcept {
 }
 
 //! The bytes one rank of an `n`-rank group sends over its link per byte of message, in the
-//! bandwidth-optimal algorithm (nccl-tests' bus factor; see the file comment).
+//! bandwidth-optimal algorithm (nccl-tests' bus factor; `loom/comm/counting.hpp`'s file comment).
 constexpr double bus_factor(comm_op op, int n) noexcept {
   if (n <= 1) return 0;
   const double f = static_cast<double>(n - 1) / n;

@@ -785,8 +785,8 @@ struct grid_layer_norm {
     check(dy.size(), n * hq, "output gradient");
     check(xhat.size(), n * hq, "normalised input");
     check(gg.size() + gb.size(), 2 * pq, "weight and bias gradient pieces");
-    check(std::min(s.part.size(), 2 * hq), 2 * hq, "scratch for the partial gradients");
-    check(std::min(s.grad.size(), 2 * pq), 2 * pq, "scratch for the gradient pieces");
+    check_room(s.part.size(), 2 * hq, "scratch for the partial gradients");
+    check_room(s.grad.size(), 2 * pq, "scratch for the gradient pieces");
     const std::span<T> pg = s.part.first(hq), pb = s.part.subspan(hq, hq);
     const norm_items<T> m{.dy = dy.data(), .xhat = const_cast<T*>(xhat.data()), .pg = pg.data(), .pb = pb.data(), .n = n, .hq = hq,
                           .h = h, .eps = eps};
@@ -815,11 +815,17 @@ struct grid_layer_norm {
       throw std::length_error(std::string("loom grid_layer_norm: the ") + what + " has " + std::to_string(got) +
                               " elements; the norm needs " + std::to_string(want));
   }
+  //! A scratch buffer holds at least `want` elements.
+  static void check_room(std::size_t got, std::size_t want, const char* what) {
+    if (got < want)
+      throw std::length_error(std::string("loom grid_layer_norm: the ") + what + " has " + std::to_string(got) +
+                              " elements; the norm needs at least " + std::to_string(want));
+  }
   //! The forward's and the input gradient's scratch: the gathered weights and two statistics per token.
   template <class T>
   static void scratch(const norm_scratch<T>& s, std::size_t n, std::size_t hq) {
-    check(std::min(s.w.size(), 2 * hq), 2 * hq, "scratch for the gathered weights");
-    check(std::min(s.stats.size(), 2 * n), 2 * n, "scratch for the statistics");
+    check_room(s.w.size(), 2 * hq, "scratch for the gathered weights");
+    check_room(s.stats.size(), 2 * n, "scratch for the statistics");
   }
   template <class C, class T>
   static void gather(C& c, std::span<const T> in, std::span<T> out) {
