@@ -13,6 +13,10 @@
 //              pipelined-backprop), T = 4 steps in one run, against the single-process reference
 //              of its rule (bitwise / 1e-12), and the versions each rank holds against the
 //              simulator; rank 0 prints EXEC-MPI-ASYNC-OK.
+//   vocab    - the vocabulary-parallel families (1f1b-vocab-1/2; v-half-vocab-1/2 on an even
+//              number of processes) with loom::vocab_layers, two shapes, both modes: bitwise the
+//              single-process reference on the same shards, within 1e-12 of the unsplit layers;
+//              rank 0 prints EXEC-MPI-VOCAB-OK.
 //   throw    - rank 1's stage throws: every rank must get the pipeline_error naming rank 1, and the
 //              retried step must match the reference.
 //   mismatch - the last rank holds another schedule: every rank must get the mismatch error.
@@ -37,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../examples/01_quickstart/mlp.hpp"
+#include "../exec/vocab_support.hpp"
 
 namespace {
 
@@ -376,6 +381,48 @@ int mode_async(loom::mpi::comm& c) {
   return total[0] == 0 ? 0 : 1;
 }
 
+int mode_vocab(loom::mpi::comm& c) {
+  using namespace vocab_test;
+  const int p = c.size();
+  long long bad = 0;
+  int runs = 0;
+  for (const auto& f : families) {
+    if (f.name[0] == 'v' && p % 2 != 0) continue;  // V-Half with vocabulary parallelism needs an even p
+    for (int m : {p + 2, 2 * p + 1}) {
+      model md;
+      const loom::schedule s = f.make(p, m);
+      md.stages = s.stages;
+      md.layers_per_stage = s.stages == p ? 2 : 1;
+      const auto ids = md.tokens(m, 21 + static_cast<unsigned>(m)), targets = md.tokens(m, 22 + static_cast<unsigned>(m));
+      const result same = reference(md, p, f.algorithm, m, ids, targets), unsplit = reference(md, 1, 1, m, ids, targets);
+      for (bool det : {true, false}) {
+        result got = run_rank(c, md, s, ids, targets, {.deterministic = det}, 2);
+        auto sum = [&](vec& v) { c.all_reduce(std::span<double>(v), loom::reduce_op::sum); };  // the ranks' parts: zeros elsewhere
+        sum(got.out_grad);
+        sum(got.in_grad);
+        for (auto& g : got.stage_grads) sum(g);
+        long long here = 0;
+        here += std::memcmp(&got.loss, &same.loss, sizeof(double)) != 0;
+        here += !same_bits(got.out_grad, same.out_grad) + !same_bits(got.in_grad, same.in_grad);
+        here += std::abs(got.loss - unsplit.loss) > 1e-12 * std::abs(unsplit.loss);
+        here += (rel(got.out_grad, unsplit.out_grad) > 1e-12) + (rel(got.in_grad, unsplit.in_grad) > 1e-12);
+        for (std::size_t k = 0; k < got.stage_grads.size(); ++k)
+          here += !same_bits(got.stage_grads[k], same.stage_grads[k]) + (rel(got.stage_grads[k], unsplit.stage_grads[k]) > 1e-12);
+        if (here != 0) std::printf("VOCAB-MISMATCH %s m=%d %s: %lld checks fail on rank %d\n", f.name, m, det ? "deterministic" : "default", here, c.rank());
+        bad += here;
+        ++runs;
+      }
+    }
+  }
+  std::vector<std::int64_t> total{bad};
+  c.all_reduce(std::span<std::int64_t>(total), loom::reduce_op::sum);
+  if (c.rank() == 0) {
+    std::printf("%d vocabulary-parallel runs, %lld mismatches\n", runs, static_cast<long long>(total[0]));
+    if (total[0] == 0 && runs >= 4) std::printf("EXEC-MPI-VOCAB-OK\n");
+  }
+  return total[0] == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   loom::mpi::environment env(argc, argv);
   auto c = loom::mpi::comm::world();
@@ -383,6 +430,7 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "train";
   if (mode == "train") return mode_train(c);
   if (mode == "async") return mode_async(c);
+  if (mode == "vocab") return mode_vocab(c);
   if (mode == "throw") return mode_throw(c);
   if (mode == "calibrate") return mode_calibrate(c);
   if (mode == "mismatch") return mode_mismatch(c);

@@ -135,6 +135,10 @@ class pipeline_error : public std::runtime_error {
   std::string cause_;
 };
 
+//! The default `Vocab` of `loom::pipeline`: no vocabulary layers (a schedule that is not
+//! vocabulary-parallel).
+struct no_vocab_layers {};
+
 //! What one step reports (identical on every rank except `seconds` and `busy_seconds`).
 struct step_result {
   double loss = 0;          //!< scaled loss: (sum of microbatch losses in order) * scale
@@ -309,11 +313,13 @@ struct slot_pool {
 //! type; `Stage` models `loom::stage` (`loom::split_stage` for schedules with separate B/W);
 //! `Comm` models `loom::communicator` (host) or `loom::device_communicator` (CUDA) and must have
 //! as many ranks as the schedule.
-template <class Sched, stage Stage, class Comm>
+template <class Sched, stage Stage, class Comm, class Vocab = no_vocab_layers>
   requires detail::pipeline_communicator<Comm>
 class pipeline {
  public:
   using value_type = typename Stage::value_type;  //!< element type of every buffer
+  //! True when the pipeline runs vocabulary layers (`Vocab`, e.g. `loom::vocab_layers`).
+  static constexpr bool has_vocab = !std::is_same_v<Vocab, no_vocab_layers>;
   //! True when the rank's program is a compile-time constant.
   static constexpr bool is_static = detail::static_schedule_type<Sched>;
   //! The execution space (`loom/exec/space.hpp`): host, or a CUDA device.
@@ -331,6 +337,18 @@ class pipeline {
     requires(!is_static && std::is_invocable_r_v<Stage, Factory&, stage_id>)
   pipeline(const schedule& s, Comm& comm, Factory&& make_stage, pipeline_options opt = {})
       : comm_(&comm), opt_(opt), space_(comm, opt) {
+    init(s, make_stage);
+  }
+
+  //! Builds the pipeline for a vocabulary-parallel run-time schedule `s` (`schedule::vocab` 1 or
+  //! 2): `vocab` is this rank's shard of the input and output layers (`loom::vocab_layers`,
+  //! `loom/exec/vocab_parallel.hpp`), which the pipeline binds here and drives in every step; the
+  //! first stage's input is the embedding, the last stage's output goes to the output layer.
+  //! Host backends (threads, MPI).
+  template <class Factory>
+    requires(!is_static && has_vocab && std::is_invocable_r_v<Stage, Factory&, stage_id>)
+  pipeline(const schedule& s, Comm& comm, Factory&& make_stage, Vocab& vocab, pipeline_options opt = {})
+      : comm_(&comm), opt_(opt), space_(comm, opt), vocab_(&vocab) {
     init(s, make_stage);
   }
 
@@ -366,6 +384,9 @@ class pipeline {
         res.host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         space_.end();
         space_.collect_losses(losses_);
+        if constexpr (has_vocab)  // the microbatch losses from the combined statistics, on the last stage's rank
+          if (vocab_ != nullptr && failed_rank_ < 0 && rank_ == sched_.rank_of(0, S_ - 1))
+            for (int mb = 0; mb < M_; ++mb) losses_[static_cast<std::size_t>(mb)] = vocab_->loss(mb);
         if constexpr (on_device) place_device_timeline();
         if constexpr (on_device)
           if (opt_.graph) save_held_slots();
@@ -498,10 +519,21 @@ class pipeline {
         throw config_error("schedule " + generated.name + " is asynchronous: graph mode is not supported for it; run it eagerly");
       versioned_ = true;
     }
-    if (generated.vocab != 0)
-      throw config_error("schedule " + generated.name +
-                         " is vocabulary-parallel: the executor does not run its vocabulary passes (S, T, IF, IB) yet; simulate and "
-                         "validate do (docs/vocab.md)");
+    if (generated.vocab != 0) {
+      if (vocab_ == nullptr)
+        throw config_error("schedule " + generated.name +
+                           " is vocabulary-parallel: build the pipeline with this rank's vocabulary layers (loom::vocab_layers, "
+                           "docs/vocab.md)");
+      if (on_device)
+        throw config_error("schedule " + generated.name +
+                           " is vocabulary-parallel: its passes run on host backends (threads, MPI) so far, not on a device (docs/vocab.md)");
+      if (opt_.observer != nullptr)
+        throw config_error("schedule " + generated.name +
+                           " is vocabulary-parallel: a step observer (data parallelism) is not supported over it yet, the vocabulary "
+                           "layers' gradients would need their own all-reduce");
+    } else if (vocab_ != nullptr) {
+      throw config_error("vocabulary layers were given, but schedule " + generated.name + " is not vocabulary-parallel");
+    }
     bool lowered = false;
     for (auto const& p : generated.programs)
       for (auto const& a : p) lowered = lowered || is_transfer(a.kind);
@@ -575,6 +607,12 @@ class pipeline {
       if (sl.id.stage == S_ - 1) max_out_last = std::max(max_out_last, l.out_size);
       if (sl.id.stage == 0) max_in_first = std::max(max_in_first, l.in_size);
     }
+    for (auto const& a : program_) sends += a.kind == op::send && is_vocab(a.what) ? 1 : 0;
+    if constexpr (has_vocab)
+      if (vocab_ != nullptr)
+        vocab_->bind({.rank = rank_, .ranks = sched_.ranks, .microbatches = M_, .last = sched_.rank_of(0, S_ - 1), .first = sched_.rank_of(0, 0),
+                      .algorithm = sched_.vocab, .scale = opt_.scaling == loss_scaling::mean ? 1.0 / M_ : 1.0,
+                      .last_output = max_out_last, .first_input = max_in_first});
     const std::size_t loss_bufs = space_type::loss_buffers(static_cast<std::size_t>(M_), max_out_last);
     loss_stride_ = loss_bufs > 1 ? max_out_last : 0;
     loss_out_ = space_.allocate(loss_bufs * max_out_last, "loss terms");
@@ -755,11 +793,14 @@ class pipeline {
       l.next_fold = sched_.directions == 2 ? 0 : first_of_direction(ids_[li].direction, 0);
       space_.zero(std::span<value_type>(stages_[li].weight_grad()));
       if (versioned_) start_versions(li);
-      if (ids_[li].stage == 0 && inputs.size() != static_cast<std::size_t>(M_) * l.in_size)
+      if (ids_[li].stage == 0 && vocab_ == nullptr && inputs.size() != static_cast<std::size_t>(M_) * l.in_size)
         fail("wrong buffer size: the batch has " + std::to_string(inputs.size()) + " elements but stage 0 needs " +
              std::to_string(M_) + " microbatches x " + std::to_string(l.in_size) + " = " +
              std::to_string(static_cast<std::size_t>(M_) * l.in_size));
     }
+    if constexpr (has_vocab)
+      if (vocab_ != nullptr)
+        if (std::string why = vocab_->begin_step(); !why.empty()) fail(std::move(why));
     if (opt_.observer != nullptr) observe_begin();
   }
 
@@ -871,7 +912,24 @@ class pipeline {
       case op::S:
       case op::T:
       case op::IF:
-      case op::IB: throw config_error("the executor does not run vocabulary passes yet (" + to_string(a) + ")");
+      case op::IB: vocab_pass(a); break;
+    }
+  }
+
+  //! A vocabulary pass on this rank's shard (`vocab_layers`); a throwing kernel marks the rank
+  //! failed like a stage does.
+  void vocab_pass(const action& a) {
+    if constexpr (has_vocab) {
+      auto run = [&](const char* what, auto fn) { guarded(what, a.kind, a.mb, a.stage, [] { return detail::accesses(); }, [&](const stage_context&) { fn(); }); };
+      switch (a.kind) {
+        case op::S: run("vocabulary pass S", [&] { vocab_->forward_output(a.mb); }); break;
+        case op::T: run("vocabulary pass T", [&] { vocab_->backward_output(a.mb); }); break;
+        case op::IF: run("vocabulary pass IF", [&] { vocab_->forward_input(a.mb); }); break;
+        default: run("vocabulary pass IB", [&] { vocab_->backward_input(a.mb); }); break;
+      }
+      ++clock_;
+    } else {
+      throw config_error("vocabulary pass " + to_string(a) + " without vocabulary layers");
     }
   }
 
@@ -885,6 +943,11 @@ class pipeline {
       else if (k == sw + 1) pos = sw;
     }
     const action& r = program_[plan_.recv_positions[pos]];
+    if constexpr (has_vocab)
+      if (is_vocab(r.what)) {
+        recv_reqs_[pos] = space_.irecv(r.peer, vocab_->message(r.what, r.mb, r.stage), 0, clock_);
+        return;
+      }
     auto& pool = r.what == payload::activation ? local(r.mb, r.stage + 1).in : local(r.mb, r.stage - 1).grad;
     std::span<value_type> buf = pool.take(r.mb);
     recv_reqs_[pos] = space_.irecv(r.peer, buf, pool.last_freed_at, clock_, opt_.faults.skip_offload_wait ? -1 : pool.last_ticket);
@@ -896,6 +959,12 @@ class pipeline {
     post(k + static_cast<std::size_t>(opt_.recv_ahead));
   }
   void on_send(const action& a) {
+    if constexpr (has_vocab)
+      if (is_vocab(a.what)) {
+        std::span<value_type> buf = vocab_->message(a.what, a.mb, a.stage);
+        timed(a, [&] { send_reqs_[nsend_++] = space_.isend(a.peer, buf, clock_); });
+        return;
+      }
     auto& l = local(a.mb, a.stage);
     std::span<value_type> buf = a.what == payload::activation ? l.send_act.get(a.mb) : l.send_grad.get(a.mb);
     timed(a, [&] { send_reqs_[nsend_++] = space_.isend(a.peer, buf, clock_); });
@@ -1015,6 +1084,8 @@ class pipeline {
             .version = version_};
   }
   std::span<const value_type> batch_input(std::size_t li, int mb) const {
+    if constexpr (has_vocab)
+      if (vocab_ != nullptr) return vocab_->first_input(mb);
     const auto w = locals_[li].in_size;
     if (inputs_.size() < (static_cast<std::size_t>(mb) + 1) * w) return {};
     return inputs_.subspan(static_cast<std::size_t>(mb) * w, w);
@@ -1059,12 +1130,16 @@ class pipeline {
   void forward_half(int mb, int s) {
     const std::size_t li = local_index(mb, s);
     auto& l = locals_[li];
+    if constexpr (has_vocab)
+      if (vocab_ != nullptr && s == 0) vocab_->gather_input(mb);  // the embedding: every rank's part, in rank order
     std::span<const value_type> in = s == 0 ? batch_input(li, mb) : std::span<const value_type>(l.in.get(mb));
     if (opt_.observer != nullptr) observe_use(li);
     std::span<value_type> stash = l.stash.take(mb);
     await_slot(l.stash);
     std::span<value_type> out;
-    if (s == S_ - 1) {
+    if (s == S_ - 1 && vocab_ != nullptr) {
+      if constexpr (has_vocab) out = vocab_->message(payload::vocab_output, mb, rank_);  // to the output layer
+    } else if (s == S_ - 1) {
       out = loss_out_.subspan(static_cast<std::size_t>(mb) * loss_stride_, l.out_size);
     } else if (sched_.rank_of(mb, s + 1) == rank_) {
       auto& next = local(mb, s + 1).in;
@@ -1075,7 +1150,7 @@ class pipeline {
     }
     guarded("forward", op::F, mb, s, [&] { return detail::accesses(detail::reads(in), detail::writes(out), detail::writes(stash)); },
             [&](const stage_context& c) { stages_[li].forward(c, forward_buffers<value_type>{in, out, stash}); });
-    if (s == S_ - 1 && failed_rank_ < 0) space_.record_loss(out, mb, losses_);
+    if (s == S_ - 1 && failed_rank_ < 0 && vocab_ == nullptr) space_.record_loss(out, mb, losses_);
     ++clock_;
   }
 
@@ -1089,9 +1164,19 @@ class pipeline {
     std::span<const value_type> og =
         s == S_ - 1 ? std::span<const value_type>(seed_.data(), l.out_size) : std::span<const value_type>(l.grad.get(mb));
     std::span<value_type> ig;
-    if (s == 0) ig = std::span<value_type>(discard_.data(), l.in_size);
-    else if (sched_.rank_of(mb, s - 1) == rank_) ig = local(mb, s - 1).grad.take(mb);
-    else ig = l.send_grad.take(mb);
+    if constexpr (has_vocab)
+      if (vocab_ != nullptr) {
+        if (s == S_ - 1) og = vocab_->output_gradient(mb);  // the output layer's input gradient
+        if (s == 0) ig = vocab_->message(payload::vocab_embed_grad, mb, rank_);  // to every rank's IB
+      }
+    if (!ig.empty()) {  // the vocabulary layers' buffer
+    } else if (s == 0) {
+      ig = std::span<value_type>(discard_.data(), l.in_size);
+    } else if (sched_.rank_of(mb, s - 1) == rank_) {
+      ig = local(mb, s - 1).grad.take(mb);
+    } else {
+      ig = l.send_grad.take(mb);
+    }
     if constexpr (Kind == op::BW) {
       std::span<value_type> wg = weight_target(li, mb);
       guarded("backward", op::BW, mb, s,
@@ -1441,6 +1526,7 @@ class pipeline {
   std::size_t loss_stride_ = 0;  // elements between two microbatches' loss terms (0: one buffer for all)
   std::size_t buffer_elements_ = 0;
   std::size_t host_elements_ = 0;  // host slots of offloaded activations
+  Vocab* vocab_ = nullptr;         // this rank's vocabulary layers (vocabulary-parallel schedules), or null
   int clock_ = 0;  // compute halves enqueued (run) in this step: the slot pools' and the device space's clock
   std::vector<std::string> labels_;  // device: "F mb3 s2", ...
   double scale_ = 1;

@@ -46,9 +46,11 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "loom/exec/pattern_math.hpp"
 #include "loom/exec/tensor_parallel.hpp"
+#include "loom/schedule/action.hpp"
 #include "loom/schedule/error.hpp"
 
 namespace loom {
@@ -188,8 +190,8 @@ struct vocab_output_layer {
 
   //! The sum over the tokens of `-log softmax(l)_y` from the global statistics, in token order.
   template <class T>
-  static T loss(vocab_statistics<T> global) {
-    T sum{};
+  static std::remove_const_t<T> loss(vocab_statistics<T> global) {
+    std::remove_const_t<T> sum{};
     for (std::size_t t = 0; t < global.n; ++t) sum += device_math::log(global.s()[t]) + global.m()[t] - global.z()[t];
     return sum;
   }
@@ -261,6 +263,236 @@ struct vocab_output_layer {
       dx[k] = s;
     }
   }
+};
+
+//! Where a rank's vocabulary layers sit in a vocabulary-parallel pipeline: what `loom::pipeline`
+//! tells `vocab_layers::bind` once, when it is built.
+struct vocab_binding {
+  int rank = 0;             //!< this rank (= its shard)
+  int ranks = 1;            //!< p, the shards
+  int microbatches = 1;     //!< m
+  int last = 0;             //!< the rank of the last transformer stage (L)
+  int first = 0;            //!< the rank of the first transformer stage (F)
+  int algorithm = 1;        //!< 1 or 2 (`schedule::vocab`)
+  double scale = 1;         //!< the loss scale `dl` (1/m for a mean)
+  std::size_t last_output = 0;  //!< elements of the last stage's output on L (0 elsewhere)
+  std::size_t first_input = 0;  //!< elements of the first stage's input on F (0 elsewhere)
+};
+
+//! One rank's vocabulary layers in a vocabulary-parallel pipeline (`1f1b-vocab-1`, `-2`,
+//! `v-half-vocab-1`, `-2`; docs/vocab.md): its shard of the output table and of the input
+//! embedding, their gradient accumulators, and the step's token ids and targets. Build a
+//! `loom::pipeline` with it (`pipeline(s, comm, make_stage, layers)`); the pipeline then runs the
+//! passes where the program says and moves their messages (`lower`):
+//! - `IF`: the shard's embedding rows of the microbatch's tokens (`vocab_input_layer`), sent to
+//!   the first stage's rank, which sums the p parts in rank order into the first stage's input;
+//! - `S`: the output layer's forward part on the last stage's output (`vocab_output_layer`), its
+//!   statistics sent to every rank; Algorithm 2 also forms the parts of the input gradient;
+//! - `T`: every rank's statistics combined in rank order, the shard's weight gradient added into
+//!   `output_grad`; Algorithm 1 also forms the shard's part of the input gradient;
+//! - the last stage's backward starts from the sum of the p parts (Algorithm 1) or from the fused
+//!   form (Algorithm 2), in rank order; the microbatch's loss is the sum over its tokens of
+//!   `-log softmax`;
+//! - `IB`: the first stage's input gradient, received, scattered into `input_grad`.
+//! Every sum runs in a fixed order (ranks, then microbatches: `T` and `IB` run in microbatch
+//! order), so the gradients are the same bits on every run and both algorithms agree with each
+//! other within rounding. The stages see an ordinary pipeline: the first stage's input is the
+//! embedding `[n][h]`, the last stage's output is the hidden state `[n][h]` (not loss terms).
+//! Memory: the messages and the `S` stash are held per microbatch for the step
+//! (`m (p (3 n + 3 n h) + 3 n + 3 n h + n rows)` elements at most); the transformer stages' buffers
+//! follow the buffer plan as usual. Host loops around the kernel's products: threads and MPI.
+template <class T, class Kernel = linear_kernel, class Id = std::int64_t>
+class vocab_layers {
+ public:
+  using value_type = T;  //!< element type of the tables and messages
+  using id_type = Id;    //!< token id type
+
+  //! The layers of one rank: `shard` (from `shard_of`), `tokens` n per microbatch, the shard's
+  //! tables `[rows][h]` and their gradient accumulators (zeroed by the pipeline at each step's
+  //! start, then added to); `kernel` computes the output layer's products.
+  vocab_layers(vocab_shard shard, std::size_t tokens, std::span<const T> output_table, std::span<const T> input_table,
+               std::span<T> output_grad, std::span<T> input_grad, Kernel kernel = {})
+      : out_{shard, kernel}, in_{shard}, n_(tokens), w_(output_table), e_table_(input_table), gw_(output_grad), ge_(input_grad) {
+    const std::size_t want = shard.rows * shard.hidden;
+    auto check = [&](std::size_t got, const char* what) {
+      if (got != want)
+        throw config_error(std::string("vocabulary layers: the ") + what + " has " + std::to_string(got) + " elements, but the shard holds " +
+                           std::to_string(shard.rows) + " rows x " + std::to_string(shard.hidden) + " = " + std::to_string(want));
+    };
+    if (tokens == 0 || shard.rows == 0 || shard.hidden == 0) throw config_error("vocabulary layers: tokens, rows and hidden must be positive");
+    check(output_table.size(), "output table");
+    check(input_table.size(), "input table");
+    check(output_grad.size(), "output table's gradient");
+    check(input_grad.size(), "input table's gradient");
+  }
+
+  //! The step's token ids and targets, `m n` each, microbatch-major; set before every step (the
+  //! spans must stay valid during it). Every rank passes the same.
+  void set_batch(std::span<const Id> ids, std::span<const Id> targets) {
+    ids_ = ids;
+    targets_ = targets;
+  }
+  //! The shard.
+  const vocab_shard& shard() const { return out_.shard; }
+  //! Tokens per microbatch.
+  std::size_t tokens() const { return n_; }
+  //! The summed statistics of microbatch `mb` after the step (every rank holds them).
+  vocab_statistics<const T> global(int mb) const { return {std::span<const T>(global_).subspan(uz(mb) * 3 * n_, 3 * n_), n_}; }
+
+  // ---- what loom::pipeline calls --------------------------------------------------------------
+
+  //! Called once by the pipeline: checks the stages' sizes against the layers' and allocates
+  //! the per-microbatch buffers; throws `config_error` naming the mismatch.
+  void bind(const vocab_binding& b) {
+    const std::size_t nh = n_ * shard().hidden;
+    if (static_cast<std::int64_t>(b.rank) * static_cast<std::int64_t>(shard().rows) != shard().first)
+      throw config_error("vocabulary layers: rank " + std::to_string(b.rank) + " holds the shard starting at id " + std::to_string(shard().first) +
+                         ", but shard " + std::to_string(b.rank) + " starts at " + std::to_string(b.rank * static_cast<std::int64_t>(shard().rows)) +
+                         " (build it with loom::shard_of for this rank)");
+    if (b.rank == b.last && b.last_output != nh)
+      throw config_error("vocabulary layers: the last stage produces " + std::to_string(b.last_output) + " elements per microbatch, but the output layer takes " +
+                         std::to_string(n_) + " tokens x " + std::to_string(shard().hidden) + " = " + std::to_string(nh));
+    if (b.rank == b.first && b.first_input != nh)
+      throw config_error("vocabulary layers: the first stage takes " + std::to_string(b.first_input) + " elements per microbatch, but the embedding gives " +
+                         std::to_string(n_) + " tokens x " + std::to_string(shard().hidden) + " = " + std::to_string(nh));
+    b_ = b;
+    const std::size_t M = uz(b.microbatches), P = uz(b.ranks), gw = b.algorithm == 2 ? 2 * nh : nh;
+    x_.assign(M * nh, T{});
+    stats_.assign(M * P * 3 * n_, T{});
+    global_.assign(M * 3 * n_, T{});
+    e_.assign(M * n_ * shard().rows, T{});
+    grad_.assign(M * P * gw, T{});
+    embed_.assign(M * P * nh, T{});
+    input_.assign(b.rank == b.first ? M * nh : 0, T{});
+    dembed_.assign(M * nh, T{});
+    dx_.assign(b.rank == b.last ? nh : 0, T{});
+    scratch_.assign(b.algorithm == 2 ? n_ * shard().rows : 0, T{});
+    combined_.assign(M, 0);
+    all_.resize(P);
+    parts_.reserve(2 * P);
+  }
+  //! At a step's start: zeroes the accumulators; returns why the batch cannot run, or "".
+  std::string begin_step() {
+    std::fill(gw_.begin(), gw_.end(), T{});
+    std::fill(ge_.begin(), ge_.end(), T{});
+    std::fill(combined_.begin(), combined_.end(), 0);
+    const std::size_t want = uz(b_.microbatches) * n_;
+    if (ids_.size() != want || targets_.size() != want)
+      return "vocabulary layers: the batch has " + std::to_string(ids_.size()) + " token ids and " + std::to_string(targets_.size()) +
+             " targets, but the step needs " + std::to_string(b_.microbatches) + " microbatches x " + std::to_string(n_) + " tokens = " +
+             std::to_string(want) + " of each (set_batch)";
+    const std::int64_t V = static_cast<std::int64_t>(shard().rows) * b_.ranks;
+    for (std::size_t i = 0; i < want; ++i)
+      for (Id v : {ids_[i], targets_[i]})
+        if (static_cast<std::int64_t>(v) < 0 || static_cast<std::int64_t>(v) >= V)
+          return "vocabulary layers: token " + std::to_string(i % n_) + " of microbatch " + std::to_string(i / n_) + " names id " +
+                 std::to_string(static_cast<std::int64_t>(v)) + ", outside the vocabulary of " + std::to_string(V) + " ids";
+    return {};
+  }
+  //! The buffer of message `w` of microbatch `mb` sent by rank `from` (`lower`'s items): what a
+  //! send reads and a receive writes.
+  std::span<T> message(payload w, int mb, int from) {
+    const std::size_t nh = n_ * shard().hidden, P = uz(b_.ranks), m = uz(mb), r = uz(from);
+    switch (w) {
+      case payload::vocab_output: return std::span<T>(x_).subspan(m * nh, nh);
+      case payload::vocab_stats: return std::span<T>(stats_).subspan((m * P + r) * 3 * n_, 3 * n_);
+      case payload::vocab_grad: {
+        const std::size_t gw = b_.algorithm == 2 ? 2 * nh : nh;
+        return std::span<T>(grad_).subspan((m * P + r) * gw, gw);
+      }
+      case payload::vocab_embed: return std::span<T>(embed_).subspan((m * P + r) * nh, nh);
+      case payload::vocab_embed_grad: return std::span<T>(dembed_).subspan(m * nh, nh);
+      default: throw config_error("vocabulary layers: " + std::string(short_name(w)) + " is not a vocabulary message");
+    }
+  }
+  //! `IF(mb)`: the shard's part of the embedding.
+  void forward_input(int mb) { in_.forward(tokens_of(ids_, mb), e_table_, message(payload::vocab_embed, mb, b_.rank)); }
+  //! On the first stage's rank, before `F(0, mb)`: the p parts summed in rank order.
+  void gather_input(int mb) {
+    std::span<T> in = first_input(mb);
+    std::fill(in.begin(), in.end(), T{});
+    for (int r = 0; r < b_.ranks; ++r) {
+      std::span<const T> part = message(payload::vocab_embed, mb, r);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] += part[i];
+    }
+  }
+  //! The first stage's input of `mb` (after `gather_input`).
+  std::span<T> first_input(int mb) {
+    const std::size_t nh = n_ * shard().hidden;
+    return std::span<T>(input_).subspan(uz(mb) * nh, nh);
+  }
+  //! `S(mb)`: logits, exponentials and statistics of the shard; Algorithm 2 also the parts of the
+  //! input gradient.
+  void forward_output(int mb) {
+    std::span<T> own = message(payload::vocab_stats, mb, b_.rank);
+    std::span<const Id> y = tokens_of(targets_, mb);
+    std::span<T> e = stash(mb);
+    out_.forward(std::span<const T>(message(payload::vocab_output, mb, b_.last)), w_, y, e, vocab_statistics<T>{own, n_});
+    if (b_.algorithm == 2) {
+      const std::size_t nh = n_ * shard().hidden;
+      std::span<T> parts = message(payload::vocab_grad, mb, b_.rank);
+      out_.input_gradient_parts(w_, y, std::span<const T>(e), vocab_statistics<const T>{own, n_}, scratch_, parts.subspan(0, nh), parts.subspan(nh, nh));
+    }
+  }
+  //! `T(mb)`: the shard's weight gradient with the global statistics; Algorithm 1 also its part of
+  //! the input gradient.
+  void backward_output(int mb) {
+    combine(mb);
+    std::span<T> dx = b_.algorithm == 1 ? message(payload::vocab_grad, mb, b_.rank) : std::span<T>{};
+    out_.backward(std::span<const T>(message(payload::vocab_output, mb, b_.last)), w_, tokens_of(targets_, mb), stash(mb),
+                  vocab_statistics<const T>{message(payload::vocab_stats, mb, b_.rank), n_}, global(mb), static_cast<T>(b_.scale), gw_, dx);
+  }
+  //! On the last stage's rank, before its backward of `mb`: the gradient of the scaled loss with
+  //! respect to the last stage's output (valid until the next call).
+  std::span<const T> output_gradient(int mb) {
+    const std::size_t nh = n_ * shard().hidden, P = uz(b_.ranks);
+    std::vector<std::span<const T>>& parts = parts_;
+    parts.clear();
+    if (b_.algorithm == 1) {
+      for (std::size_t r = 0; r < P; ++r) parts.push_back(message(payload::vocab_grad, mb, static_cast<int>(r)));
+      vocab_output_layer<Kernel>::template sum_input_gradient<T>(parts, dx_);
+    } else {
+      combine(mb);
+      for (std::size_t r = 0; r < P; ++r) parts.push_back(message(payload::vocab_grad, mb, static_cast<int>(r)).subspan(0, nh));
+      for (std::size_t r = 0; r < P; ++r) parts.push_back(message(payload::vocab_grad, mb, static_cast<int>(r)).subspan(nh, nh));
+      vocab_output_layer<Kernel>::template fused_input_gradient<T>(std::span(parts).subspan(0, P), std::span(parts).subspan(P, P), statistics(mb),
+                                                                   global(mb), static_cast<T>(b_.scale), dx_);
+    }
+    return dx_;
+  }
+  //! `IB(mb)`: the first stage's input gradient scattered into the shard's rows.
+  void backward_input(int mb) {
+    in_.backward(tokens_of(ids_, mb), std::span<const T>(message(payload::vocab_embed_grad, mb, b_.first)), ge_);
+  }
+  //! The loss of microbatch `mb` (after its statistics were combined on this rank).
+  double loss(int mb) const { return static_cast<double>(vocab_output_layer<Kernel>::loss(global(mb))); }
+
+ private:
+  static std::size_t uz(int v) { return static_cast<std::size_t>(v); }
+  std::span<const Id> tokens_of(std::span<const Id> all, int mb) const { return all.subspan(uz(mb) * n_, n_); }
+  std::span<T> stash(int mb) { return std::span<T>(e_).subspan(uz(mb) * n_ * shard().rows, n_ * shard().rows); }
+  std::span<const vocab_statistics<T>> statistics(int mb) {
+    for (int r = 0; r < b_.ranks; ++r) all_[uz(r)] = vocab_statistics<T>{message(payload::vocab_stats, mb, r), n_};
+    return all_;
+  }
+  //! Every rank's statistics of `mb`, combined in rank order, once.
+  void combine(int mb) {
+    if (combined_[uz(mb)]) return;
+    vocab_output_layer<Kernel>::template combine<T>(statistics(mb), vocab_statistics<T>{std::span<T>(global_).subspan(uz(mb) * 3 * n_, 3 * n_), n_});
+    combined_[uz(mb)] = 1;
+  }
+
+  vocab_output_layer<Kernel> out_;
+  vocab_input_layer in_;
+  std::size_t n_ = 0;
+  std::span<const T> w_, e_table_;
+  std::span<T> gw_, ge_;
+  std::span<const Id> ids_, targets_;
+  vocab_binding b_{};
+  std::vector<T> x_, stats_, global_, e_, grad_, embed_, input_, dembed_, dx_, scratch_;
+  std::vector<char> combined_;
+  std::vector<vocab_statistics<T>> all_;
+  std::vector<std::span<const T>> parts_;
 };
 
 }  // namespace loom

@@ -33,8 +33,33 @@ namespace loom {
 enum class op : std::uint8_t { F, B, W, BW, FB, send, recv, offload, reload, S, T, IF, IB };
 
 //! What a send/recv carries: the activation produced by `F(stage, mb)` or the input gradient
-//! produced by the backward of `(stage, mb)`.
-enum class payload : std::uint8_t { activation, gradient };
+//! produced by the backward of `(stage, mb)`; in a vocabulary-parallel schedule
+//! (`schedule::vocab`), also the vocabulary layers' messages of microbatch `mb`, whose `stage` is
+//! the *sending rank* (see `lower`):
+//! - `vocab_output`: the last stage's output, from its rank to every other rank's `S`;
+//! - `vocab_stats`: a rank's softmax statistics from its `S`, to every other rank;
+//! - `vocab_grad`: a rank's part of the output layer's input gradient, to the last stage's rank
+//!   (Algorithm 1: from its `T`; Algorithm 2: from its `S`);
+//! - `vocab_embed`: a rank's part of the input embedding from its `IF`, to the first stage's rank;
+//! - `vocab_embed_grad`: the first stage's input gradient, from its rank to every other rank's `IB`.
+enum class payload : std::uint8_t { activation, gradient, vocab_output, vocab_stats, vocab_grad, vocab_embed, vocab_embed_grad };
+
+//! True for the vocabulary layers' payloads (`vocab_output` ... `vocab_embed_grad`).
+constexpr bool is_vocab(payload w) { return w >= payload::vocab_output; }
+
+//! Short name of a payload in action text: `act`, `grad`, `vx`, `vstat`, `vgrad`, `vemb`, `vdemb`.
+constexpr std::string_view short_name(payload w) {
+  switch (w) {
+    case payload::activation: return "act";
+    case payload::gradient: return "grad";
+    case payload::vocab_output: return "vx";
+    case payload::vocab_stats: return "vstat";
+    case payload::vocab_grad: return "vgrad";
+    case payload::vocab_embed: return "vemb";
+    case payload::vocab_embed_grad: return "vdemb";
+  }
+  return "?";
+}
 
 //! One step of a rank's program. `mb` and `stage` name the microbatch and the virtual stage
 //! along that microbatch's path. For `FB`, (`mb`, `stage`) is the forward half and
@@ -125,7 +150,8 @@ constexpr std::string_view to_string(op k) {
   return "?";
 }
 
-//! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`, `OFF3@s1`
+//! Compact text of an action: `F3@s1`, `FB(F3@s1+B0@s6)`, `SEND(act 3@s1 ->r2)`, `RECV(vstat 3@r1 <-r1)`
+//! (a vocabulary payload names its sending rank), `OFF3@s1`
 //! (offload), `REL3@s1` (reload), `S3@v1` (a vocabulary pass on shard 1); a version
 //! other than 0 is appended as `/v2`, an update as `+u` (`BW3@s1/v2+u`).
 constexpr text to_string(const action& a) {
@@ -140,8 +166,7 @@ constexpr text to_string(const action& a) {
     case op::FB: return "FB(" + one(op::F, a.mb, a.stage) + "+" + one(a.bkind, a.bmb, a.bstage) + ")";
     case op::send:
     case op::recv:
-      return text(to_string(a.kind)) + "(" + (a.what == payload::activation ? "act " : "grad ") +
-             to_text(a.mb) + "@s" + to_text(a.stage) + (a.kind == op::send ? " ->r" : " <-r") + to_text(a.peer) + ")";
+      return text(to_string(a.kind)) + "(" + text(short_name(a.what)) + " " + to_text(a.mb) + (is_vocab(a.what) ? "@r" : "@s") + to_text(a.stage) + (a.kind == op::send ? " ->r" : " <-r") + to_text(a.peer) + ")";
     case op::offload: return "OFF" + to_text(a.mb) + "@s" + to_text(a.stage);
     case op::reload: return "REL" + to_text(a.mb) + "@s" + to_text(a.stage);
     case op::S:

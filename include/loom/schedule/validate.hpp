@@ -74,9 +74,31 @@ constexpr validation replay_lowered(const schedule& s) {
   // Per cell: which of F, B, W, BW ran, and whether its activation / gradient was received.
   enum : unsigned char { sF = 1, sB = 2, sW = 4, sBW = 8, got_act = 16, got_grad = 32 };
   std::vector<unsigned char> state(cells, 0);
-  // FIFO position of each sent item (code = cell * 2 + payload) on its channel; `none`: unsent.
+  // FIFO position of each sent item on its channel (`none`: unsent): code = cell * 2 + payload for
+  // activations and gradients; a vocabulary message (kind k, microbatch, sender, receiver) after
+  // them (`lower`), with one byte saying it arrived.
   constexpr std::uint32_t none = ~std::uint32_t{0};
-  std::vector<std::uint32_t> item_index(cells * 2, none);
+  const bool vp = s.vocab != 0;
+  const std::size_t vbase = cells * 2, vcodes = vp ? 5 * static_cast<std::size_t>(M) * uP * uP : 0;
+  std::vector<std::uint32_t> item_index(vbase + vcodes, none);
+  std::vector<char> vgot(vcodes, 0);
+  // Per (microbatch, rank): which vocabulary passes ran (bits S, T, IF, IB).
+  enum : unsigned char { vS = 1, vT = 2, vIF = 4, vIB = 8 };
+  std::vector<unsigned char> vstate(vp ? static_cast<std::size_t>(M) * uP : 0, 0);
+  auto vcode = [&](payload w, int mb, int from, int to) {
+    const auto k = static_cast<std::size_t>(w) - static_cast<std::size_t>(payload::vocab_output);
+    return ((k * static_cast<std::size_t>(M) + static_cast<std::size_t>(mb)) * uP + static_cast<std::size_t>(from)) * uP +
+           static_cast<std::size_t>(to);
+  };
+  auto last_rank = [&](int mb) { return s.rank_of(mb, S - 1); };
+  auto first_rank = [&](int mb) { return s.rank_of(mb, 0); };
+  // True when rank `to` has received vocabulary message `w` of `mb` from every rank in `from`
+  // (-1: every other rank).
+  auto vhas = [&](payload w, int mb, int from, int to) {
+    for (int r = 0; r < P; ++r)
+      if (r != to && (from < 0 || r == from) && !vgot[vcode(w, mb, r, to)]) return false;
+    return true;
+  };
   std::vector<std::uint32_t> sent(uP * uP, 0), head(uP * uP, 0);
   std::vector<std::size_t> pos(uP, 0);
   std::vector<int> waiter(uP * uP, -1);
@@ -99,6 +121,14 @@ constexpr validation replay_lowered(const schedule& s) {
   auto item_at = [&](int from, int to, std::uint32_t index) {
     for (std::size_t code = 0; code < item_index.size(); ++code) {
       if (item_index[code] != index) continue;
+      if (code >= vbase) {
+        std::size_t c = code - vbase;
+        const int r_to = static_cast<int>(c % uP), r_from = static_cast<int>(c / uP % uP);
+        c /= uP * uP;
+        if (r_from != from || r_to != to) continue;
+        const auto w = static_cast<payload>(static_cast<std::size_t>(payload::vocab_output) + c / static_cast<std::size_t>(M));
+        return text(short_name(w)) + " of mb " + to_text(static_cast<long long>(c % static_cast<std::size_t>(M))) + " from rank " + to_text(from);
+      }
       const auto cl = code / 2;
       const int mb = static_cast<int>(cl % static_cast<std::size_t>(M)), st = static_cast<int>(cl / static_cast<std::size_t>(M));
       const payload w = code % 2 ? payload::gradient : payload::activation;
@@ -119,6 +149,10 @@ constexpr validation replay_lowered(const schedule& s) {
       structure_broken = true;
       return false;
     }
+    if (vp && kind == op::F && st == 0 && !vhas(payload::vocab_embed, mb, -1, rank)) return false;
+    if (vp && is_input_backward(kind) && st == S - 1 &&
+        !(vhas(payload::vocab_grad, mb, -1, rank) && (s.vocab == 1 || vhas(payload::vocab_stats, mb, -1, rank))))
+      return false;
     if (kind == op::F) {
       // The previous stage's activation: produced here, or received from its rank.
       if (st > 0) {
@@ -145,12 +179,29 @@ constexpr validation replay_lowered(const schedule& s) {
       if (from == rank) return fail_at(s, rank, at, "needs " + item + " before this rank has produced it");
       return fail_at(s, rank, at, "needs " + item + " from rank " + to_text(from) + " before receiving it");
     };
+    if (vp && kind == op::F && st == 0 && !vhas(payload::vocab_embed, mb, -1, rank))
+      return fail_at(s, rank, at, "needs every other rank's embedding part (vemb) of mb " + to_text(mb) + " before receiving it");
+    if (vp && is_input_backward(kind) && st == S - 1 && (state[idx(mb, st)] & sF) &&
+        !(vhas(payload::vocab_grad, mb, -1, rank) && (s.vocab == 1 || vhas(payload::vocab_stats, mb, -1, rank))))
+      return fail_at(s, rank, at, "needs every other rank's output-layer gradient part (vgrad" + text(s.vocab == 2 ? " and vstat" : "") + ") of mb " +
+                                      to_text(mb) + " before receiving it");
     if (kind == op::F) return missing(payload::activation, st - 1);
     if (kind == op::W) return fail_at(s, rank, at, "runs before the B of the same microbatch and stage");
     if (!(state[idx(mb, st)] & sF)) return fail_at(s, rank, at, "runs before the F of the same microbatch and stage");
     return missing(payload::gradient, st + 1);
   };
   const auto uM = static_cast<unsigned>(M), uS = static_cast<unsigned>(S), uPu = static_cast<unsigned>(P);
+  // Item `code` sent on channel rank `ur` -> `peer`: its FIFO position, and the peer woken if it
+  // waits on that channel.
+  auto post_send = [&](std::size_t ur, int peer, std::size_t code) {
+    const auto c = ur * uP + static_cast<std::size_t>(peer);
+    item_index[code] = sent[c]++;
+    if (int w = waiter[c]; w >= 0 && !queued[static_cast<std::size_t>(w)]) {
+      queued[static_cast<std::size_t>(w)] = 1;
+      work.push_back(w);
+      detail::prefetch(s.programs[static_cast<std::size_t>(w)].data() + pos[static_cast<std::size_t>(w)]);
+    }
+  };
 
   while (!work.empty()) {
     const int rank = work.back();
@@ -161,7 +212,71 @@ constexpr validation replay_lowered(const schedule& s) {
     while (pos[ur] < prog.size()) {
       const std::size_t at = pos[ur];
       const action& a = prog[at];
-      if (is_host_copy(a.kind) || is_vocab(a.kind)) {  // rules 6 and 7 (and 3 for the vocabulary barriers)
+      if (is_host_copy(a.kind)) {  // rule 6
+        ++pos[ur];
+        continue;
+      }
+      if (is_vocab(a.kind)) {  // rule 7 checks the passes; here their inputs and their messages
+        if (!vp || static_cast<unsigned>(a.mb) >= uM || a.stage != rank) {
+          ++pos[ur];
+          continue;
+        }
+        const int mb = a.mb;
+        if (a.kind == op::S && rank != last_rank(mb) && !vhas(payload::vocab_output, mb, last_rank(mb), rank))
+          return fail_at(s, rank, at, "needs the last stage's output (vx) of mb " + to_text(mb) + " before receiving it");
+        if (a.kind == op::T && !vhas(payload::vocab_stats, mb, -1, rank))
+          return fail_at(s, rank, at, "needs every other rank's statistics (vstat) of mb " + to_text(mb) + " before receiving them");
+        if (a.kind == op::IB && rank != first_rank(mb) && !vhas(payload::vocab_embed_grad, mb, first_rank(mb), rank))
+          return fail_at(s, rank, at, "needs the first stage's input gradient (vdemb) of mb " + to_text(mb) + " before receiving it");
+        auto& v = vstate[static_cast<std::size_t>(mb) * uP + ur];
+        v = static_cast<unsigned char>(v | (a.kind == op::S ? vS : a.kind == op::T ? vT : a.kind == op::IF ? vIF : vIB));
+        ++pos[ur];
+        continue;
+      }
+      if ((a.kind == op::send || a.kind == op::recv) && is_vocab(a.what)) {
+        if (static_cast<unsigned>(a.peer) >= uPu || a.peer == rank)
+          return fail_at(s, rank, at, "names peer " + to_text(a.peer) + ", which is not another rank");
+        if (!vp) return fail_at(s, rank, at, "carries a vocabulary message, but the schedule is not vocabulary-parallel (vocab = 0)");
+        if (static_cast<unsigned>(a.mb) >= uM || static_cast<unsigned>(a.stage) >= uPu)
+          return fail_at(s, rank, at, "names a microbatch or sending rank out of range");
+        const int mb = a.mb, from = a.stage, to = a.kind == op::send ? a.peer : rank;
+        const int L = last_rank(mb), F0 = first_rank(mb);
+        bool route = from != to;
+        switch (a.what) {
+          case payload::vocab_output: route = route && from == L; break;
+          case payload::vocab_grad: route = route && to == L; break;
+          case payload::vocab_embed: route = route && to == F0; break;
+          case payload::vocab_embed_grad: route = route && from == F0; break;
+          default: break;
+        }
+        if (!route) return fail_at(s, rank, at, "moves a vocabulary message from rank " + to_text(from) + " to rank " + to_text(to) + ", which it never travels");
+        const std::size_t vc = vcode(a.what, mb, from, to), code = vbase + vc;
+        if (a.kind == op::send) {
+          if (from != rank) return fail_at(s, rank, at, "sends a vocabulary message of rank " + to_text(from));
+          const unsigned char v = vstate[static_cast<std::size_t>(mb) * uP + ur];
+          const bool made = a.what == payload::vocab_output       ? (state[idx(mb, S - 1)] & sF) != 0
+                            : a.what == payload::vocab_stats      ? (v & vS) != 0
+                            : a.what == payload::vocab_grad       ? (v & (s.vocab == 1 ? vT : vS)) != 0
+                            : a.what == payload::vocab_embed      ? (v & vIF) != 0
+                                                                  : (state[idx(mb, 0)] & (sB | sBW)) != 0;
+          if (!made) return fail_at(s, rank, at, "sends an item before this rank has produced it");
+          if (item_index[code] != none) return fail_at(s, rank, at, "sends an item that was already sent");
+          post_send(ur, a.peer, code);
+        } else {
+          if (from != a.peer) return fail_at(s, rank, at, "receives from rank " + to_text(a.peer) + " a message rank " + to_text(from) + " sends");
+          const auto c = static_cast<std::size_t>(a.peer) * uP + ur;
+          if (head[c] == sent[c]) {
+            waiter[c] = rank;
+            break;
+          }
+          waiter[c] = -1;
+          if (item_index[code] != head[c])
+            return fail_at(s, rank, at, "the FIFO from rank " + to_text(a.peer) + " delivers " + item_at(a.peer, rank, head[c]) +
+                                            " here (tagless matching pairs them in order)");
+          if (vgot[vc]) return fail_at(s, rank, at, "receives an item a second time");
+          vgot[vc] = 1;
+          ++head[c];
+        }
         ++pos[ur];
         continue;
       }
@@ -180,13 +295,7 @@ constexpr validation replay_lowered(const schedule& s) {
           if (to != a.peer)
             return fail_at(s, rank, at, "sends to rank " + to_text(a.peer) + ", but the item is consumed on " + (to < 0 ? text("no rank") : "rank " + to_text(to)));
           if (item_index[code] != none) return fail_at(s, rank, at, "sends an item that was already sent");
-          const auto c = ur * uP + static_cast<std::size_t>(a.peer);
-          item_index[code] = sent[c]++;
-          if (int w = waiter[c]; w >= 0 && !queued[static_cast<std::size_t>(w)]) {
-            queued[static_cast<std::size_t>(w)] = 1;
-            work.push_back(w);
-            detail::prefetch(s.programs[static_cast<std::size_t>(w)].data() + pos[static_cast<std::size_t>(w)]);
-          }
+          post_send(ur, a.peer, code);
         } else {
           if (from != a.peer || to != rank)
             return fail_at(s, rank, at, "receives an item that goes from rank " + to_text(from) + " to " + (to < 0 ? text("no rank") : "rank " + to_text(to)));

@@ -29,6 +29,8 @@
 //!   memory for an offloaded activation. `OFFLOAD(mb, s)` takes a host slot of each kind (no input
 //!   on the first stage) and releases the device input and stash slots of `(mb, s)`;
 //!   `RELOAD(mb, s)` takes device slots again and releases the host ones.
+//! A vocabulary-parallel schedule's passes (`S`, `T`, `IF`, `IB`) and messages take no slots here:
+//! the executor holds their buffers per microbatch (`loom::pipeline`'s vocabulary layers).
 //!
 //! Two copies. On a two-direction schedule (DualPipe, Chimera, BitPipe) virtual stage `s` of path
 //! 0 and virtual stage `s` of path 1 are copies of the same model chunk, and each microbatch's
@@ -210,6 +212,7 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
   auto post = [&](std::size_t k) {
     if (k >= p.recv_positions.size()) return;
     const action& r = prog[p.recv_positions[k]];
+    if (is_vocab(r.what)) return;  // the vocabulary layers' buffers are the executor's, per microbatch
     if (r.what == payload::activation) take(local_of(r.mb, r.stage + 1), in_pool);
     else take(local_of(r.mb, r.stage - 1), grad_pool);
   };
@@ -270,7 +273,7 @@ constexpr buffer_plan plan_buffers(const schedule& lowered, int rank, int recv_a
       case op::S:
       case op::T:
       case op::IF:
-      case op::IB: throw config_error("the buffer plan does not hold vocabulary passes (" + to_string(a) + ") yet");
+      case op::IB: break;  // their buffers are per microbatch (`vocab_buffers`), not slots
     }
   }
   // Two copies on different ranks: the buffers received from the other copy after the step.

@@ -1,0 +1,183 @@
+// SPDX-FileCopyrightText: 2026 loom authors
+// SPDX-License-Identifier: Apache-2.0
+// Vocabulary-parallel schedules (1f1b-vocab-1/2, v-half-vocab-1/2) run by loom::pipeline on the
+// threads backend with loom::vocab_layers: a model of token-wise tanh layers between a sharded
+// embedding and a sharded output layer trains like the single-rank reference, bit for bit
+// against the same shards computed on one rank in order, and within 1e-12 of the unsplit layers
+// (one shard holding the whole vocabulary); lowered programs validate and carry the layers'
+// messages; bad inputs are refused with one line.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <loom/comm/threads.hpp>
+
+#include "vocab_support.hpp"
+
+namespace {
+
+using namespace vocab_test;
+
+// The model trained on threads: the ranks' parts summed.
+result run(const model& md, const loom::schedule& s, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets, loom::pipeline_options opt,
+           int steps = 1) {
+  std::vector<result> parts(static_cast<std::size_t>(s.ranks));
+  loom::run_threads(s.ranks, [&](loom::threads::comm& c) { parts[static_cast<std::size_t>(c.rank())] = run_rank(c, md, s, ids, targets, opt, steps); });
+  result r = parts[0];
+  for (std::size_t k = 1; k < parts.size(); ++k) {
+    auto add = [](vec& to, const vec& v) {
+      for (std::size_t i = 0; i < to.size(); ++i) to[i] += v[i];
+    };
+    add(r.out_grad, parts[k].out_grad);
+    add(r.in_grad, parts[k].in_grad);
+    for (std::size_t st = 0; st < r.stage_grads.size(); ++st) add(r.stage_grads[st], parts[k].stage_grads[st]);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("vocab pipeline: lowered vocabulary-parallel programs validate and carry every layer message once") {
+  for (const auto& f : families)
+    for (int p : {2, 4, 8})
+      for (int m : {p + 2, 2 * p + 1}) {
+        CAPTURE(f.name);
+        CAPTURE(p);
+        CAPTURE(m);
+        const loom::schedule s = f.make(p, m);
+        const loom::schedule low = loom::lower(s);
+        const auto v = loom::validate(low);
+        REQUIRE_MESSAGE(v.ok, v.message);
+        // Per microbatch: p - 1 outputs, p (p - 1) statistics, p - 1 gradient parts, p - 1
+        // embedding parts, p - 1 embedding gradients.
+        std::size_t sends = 0, recvs = 0;
+        for (auto const& prog : low.programs)
+          for (auto const& a : prog)
+            if (loom::is_transfer(a.kind) && loom::is_vocab(a.what)) (a.kind == loom::op::send ? sends : recvs) += 1;
+        const auto P = static_cast<std::size_t>(p), M = static_cast<std::size_t>(m);
+        CHECK(sends == M * (4 * (P - 1) + P * (P - 1)));
+        CHECK(recvs == sends);
+      }
+}
+
+TEST_CASE("vocab pipeline: a lowered program without a layer message, or with one moved after its consumer, is refused") {
+  const loom::schedule low = loom::lower(loom::generate(loom::one_f_one_b_vocab_1{}, {.ranks = 4, .microbatches = 6}));
+  int dropped = 0, moved = 0;
+  for (loom::payload w : {loom::payload::vocab_output, loom::payload::vocab_stats, loom::payload::vocab_grad, loom::payload::vocab_embed,
+                          loom::payload::vocab_embed_grad}) {
+    CAPTURE(std::string(loom::short_name(w)));
+    for (std::size_t r = 0; r < low.programs.size(); ++r) {
+      auto const& prog = low.programs[r];
+      for (std::size_t i = 0; i < prog.size(); ++i) {
+        if (prog[i].kind != loom::op::recv || prog[i].what != w) continue;
+        loom::schedule bad = low;  // the receive dropped
+        auto& bp = bad.programs[r];
+        bp.erase(bp.begin() + static_cast<std::ptrdiff_t>(i));
+        const auto v = loom::validate(bad);
+        CHECK_FALSE(v.ok);
+        CHECK(v.message.find("rank " + std::to_string(r)) != std::string::npos);
+        ++dropped;
+        loom::schedule late = low;  // the receive moved to the end of the program
+        auto& lp = late.programs[r];
+        const loom::action a = lp[i];
+        lp.erase(lp.begin() + static_cast<std::ptrdiff_t>(i));
+        lp.push_back(a);
+        CHECK_FALSE(loom::validate(late).ok);
+        ++moved;
+        break;  // one per payload and rank
+      }
+    }
+  }
+  CHECK(dropped >= 5);
+  CHECK(moved == dropped);
+}
+
+TEST_CASE("vocab pipeline: training equals the single-rank reference, bitwise on the same shards and within 1e-12 of the unsplit layers") {
+  int runs = 0;
+  for (const auto& f : families)
+    for (int p : {2, 4}) {
+      for (int m : {p + 2, 2 * p + 1}) {
+        model md;
+        md.vocab = 24;
+        const loom::schedule s = f.make(p, m);
+        md.stages = s.stages;
+        md.layers_per_stage = s.stages == p ? 2 : 1;
+        const auto ids = md.tokens(m, 11 + static_cast<unsigned>(m)), targets = md.tokens(m, 12 + static_cast<unsigned>(m));
+        const result same = reference(md, p, f.algorithm, m, ids, targets);
+        const result unsplit = reference(md, 1, 1, m, ids, targets);
+        for (bool det : {true, false}) {
+          CAPTURE(f.name);
+          CAPTURE(p);
+          CAPTURE(m);
+          CAPTURE(det);
+          const result got = run(md, s, ids, targets, {.deterministic = det}, 2);  // the second step re-zeroes and repeats the first
+          CHECK(std::memcmp(&got.loss, &same.loss, sizeof(double)) == 0);
+          CHECK(same_bits(got.out_grad, same.out_grad));
+          CHECK(same_bits(got.in_grad, same.in_grad));
+          for (int k = 0; k < md.stages; ++k) CHECK(same_bits(got.stage_grads[static_cast<std::size_t>(k)], same.stage_grads[static_cast<std::size_t>(k)]));
+          CHECK(std::abs(got.loss - unsplit.loss) <= 1e-12 * std::abs(unsplit.loss));
+          CHECK(rel(got.out_grad, unsplit.out_grad) <= 1e-12);
+          CHECK(rel(got.in_grad, unsplit.in_grad) <= 1e-12);
+          for (int k = 0; k < md.stages; ++k) CHECK(rel(got.stage_grads[static_cast<std::size_t>(k)], unsplit.stage_grads[static_cast<std::size_t>(k)]) <= 1e-12);
+          ++runs;
+        }
+      }
+    }
+  CHECK(runs == 32);
+}
+
+TEST_CASE("vocab pipeline: refusals, one line each") {
+  model md;
+  const loom::schedule s = loom::generate(loom::one_f_one_b_vocab_1{}, {.ranks = 2, .microbatches = 4});
+  auto error_of = [&](auto&& body) {
+    std::string what;
+    std::mutex mu;
+    loom::run_threads(2, [&](loom::threads::comm& c) {
+      try {
+        body(c);
+      } catch (const std::exception& e) {
+        std::lock_guard lk(mu);
+        what += std::string(e.what()) + "\n";
+      }
+    });
+    return what;
+  };
+  const vec W = md.table(7), E = md.table(8);
+  // A vocabulary-parallel schedule without layers.
+  CHECK(error_of([&](loom::threads::comm& c) {
+          loom::pipeline pipe(s, c, [&](loom::stage_id id) { return md.make(id.stage); });
+        }).find("build the pipeline with this rank's vocabulary layers") != std::string::npos);
+  // Layers whose hidden width does not match the stages'.
+  CHECK(error_of([&](loom::threads::comm& c) {
+          const auto sh = loom::shard_of(24, 2, c.rank(), 2);
+          vec w(sh.rows * 2), g(sh.rows * 2), e(sh.rows * 2), ge(sh.rows * 2);
+          loom::vocab_layers<double> layers(sh, md.n, w, e, g, ge);
+          loom::pipeline<loom::schedule, tanh_stage, loom::threads::comm, loom::vocab_layers<double>> pipe(s, c, [&](loom::stage_id id) { return md.make(id.stage); },
+                                                                                                        layers);
+        }).find("the last stage produces 12 elements per microbatch, but the output layer takes 3 tokens x 2 = 6") != std::string::npos);
+  // A token id outside the vocabulary: the step fails on every rank with that sentence.
+  std::vector<tok_t> ids = md.tokens(4, 1), targets = md.tokens(4, 2);
+  targets[5] = 24;
+  const std::string bad = error_of([&](loom::threads::comm& c) {
+    const auto sh = loom::shard_of(24, 2, c.rank(), md.h);
+    const std::size_t rh = sh.rows * md.h, at = static_cast<std::size_t>(c.rank()) * rh;
+    vec gw(rh), ge(rh);
+    loom::vocab_layers<double> layers(sh, md.n, std::span<const double>(W).subspan(at, rh), std::span<const double>(E).subspan(at, rh), gw, ge);
+    loom::pipeline<loom::schedule, tanh_stage, loom::threads::comm, loom::vocab_layers<double>> pipe(s, c, [&](loom::stage_id id) { return md.make(id.stage); },
+                                                                                                  layers);
+    layers.set_batch(ids, targets);
+    pipe.step({});
+  });
+  CHECK(bad.find("token 2 of microbatch 1 names id 24, outside the vocabulary of 24 ids") != std::string::npos);
+  // A table of the wrong size.
+  vec small(40), t(48), g1(48), g2(48);
+  CHECK_THROWS_WITH_AS(loom::vocab_layers<double>(loom::shard_of(24, 2, 0, 4), 3, small, t, g1, g2),
+                       "vocabulary layers: the output table has 40 elements, but the shard holds 12 rows x 4 = 48", loom::config_error);
+}
