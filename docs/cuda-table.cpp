@@ -24,7 +24,7 @@ int main() {
   const int P = 4, m = 8, steps = 2;
   std::printf("| schedule | cuda_local, eager | cuda_local, graph | nccl, eager | nccl, graph |\n|---|---|---|---|---|\n");
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: checked by tests/cuda_layer/device_asynchronous_test.cpp
+    if (e.multi_step || e.vocab) continue;  // asynchronous: tests/cuda_layer/device_asynchronous_test.cpp; vocabulary-parallel: host backends only
     loom::shape sh = e.resolve({.ranks = P, .microbatches = m});
     if (!e.check(sh).empty()) continue;
     auto s = e.make(sh);
@@ -67,7 +67,7 @@ int main() {
     std::printf("\n");
   };
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: checked by tests/cuda_layer/device_asynchronous_test.cpp
+    if (e.multi_step || e.vocab) continue;  // asynchronous: tests/cuda_layer/device_asynchronous_test.cpp; vocabulary-parallel: host backends only
     loom::shape sh = e.resolve({.ranks = P, .microbatches = m});
     if (!e.check(sh).empty()) continue;
     memory_row(std::string(e.name), e.make(sh));

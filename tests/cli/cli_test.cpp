@@ -104,8 +104,19 @@ TEST_CASE("loom list prints every registered schedule name, one per line") {
   for (auto const& e : loom::default_registry().entries()) expected += e.name + "\n";
   for (auto const& a : loom::default_registry().aliases()) expected += a.first + "\n";
   CHECK(r.out == expected);
-  for (auto name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "pipedream", "pipedream-2bw", "pipedream-flush"})
+  for (auto name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "pipedream", "pipedream-2bw", "pipedream-flush", "1f1b-vocab-1",
+                    "v-half-vocab-2"})
     CHECK(r.out.find(std::string(name) + "\n") != std::string::npos);
+  // --synchronous: the families that run with stages alone (no asynchronous, no vocabulary-parallel
+  // ones, no aliases); --long marks the others.
+  auto sync = run({"list", "--synchronous"});
+  CHECK(sync.code == 0);
+  std::string want;
+  for (auto const& e : loom::default_registry().entries())
+    if (!e.multi_step && !e.vocab) want += e.name + "\n";
+  CHECK(sync.out == want);
+  auto long_list = run({"list", "--long"});
+  CHECK(long_list.out.find("[vocabulary-parallel, loom::vocab_layers] 1F1B with vocabulary parallelism, Algorithm 1") != std::string::npos);
 }
 
 TEST_CASE("loom simulate --json agrees with the library's own simulation for every family") {
@@ -555,6 +566,8 @@ TEST_CASE("--costs FILE: simulate and best use the stage- and link-resolved mode
       {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "links": {"intra": {"beta": 1}}})", "links.intra.alpha is missing"},
       {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "ranks_per_node": 1.5})", "ranks_per_node must be an integer"},
       {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "mem_w_ratio": 3})", "mem_w_ratio must be in [0, 1] (got 3)"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "vocab": {"s": -1}})", "vocab.s must be >= 0 (got -1)"},
+      {R"({"stages": [{"f": 1, "b": 1, "w": 1}], "vocab": {"x": 1}})", "unknown field vocab.x"},
       {R"({"stages": [{"f": 0, "b": 0, "w": 0}]})", "every stage's f, b and w are 0; at least one must be > 0"},
       {R"({"stages": [{"f": 1, "b": 1, "w": 1}])", "not valid JSON"},
       {R"([1, 2])", "the document must be an object"},

@@ -189,3 +189,59 @@ TEST_CASE("loom best --offload-time ranks each schedule PipeOffload's plan accep
     CHECK(bad.out.find("loom: ") == 0);
   }
 }
+
+TEST_CASE("loom best --vocab-parallel ranks the vocabulary-parallel families, their passes timed by --vocab-s/-t/-e or a cost file") {
+  const loom::costs k{.f = 1, .b = 1, .w = 1, .s = 0.3, .t = 0.4, .e = 0.05};
+  result r = run("best -p 4 -m 8 --vocab-parallel --vocab-s 0.3 --vocab-t 0.4 --vocab-e 0.05 --json");
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  int vocab_rows = 0;
+  for (auto const& x : j.at("ranking")) {
+    const std::string name = x.at("schedule").get<std::string>();
+    auto const* e = loom::default_registry().find(name);
+    if (e == nullptr || !e->vocab) continue;
+    ++vocab_rows;
+    INFO(name);
+    const loom::schedule sched = e->make(e->resolve({4, 8, 0}), {.cost = k});
+    CHECK(sched.vocab != 0);
+    const auto sim = loom::simulate(sched, k);
+    REQUIRE(sim.ok);
+    CHECK(x.at("bubble_rate").get<double>() == doctest::Approx(sim.bubble_rate).epsilon(1e-12));
+    CHECK(x.at("makespan").get<double>() == doctest::Approx(sim.makespan).epsilon(1e-12));
+    CHECK(x.at("peak_activation").get<double>() == doctest::Approx(sim.max_peak_activation()).epsilon(1e-12));
+    CHECK(x.at("lower_bound").is_null());  // the bound does not model the vocabulary passes
+  }
+  CHECK(vocab_rows == 4);
+  // Without the flag they are not ranked; the text table marks their bound as absent.
+  result plain = run("best -p 4 -m 8 --json");
+  REQUIRE(plain.status == 0);
+  const auto plain_doc = nlohmann::json::parse(plain.out);
+  for (auto const& x : plain_doc.at("ranking")) CHECK(x.at("schedule").get<std::string>().find("vocab") == std::string::npos);
+  result text = run("best -p 4 -m 8 --vocab-parallel --vocab-s 0.3 --vocab-t 0.4 --vocab-e 0.05");
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find("1f1b-vocab-2") != std::string::npos);
+  // A cost file's "vocab" times the passes: slower passes, a longer step for the same schedule.
+  auto makespan_with = [](const std::string& vocab) {
+    const std::string path = "cli_best_vocab_costs.json";
+    FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fprintf(f, "{\"stages\": [{\"f\": 1, \"b\": 1, \"w\": 1}], %s}\n", vocab.c_str());
+    std::fclose(f);
+    result c = run("best -p 4 -m 8 --vocab-parallel --costs " + path + " --json");
+    std::remove(path.c_str());
+    REQUIRE(c.status == 0);
+    const auto doc = nlohmann::json::parse(c.out);  // kept: a range over a temporary's member would dangle
+    for (auto const& x : doc.at("ranking"))
+      if (x.at("schedule").get<std::string>() == "1f1b-vocab-1") return x.at("makespan").get<double>();
+    FAIL("no 1f1b-vocab-1 row in " << c.out);
+    return 0.0;
+  };
+  CHECK(makespan_with("\"vocab\": {\"s\": 1, \"t\": 1, \"e\": 0.5}") > makespan_with("\"vocab\": {\"s\": 0.1, \"t\": 0.1, \"e\": 0.05}") + 1);
+  // Refusals: one line, exit 2.
+  for (const char* args : {"best -p 4 -m 8 --vocab-parallel --vocab-s -1", "best -p 4 -m 8 --vocab-parallel --vocab-t x"}) {
+    INFO(args);
+    result bad = run(args);
+    CHECK(bad.status == 2);
+    CHECK(bad.out.find("loom: ") == 0);
+  }
+}

@@ -103,7 +103,7 @@ int mode_train(loom::mpi::comm& c) {
   const int P = c.size();
   int runs = 0, failures = 0;
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
+    if (e.multi_step || e.vocab) continue;  // asynchronous families: a different training rule; vocabulary-parallel ones need vocab_layers; each tested on its own
     for (int m : {P, 2 * P + 1})
       for (int v : {0, 2}) {
         loom::shape sh = e.resolve({P, m, v});
@@ -196,7 +196,7 @@ int mode_calibrate(loom::mpi::comm& c) {
     std::printf("CALIBRATE-MISMATCH rank %d: %s\n", c.rank(), what.c_str());
   };
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
+    if (e.multi_step || e.vocab) continue;  // asynchronous families: a different training rule; vocabulary-parallel ones need vocab_layers; each tested on its own
     loom::shape sh = e.resolve({P, 2 * P, 0});
     if (!e.check(sh).empty()) continue;
     const loom::schedule s = e.make(sh);

@@ -124,7 +124,7 @@ TEST_CASE("mesh training: each pair of dimensions equals the single-rank referen
 TEST_CASE("mesh training: dp2 x pp2 x tp2 on 8 threads equals the reference for every registered schedule family") {
   std::vector<config> configs;
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
+    if (e.multi_step || e.vocab) continue;  // asynchronous families: a different training rule; vocabulary-parallel ones need vocab_layers; each tested on its own
     loom::shape sh = e.resolve({2, 5, 0});
     if (!e.check(sh).empty()) continue;
     configs.push_back({layout(2, 2, 2, 1), e.name.c_str()});
@@ -139,7 +139,7 @@ TEST_CASE("mesh training: the sequence-parallel kinds compose with tp, pp and dp
                                       layout(1, 2, 2, 2, seq_kind::ulysses), layout(2, 2, 2, 2, seq_kind::megatron)};
   std::size_t i = 0;
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
+    if (e.multi_step || e.vocab) continue;  // asynchronous families: a different training rule; vocabulary-parallel ones need vocab_layers; each tested on its own
     loom::shape sh = e.resolve({2, 5, 0});
     if (!e.check(sh).empty()) continue;
     configs.push_back({layouts[i++ % layouts.size()], e.name.c_str()});
@@ -174,7 +174,7 @@ TEST_CASE("mesh training: ZeRO stages 1, 2 and 3 with SGD and Adam equal the ref
   // groups, whose partial gradients are sharded over dp x sp and dp x tp), both numerics modes.
   std::vector<config> configs;
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
+    if (e.multi_step || e.vocab) continue;  // asynchronous families: a different training rule; vocabulary-parallel ones need vocab_layers; each tested on its own
     if (e.check(e.resolve({2, 5, 0})).empty()) configs.push_back({layout(2, 1, 2, 1), e.name.c_str()});
   }
   configs.push_back({layout(2, 1, 1, 2, seq_kind::ring), "1f1b"});
@@ -217,7 +217,7 @@ TEST_CASE("mesh training: local SGD equals the replicas run one after another, a
   // (of all the rank's parameters) in the steps that end a period, none in the others.
   std::vector<config> configs;
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
+    if (e.multi_step || e.vocab) continue;  // asynchronous families: a different training rule; vocabulary-parallel ones need vocab_layers; each tested on its own
     if (e.check(e.resolve({2, 5, 0})).empty()) configs.push_back({layout(2, 1, 2, 1), e.name.c_str()});
   }
   configs.push_back({layout(2, 2, 1, 1), "1f1b"});

@@ -21,7 +21,9 @@ struct sample {
 // (including a p2p latency that is not a multiple of the action times).
 inline std::vector<sample> grid() {
   std::vector<sample> out;
-  const loom::costs settings[] = {{.f = 1, .b = 1, .w = 1}, {.f = 1, .b = 2, .w = 1.5, .c = 0.3}};
+  // (The vocabulary passes' times: a pass of zero time would take a column of its own and push
+  // the rank's later actions right.)
+  const loom::costs settings[] = {{.f = 1, .b = 1, .w = 1, .s = 1, .t = 1, .e = 0.5}, {.f = 1, .b = 2, .w = 1.5, .c = 0.3, .s = 0.5, .t = 1, .e = 0.5}};
   for (auto const& e : loom::default_registry().entries()) {
     for (int p : {1, 2, 3, 4}) {
       for (int m : {1, 3, 8}) {

@@ -328,7 +328,7 @@ TEST_CASE("vocab: V-Half's shape rule is exactly where the authors' rule stops d
   CHECK(rule(loom::v_half_vocab_1{}, {.ranks = 8, .microbatches = 4, .chunks = 2}) ==
         "v-half-vocab-1 needs microbatches >= 5 = max(3, ranks/2 + 1) (with fewer, the authors' rule times the last microbatch's T passes "
         "after rank 0's last-stage backward, which waits for them; got microbatches=4)");
-  CHECK(rule(loom::v_half_vocab_2{}, {.ranks = 4, .microbatches = 8}) == "v-half-vocab-2 runs exactly 2 chunk(s) per rank (got chunks=1)");
+  CHECK(rule(loom::v_half_vocab_2{}, {.ranks = 4, .microbatches = 8, .chunks = 1}) == "v-half-vocab-2 runs exactly 2 chunk(s) per rank (got chunks=1)");
   // Odd p: the order the rule would give deadlocks on rank 0's first forwards.
   CHECK_FALSE(loom::validate(loom::detail::vocab_v_half("v-half-vocab-2", 2, {.ranks = 5, .microbatches = 10, .chunks = 2})).ok);
 }

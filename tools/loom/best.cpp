@@ -13,6 +13,10 @@
 // backward, even ranks) is also ranked with its first k chunks offloaded, k = 1..chunks
 // (loom::plan_offload, the copies as actions: loom::with_offload, each copy taking the plan's time
 // on its rank's host link); its bound is the schedule's own (the copies change no order).
+// With --vocab-parallel, the vocabulary-parallel families (1f1b-vocab-1/2, v-half-vocab-1/2) join:
+// their passes take --vocab-s/--vocab-t/--vocab-e (or the cost file's "vocab"), their memory holds
+// the extra microbatches the papers state, and their bound is left out (it does not model the
+// vocabulary passes' barriers).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -57,6 +61,7 @@ struct best_text {
   bool json = false;
   std::string activation_bytes;
   std::string offload_time;  // empty: no offloaded rows
+  bool vocab_parallel = false;  // also rank the vocabulary-parallel families
 };
 
 // The groups a grouped family is ranked with: --group g alone when given, else every g the family
@@ -95,6 +100,7 @@ void run_best(const best_text& t) {
   const int T = r.shape.steps;
   for (auto const& e : loom::default_registry().entries()) {
     if (e.multi_step && T == 1) continue;  // asynchronous families join with --steps T > 1
+    if (e.vocab && !t.vocab_parallel) continue;  // vocabulary-parallel families join with --vocab-parallel
     // Cost-aware families run on every placement they support (the chunk count names it: loop 1,
     // v 2); a placement the family never runs (zb-v on loop) is not a row, and the label names
     // the placement only for families that run both.
@@ -174,6 +180,7 @@ void run_best(const best_text& t) {
       x.fits = limit <= 0 || x.peak <= limit + 1e-9;
       // A schedule over the limit is measured against the bound at its own peak (it is no order within the limit).
       x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0, r.model);
+      if (e.vocab) x.bound.available = false;  // the bound does not model the vocabulary passes and their barriers
       x.order = rows.size();
       rows.push_back(x);
       // PipeOffload: the same schedule with its first k chunks offloaded, where the plan accepts it.
@@ -288,12 +295,16 @@ void run_best(const best_text& t) {
   out += "\n";
   int rank = 1;
   for (auto const& x : rows) {
-    out += fmt::format("{:>4}  {:<{}} {:>11.6f} {:>10.3f} {:>6g} {:>9} {:>6} {:>9.6f} {:>8.6f}", rank++, x.name, nw, x.bubble_rate,
-                       x.peak, x.param_copies, x.transfers, x.fits ? "yes" : "no", x.bound.lb.bubble_rate, x.bound.gap_rate);
+    out += fmt::format("{:>4}  {:<{}} {:>11.6f} {:>10.3f} {:>6g} {:>9} {:>6}", rank++, x.name, nw, x.bubble_rate, x.peak, x.param_copies,
+                       x.transfers, x.fits ? "yes" : "no");
+    out += x.bound.available ? fmt::format(" {:>9.6f} {:>8.6f}", x.bound.lb.bubble_rate, x.bound.gap_rate) : fmt::format(" {:>9} {:>8}", "-", "-");
     if (bytes >= 0) out += fmt::format(" {:>12.6g}", bytes * static_cast<double>(x.transfers));
     out += "\n";
   }
-  if (!rows.empty()) {
+  if (!rows.empty() && !rows.front().bound.available) {
+    out += fmt::format("# chosen: {} (bubble rate {:.6f}; no bound: it does not model the vocabulary passes)\n", rows.front().name,
+                       rows.front().bubble_rate);
+  } else if (!rows.empty()) {
     auto const& top = rows.front();
     out += fmt::format("# chosen: {}; no order on its placement within {} units{} has a bubble rate below {:.6f} or a "
                        "makespan below {:g}; its gap: +{:.6f} bubble rate, {:.2f}% makespan\n",
@@ -315,6 +326,9 @@ loom::cli::register_command best_cmd{{.name = "best", .order = 40, .install = []
                   "also rank every schedule PipeOffload's plan accepts with its first k chunks offloaded, one copy taking T times a "
                   "stage's f + b + w (docs/offload.md)")
       ->type_name("T");
+  sub->add_flag("--vocab-parallel", t->vocab_parallel,
+                "also rank the vocabulary-parallel families (1f1b-vocab-1, 1f1b-vocab-2, v-half-vocab-1, v-half-vocab-2), their "
+                "passes timed by --vocab-s --vocab-t --vocab-e or the cost file's \"vocab\" (docs/vocab.md)");
   sub->callback([t] { run_best(*t); });
 }}};
 

@@ -241,6 +241,7 @@ inline double parse_real(std::string_view flag, const std::string& text, double 
 struct request_text {
   std::string schedule, ranks, microbatches, chunks, steps = "1", group;
   std::string f = "1", b = "1", w = "1", c = "0", fb, mem_w_ratio = "1";
+  std::string vocab_s = "0", vocab_t = "0", vocab_e = "0";  //!< vocabulary-parallel passes' times (docs/vocab.md)
   std::string mem_limit, placement = "loop";
   std::string costs_file;  //!< `--costs FILE`: a stage- and link-resolved cost model (docs/costs.md)
   //! The options behind the optional values, set by `add_request_options`: an option given with
@@ -270,7 +271,7 @@ struct request {
 };
 
 //! Adds `--schedule --ranks --microbatches --chunks --f --b --w --c --fb --mem-w-ratio
-//! --mem-limit --placement` to `sub`; returns the storage they fill (keep it in the callback).
+//! --vocab-s --vocab-t --vocab-e --mem-limit --placement` to `sub`; returns the storage they fill (keep it in the callback).
 inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
   auto t = std::make_shared<request_text>();
   sub.add_option("--schedule,-s", t->schedule, "schedule family (see `loom list`)")->type_name("NAME");
@@ -293,6 +294,13 @@ inline std::shared_ptr<request_text> add_request_options(CLI::App& sub) {
   t->fb_opt = sub.add_option("--fb", t->fb, "time of an overlapped forward+backward pair (default: the sum of its parts)")->type_name("NUMBER");
   t->uniform_opts.push_back(t->fb_opt);
   t->uniform_opts.push_back(sub.add_option("--mem-w-ratio", t->mem_w_ratio, "M_W/M_B: fraction of an activation that lives until W")
+                                ->capture_default_str()->type_name("NUMBER"));
+  t->uniform_opts.push_back(sub.add_option("--vocab-s", t->vocab_s,
+                                           "vocabulary parallelism: time of one microbatch's S pass (output layer, forward part) on a rank's shard")
+                                ->capture_default_str()->type_name("NUMBER"));
+  t->uniform_opts.push_back(sub.add_option("--vocab-t", t->vocab_t, "vocabulary parallelism: time of a T pass (output layer, backward part)")
+                                ->capture_default_str()->type_name("NUMBER"));
+  t->uniform_opts.push_back(sub.add_option("--vocab-e", t->vocab_e, "vocabulary parallelism: time of an IF or IB pass (input layer)")
                                 ->capture_default_str()->type_name("NUMBER"));
   t->costs_opt = sub.add_option("--costs", t->costs_file,
                                 "JSON cost file: per-stage f/b/w, activation and message sizes, link classes (docs/costs.md); "
@@ -325,6 +333,9 @@ inline request parse_request(const request_text& t) {
   r.cost.c = parse_real("--c", t.c, 0);
   if (given(t.fb_opt, t.fb)) r.cost.fb = parse_real("--fb", t.fb, 0);
   r.cost.mem_w_ratio = parse_real("--mem-w-ratio", t.mem_w_ratio, 0, 1);
+  r.cost.s = parse_real("--vocab-s", t.vocab_s, 0);
+  r.cost.t = parse_real("--vocab-t", t.vocab_t, 0);
+  r.cost.e = parse_real("--vocab-e", t.vocab_e, 0);
   if (r.cost.f + r.cost.b + r.cost.w <= 0) throw usage_error("--f, --b and --w are all 0; at least one must be > 0");
   r.options.cost = r.cost;
   if (given(t.costs_opt, t.costs_file)) {

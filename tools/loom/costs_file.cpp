@@ -62,7 +62,7 @@ struct cost_file_reader {
 
   loom::cost_model read(const json& doc) const {
     object(doc, "the document");
-    only(doc, "", {"stages", "links", "ranks_per_node", "mem_w_ratio", "comment"});
+    only(doc, "", {"stages", "links", "vocab", "ranks_per_node", "mem_w_ratio", "comment"});
     if (doc.contains("comment") && !doc["comment"].is_string()) fail("comment must be a string");
     loom::cost_model m;
     auto st = doc.find("stages");
@@ -94,6 +94,13 @@ struct cost_file_reader {
       if (l->contains("intra")) m.intra = link((*l)["intra"], "links.intra");
       m.inter = l->contains("inter") ? link((*l)["inter"], "links.inter") : m.intra;
       if (l->contains("host")) m.host = link((*l)["host"], "links.host");
+    }
+    if (auto v = doc.find("vocab"); v != doc.end()) {  // vocabulary parallelism: one pass on one rank's shard
+      object(*v, "vocab");
+      only(*v, "vocab", {"s", "t", "e"});
+      m.vocab_s = number(*v, "vocab", "s", 0, false);
+      m.vocab_t = number(*v, "vocab", "t", 0, false);
+      m.vocab_e = number(*v, "vocab", "e", 0, false);
     }
     if (auto r = doc.find("ranks_per_node"); r != doc.end()) {
       if (!r->is_number_integer() || r->get<long long>() < 0 || r->get<long long>() > loom::max_ranks)

@@ -59,7 +59,7 @@ void run_plan(const plan_text& t) {
   if (!t.families.empty()) {
     o.families.clear();
     for (auto const& f : split(t.families)) {
-      if (loom::detail::find_plan_vocab_family(f) != nullptr) {  // vocabulary-parallel: plan only, not in the registry
+      if (loom::detail::find_plan_vocab_family(f) != nullptr) {  // vocabulary-parallel: planned with the layers spread over the ranks
         o.families.push_back(f);
         continue;
       }
@@ -146,8 +146,8 @@ loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = []
   sub->add_option("--families", t->families, "schedule families to try, comma-separated (default: 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-auto, zb-v, v-half, v-min)")
       ->type_name("LIST");
   sub->add_flag("--vocab-parallel", t->vocab_parallel,
-                "also try vocabulary parallelism: 1f1b-vocab-1, 1f1b-vocab-2, v-half-vocab-1, v-half-vocab-2 (planned and simulated; "
-                "the executor does not run them yet)");
+                "also try vocabulary parallelism: 1f1b-vocab-1, 1f1b-vocab-2, v-half-vocab-1, v-half-vocab-2 (the input and output "
+                "layers split over the pipeline ranks; docs/vocab.md)");
   sub->add_option("--recompute", t->recompute, "recomputation modes to try: none,selective,full (default: all)")->type_name("LIST");
   sub->add_option("--sp", t->sp, "try Megatron sequence parallelism on, off or both (where tp > 1)")
       ->capture_default_str()->type_name("on|off|both");

@@ -96,7 +96,7 @@ inline fixed_best best_fixed(const loom::shape& s, const loom::costs& k, double 
     }
   };
   for (auto const& e : loom::default_registry().entries()) {
-    if (e.multi_step) continue;  // asynchronous families: a different training rule, tested on its own
+    if (e.multi_step || e.vocab) continue;  // asynchronous families: a different training rule; vocabulary-parallel ones need vocab_layers; each tested on its own
     if (e.cost_aware) continue;
     for (int ch : {0, 1, 2}) {
       loom::shape sh = e.resolve({s.ranks, s.microbatches, ch});

@@ -876,7 +876,8 @@ class pipeline {
     else if constexpr (A.kind == op::W) weight(A.mb, A.stage);
     else if constexpr (A.kind == op::offload) offload_half(A);
     else if constexpr (A.kind == op::reload) reload_half(A);
-    else if constexpr (is_vocab(A.kind)) static_assert(!is_vocab(A.kind), "the executor does not run vocabulary passes yet");
+    else if constexpr (is_vocab(A.kind))
+      static_assert(!is_vocab(A.kind), "a vocabulary-parallel schedule runs as a run-time loom::schedule with loom::vocab_layers, not as a static_schedule");
     else {
       in_fb_ = true;
       forward_half(A.mb, A.stage);

@@ -160,8 +160,8 @@ struct plan_result {
 
 //! What to search (defaults: everything `plan` knows).
 struct plan_options {
-  //! Families tried (registry names, and the vocabulary-parallel `1f1b-vocab-1/2` and
-  //! `v-half-vocab-1/2`, which are not in the registry). Cost-aware ones (zb-auto) run on the loop
+  //! Families tried (registry names; the vocabulary-parallel `1f1b-vocab-1/2` and
+  //! `v-half-vocab-1/2` are planned with their layers spread over the ranks). Cost-aware ones (zb-auto) run on the loop
   //! placement with one chunk and on the V placement; interleaved-1f1b with every chunk count in
   //! [2, max_chunks] that divides the layers per rank; V-placement families with 2 chunks.
   std::vector<std::string> families{"1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-auto", "zb-v", "v-half", "v-min"};
@@ -302,8 +302,9 @@ constexpr double broadcast_time(double bytes, long long n, const link_cost& l) {
   return n <= 1 ? 0 : static_cast<double>(n - 1) * l.alpha + bytes * l.beta;
 }
 
-//! The vocabulary-parallel families `plan` knows (they are not in the registry: the executor does
-//! not run their passes yet): name, algorithm, chunks per rank (2: V placement).
+//! The vocabulary-parallel families `plan` knows (also in the registry, `family_entry::vocab`;
+//! planned with the input and output layers spread over the ranks): name, algorithm, chunks per
+//! rank (2: V placement).
 struct plan_vocab_family {
   std::string_view name;
   int vocab;

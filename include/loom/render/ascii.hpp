@@ -5,7 +5,7 @@
 //! \file
 //! ASCII timeline of a simulated schedule: ranks as rows, time as columns.
 //!
-//! One column is `step` time units (default: the shortest compute action, so every action gets
+//! One column is `step` time units (default: the shortest compute action that takes time, so every action gets
 //! at least one column). An action covers the columns from its quantised start to its
 //! quantised end; its first cell holds its label (`F3`, `B3`, `W3`, `BW3`, `F3+B1` for an
 //! overlapped pair, with `.k` for model chunk k when a rank holds several stages), the cells it
@@ -13,7 +13,8 @@
 //! characters, each with its own time ruler, so p = 16, m = 64 stays readable; a larger `step`
 //! scales them down instead. Every action keeps at least its own cell: when rounding to a coarse
 //! step would overlap two actions of a rank, the later one moves right (a coarse row can end
-//! late); with the default step nothing moves.
+//! late); with the default step nothing moves, unless an action takes no time (a vocabulary pass
+//! whose cost is 0 still gets its cell).
 //!
 //! `loom render --schedule 1f1b --ranks 2 --microbatches 2`:
 //! ```

@@ -36,14 +36,17 @@
 #include "loom/schedule/zb_h2.hpp"
 #include "loom/schedule/v_half.hpp"
 #include "loom/schedule/v_min.hpp"
+#include "loom/schedule/vocab.hpp"
 #include "loom/schedule/zb_v.hpp"
 
 namespace loom {
 
 //! The built-in schedule families, in the order `loom list` prints them: the synchronous ones,
-//! then the asynchronous ones (`multi_step_family`, `family_entry::multi_step`).
+//! the vocabulary-parallel ones (`family_entry::vocab`), then the asynchronous ones
+//! (`multi_step_family`, `family_entry::multi_step`).
 using builtin_families = std::tuple<gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, dualpipe, dualpipe_v, chimera, bitpipe, hanayo, looped_bfs, gpipe_2bp, one_f_one_b_2bp, zb_auto, zb_v, v_half, v_min,
-                                    group_interleaved_1f1b, pipedream, pipedream_vertical_sync, pipedream_2bw, pipelined_backprop>;
+                                    group_interleaved_1f1b, one_f_one_b_vocab_1, one_f_one_b_vocab_2, v_half_vocab_1, v_half_vocab_2, pipedream,
+                                    pipedream_vertical_sync, pipedream_2bw, pipelined_backprop>;
 
 //! Other names of built-in families (`registry::alias`): `pipedream-flush` is 1F1B (the name the
 //! PipeDream-2BW paper, ICML 2021 §3.2, gives it).
@@ -61,6 +64,10 @@ struct family_entry {
   bool multi_step = false;
   //! A grouped family (`grouped_family`): it reads `shape::group`; the others refuse a nonzero one.
   bool grouped = false;
+  //! A vocabulary-parallel family (`schedule::vocab` != 0; docs/vocab.md): its programs run the
+  //! passes `S`, `T`, `IF`, `IB`, and `loom::pipeline` runs them with a rank's vocabulary layers
+  //! (`loom::vocab_layers`) besides its stages.
+  bool vocab = false;
   std::function<schedule(shape, const generate_options&)> generate;  //!< schedule for a resolved shape
 
   //! `s` with chunks defaulted.
@@ -87,6 +94,7 @@ family_entry make_entry() {
   e.cost_aware = cost_aware_family<F>;
   e.multi_step = multi_step_family<F>;
   e.grouped = grouped_family<F>;
+  if constexpr (requires { F::vocab_algorithm; }) e.vocab = F::vocab_algorithm != 0;
   e.generate = [](shape s, const generate_options& o) { return loom::generate(F{}, s, o); };
   return e;
 }

@@ -42,8 +42,10 @@
 //! {p + 1 + o, 2p, 4p} and (f, b) in {(1, 1), (1, 2), (1, 3)} (tests/schedule/data/vocab_reference.txt).
 //!
 //! Shapes: p >= 2 ranks, one chunk, m >= p + 1 + o microbatches (below that the authors'
-//! generator issues the input layer's forward of a microbatch that does not exist). Not in the
-//! default registry yet: the executor does not run the vocabulary passes (docs/vocab.md).
+//! generator issues the input layer's forward of a microbatch that does not exist). In the default
+//! registry with `family_entry::vocab` set: `loom::pipeline` runs them with a rank's
+//! `loom::vocab_layers` (loom/exec/vocab_parallel.hpp; host backends), and `loom best` ranks them
+//! with `--vocab-parallel` (docs/vocab.md).
 
 #include <algorithm>
 #include <numeric>
@@ -53,6 +55,7 @@
 
 #include "loom/schedule/family.hpp"
 #include "loom/schedule/schedule.hpp"
+#include "loom/schedule/simulate.hpp"
 #include "loom/schedule/v_block.hpp"
 
 namespace loom {
@@ -412,12 +415,25 @@ template <int Variant>
   requires(Variant == 1 || Variant == 2)
 struct one_f_one_b_vocab {
   static constexpr std::string_view name = Variant == 1 ? "1f1b-vocab-1" : "1f1b-vocab-2";
+  static constexpr int vocab_algorithm = Variant;  //!< `schedule::vocab` of what it generates
   static constexpr std::string_view summary =
       Variant == 1 ? "1F1B with vocabulary parallelism, Algorithm 1: input and output layers split over every rank, two barriers (Yeung et al. 2025)"
                    : "1F1B with vocabulary parallelism, Algorithm 2: input and output layers split over every rank, one barrier (Yeung et al. 2025)";
   constexpr text check(shape s) const { return detail::check_vocab_1f1b(name, Variant, s); }
   constexpr schedule generate(shape s) const { return detail::vocab_1f1b(name, Variant, s, {}); }
-  constexpr schedule generate(shape s, const generate_options& o) const { return detail::vocab_1f1b(name, Variant, s, o.cost); }
+  //! With `o.mem_limit` > 0, a schedule whose busiest rank holds more activation than the limit
+  //! (p + 2 or p + 1 microbatches on rank 0; the order has no other choice) is refused with a line.
+  constexpr schedule generate(shape s, const generate_options& o) const {
+    schedule out = detail::vocab_1f1b(name, Variant, s, o.cost);
+    if (o.mem_limit > 0) {
+      const double peak = (o.model.stages.empty() ? simulate(out, o.cost) : simulate(out, o.model)).max_peak_activation();
+      if (peak > o.mem_limit + 1e-9)
+        throw schedule_error(text(name) + " holds " + detail::real_text(peak) + " units of activation on its busiest rank, above the memory limit " +
+                             detail::real_text(o.mem_limit) + " (vocabulary parallelism keeps " + (Variant == 1 ? "2" : "1") +
+                             " more microbatch(es) than 1F1B)");
+    }
+    return out;
+  }
 };
 //! `1f1b-vocab-1`: Algorithm 1.
 using one_f_one_b_vocab_1 = one_f_one_b_vocab<1>;
@@ -438,6 +454,8 @@ template <int Variant>
   requires(Variant == 1 || Variant == 2)
 struct v_half_vocab {
   static constexpr std::string_view name = Variant == 1 ? "v-half-vocab-1" : "v-half-vocab-2";
+  static constexpr int vocab_algorithm = Variant;  //!< `schedule::vocab` of what it generates
+  static constexpr int default_chunks = 2;  //!< the V placement
   static constexpr std::string_view summary =
       Variant == 1 ? "V-Half with vocabulary parallelism, Algorithm 1: two chunks per rank, input and output layers split over every rank, two barriers (Yeung et al. 2025)"
                    : "V-Half with vocabulary parallelism, Algorithm 2: two chunks per rank, input and output layers split over every rank, one barrier (Yeung et al. 2025)";
