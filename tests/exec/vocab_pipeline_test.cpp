@@ -133,6 +133,28 @@ TEST_CASE("vocab pipeline: training equals the single-rank reference, bitwise on
   CHECK(runs == 32);
 }
 
+TEST_CASE("vocab pipeline: a static_schedule of a vocabulary-parallel family trains bitwise like the run-time schedule") {
+  using fixed = loom::static_schedule<loom::one_f_one_b_vocab_2, loom::shape{.ranks = 2, .microbatches = 4}>;
+  static_assert(fixed::lowered_program<0>.size() > 0);
+  const loom::schedule s = loom::generate(loom::one_f_one_b_vocab_2{}, {.ranks = 2, .microbatches = 4});
+  model md;
+  md.stages = s.stages;
+  md.layers_per_stage = 2;
+  const auto ids = md.tokens(4, 31), targets = md.tokens(4, 32);
+  const result dynamic = run(md, s, ids, targets, {.deterministic = true});
+  std::vector<result> parts(2);
+  const fixed sched{};
+  loom::run_threads(2, [&](loom::threads::comm& c) {
+    parts[static_cast<std::size_t>(c.rank())] = run_rank(c, md, s, ids, targets, {.deterministic = true}, 1, &sched);
+  });
+  CHECK(std::memcmp(&parts[0].loss, &dynamic.loss, sizeof(double)) == 0);
+  for (std::size_t i = 0; i < dynamic.out_grad.size(); ++i) CHECK(parts[0].out_grad[i] + parts[1].out_grad[i] == dynamic.out_grad[i]);
+  for (std::size_t i = 0; i < dynamic.in_grad.size(); ++i) CHECK(parts[0].in_grad[i] + parts[1].in_grad[i] == dynamic.in_grad[i]);
+  for (std::size_t k = 0; k < dynamic.stage_grads.size(); ++k)
+    for (std::size_t i = 0; i < dynamic.stage_grads[k].size(); ++i)
+      CHECK(parts[0].stage_grads[k][i] + parts[1].stage_grads[k][i] == dynamic.stage_grads[k][i]);
+}
+
 TEST_CASE("vocab pipeline: refusals, one line each") {
   model md;
   const loom::schedule s = loom::generate(loom::one_f_one_b_vocab_1{}, {.ranks = 2, .microbatches = 4});

@@ -12,6 +12,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <loom/exec/pipeline.hpp>
@@ -219,9 +220,11 @@ inline result reference(const model& md, int p, int algorithm, int m, const std:
 // One rank's part of the model trained by loom::pipeline over `s` (vocabulary-parallel) on
 // communicator `c`: its shards' gradients and its stages' in a zeroed whole-model result (so the
 // ranks' parts sum to the whole), and the loss.
-template <class Comm>
+// `Sched` is loom::schedule (then `sched` is `s`) or a static_schedule type (`sched` its instance,
+// `s` its generated schedule).
+template <class Comm, class Sched = loom::schedule>
 result run_rank(Comm& c, const model& md, const loom::schedule& s, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets,
-                loom::pipeline_options opt, int steps = 1) {
+                loom::pipeline_options opt, int steps = 1, const Sched* sched = nullptr) {
   const int p = s.ranks;
   const vec W = md.table(7), E = md.table(8);
   result r;
@@ -233,7 +236,10 @@ result run_rank(Comm& c, const model& md, const loom::schedule& s, const std::ve
   std::span<double> gw = std::span<double>(r.out_grad).subspan(at, rh), ge = std::span<double>(r.in_grad).subspan(at, rh);
   loom::vocab_layers<double> layers(sh, md.n, std::span<const double>(W).subspan(at, rh), std::span<const double>(E).subspan(at, rh), gw, ge);
   auto make = [&](loom::stage_id id) { return md.make(id.stage); };
-  loom::pipeline<loom::schedule, tanh_stage, Comm, loom::vocab_layers<double>> pipe(s, c, make, layers, opt);
+  loom::pipeline<Sched, tanh_stage, Comm, loom::vocab_layers<double>> pipe([&]() -> const Sched& {
+    if constexpr (std::is_same_v<Sched, loom::schedule>) return s;
+    else return *sched;
+  }(), c, make, layers, opt);
   layers.set_batch(ids, targets);
   for (int k = 0; k < steps; ++k) r.loss = pipe.step({}).loss;
   for (std::size_t i = 0; i < pipe.stages().size(); ++i) r.stage_grads[static_cast<std::size_t>(pipe.ids()[i].stage)] = pipe.stages()[i].grad;

@@ -352,6 +352,16 @@ class pipeline {
     init(s, make_stage);
   }
 
+  //! Builds the pipeline for a vocabulary-parallel static schedule `Sched` (pass `Sched{}`; e.g.
+  //! `static_schedule<one_f_one_b_vocab_2, shape{...}>`) with this rank's vocabulary layers, as the
+  //! run-time constructor above.
+  template <class Factory>
+    requires(is_static && has_vocab && std::is_invocable_r_v<Stage, Factory&, stage_id>)
+  pipeline(Sched, Comm& comm, Factory&& make_stage, Vocab& vocab, pipeline_options opt = {})
+      : comm_(&comm), opt_(opt), space_(comm, opt), vocab_(&vocab) {
+    init(typename Sched::family{}.generate(Sched::shape_v), make_stage);
+  }
+
   //! Builds the pipeline for the static schedule `Sched` (pass `Sched{}`).
   template <class Factory>
     requires(is_static && std::is_invocable_r_v<Stage, Factory&, stage_id>)
@@ -876,8 +886,7 @@ class pipeline {
     else if constexpr (A.kind == op::W) weight(A.mb, A.stage);
     else if constexpr (A.kind == op::offload) offload_half(A);
     else if constexpr (A.kind == op::reload) reload_half(A);
-    else if constexpr (is_vocab(A.kind))
-      static_assert(!is_vocab(A.kind), "a vocabulary-parallel schedule runs as a run-time loom::schedule with loom::vocab_layers, not as a static_schedule");
+    else if constexpr (is_vocab(A.kind)) vocab_pass(A);
     else {
       in_fb_ = true;
       forward_half(A.mb, A.stage);
