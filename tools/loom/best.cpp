@@ -179,8 +179,8 @@ void run_best(const best_text& t) {
       x.transfers = transfers_of(loom::lower(ev.sched)) * (e.multi_step ? 1 : T);  // over the T steps
       x.fits = limit <= 0 || x.peak <= limit + 1e-9;
       // A schedule over the limit is measured against the bound at its own peak (it is no order within the limit).
-      x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0, r.model);
-      if (e.vocab) x.bound.available = false;  // the bound does not model the vocabulary passes and their barriers
+      if (e.vocab) x.bound.available = false;  // the bound does not model the vocabulary passes and their barriers: not computed
+      else x.bound = loom::cli::bound_of(ev, r.cost, x.fits ? limit : 0, r.model);
       x.order = rows.size();
       rows.push_back(x);
       // PipeOffload: the same schedule with its first k chunks offloaded, where the plan accepts it.

@@ -1174,19 +1174,14 @@ class pipeline {
     std::span<const value_type> og =
         s == S_ - 1 ? std::span<const value_type>(seed_.data(), l.out_size) : std::span<const value_type>(l.grad.get(mb));
     std::span<value_type> ig;
+    if (s == 0) ig = std::span<value_type>(discard_.data(), l.in_size);
+    else if (sched_.rank_of(mb, s - 1) == rank_) ig = local(mb, s - 1).grad.take(mb);
+    else ig = l.send_grad.take(mb);
     if constexpr (has_vocab)
       if (vocab_ != nullptr) {
-        if (s == S_ - 1) og = vocab_->output_gradient(mb);  // the output layer's input gradient
-        if (s == 0) ig = vocab_->message(payload::vocab_embed_grad, mb, rank_);  // to every rank's IB
+        if (s == S_ - 1) og = vocab_->output_gradient(mb);                       // the output layer's input gradient
+        if (s == 0) ig = vocab_->message(payload::vocab_embed_grad, mb, rank_);  // kept for every rank's IB
       }
-    if (!ig.empty()) {  // the vocabulary layers' buffer
-    } else if (s == 0) {
-      ig = std::span<value_type>(discard_.data(), l.in_size);
-    } else if (sched_.rank_of(mb, s - 1) == rank_) {
-      ig = local(mb, s - 1).grad.take(mb);
-    } else {
-      ig = l.send_grad.take(mb);
-    }
     if constexpr (Kind == op::BW) {
       std::span<value_type> wg = weight_target(li, mb);
       guarded("backward", op::BW, mb, s,

@@ -446,7 +446,7 @@ class vocab_layers {
   //! respect to the last stage's output (valid until the next call).
   std::span<const T> output_gradient(int mb) {
     const std::size_t nh = n_ * shard().hidden, P = uz(b_.ranks);
-    std::vector<std::span<const T>>& parts = parts_;
+    std::vector<std::span<const T>>& parts = parts_;  // reserved in bind: no allocation here
     parts.clear();
     if (b_.algorithm == 1) {
       for (std::size_t r = 0; r < P; ++r) parts.push_back(message(payload::vocab_grad, mb, static_cast<int>(r)));
