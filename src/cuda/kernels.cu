@@ -131,6 +131,13 @@ struct norm_item {
 };
 
 template <class T>
+struct vocab_item {
+  vocab_items<T, std::int64_t> m;
+  vocab_step step;
+  __device__ void operator()(std::size_t i) const { m(step, i); }
+};
+
+template <class T>
 struct moe_item {
   moe_items<T> m;
   moe_step step;
@@ -246,6 +253,12 @@ void moe_async(const moe_items<float>& m, moe_step step, cudaStream_t s) { launc
 void moe_async(const moe_items<double>& m, moe_step step, cudaStream_t s) { launch_items(moe_item<double>{m, step}, m.count(step), s); }
 void norm_async(const norm_items<float>& m, norm_step step, cudaStream_t s) { launch_items(norm_item<float>{m, step}, m.count(step), s); }
 void norm_async(const norm_items<double>& m, norm_step step, cudaStream_t s) { launch_items(norm_item<double>{m, step}, m.count(step), s); }
+void vocab_async(const vocab_items<float, std::int64_t>& m, vocab_step step, cudaStream_t s) {
+  launch_items(vocab_item<float>{m, step}, m.count(step), s);
+}
+void vocab_async(const vocab_items<double, std::int64_t>& m, vocab_step step, cudaStream_t s) {
+  launch_items(vocab_item<double>{m, step}, m.count(step), s);
+}
 void block_transpose_async(const block_transpose<float>& b, cudaStream_t s) { launch_items(b, b.size(), s); }
 void block_transpose_async(const block_transpose<double>& b, cudaStream_t s) { launch_items(b, b.size(), s); }
 

@@ -145,13 +145,15 @@ struct result {
 // parts summed in rank order), the stages, the output layer on p shards (statistics combined in
 // rank order; the input gradient by `algorithm`), the stages' backward and the embedding's.
 // With p = 1 it is the unsplit model.
-inline result reference(const model& md, int p, int algorithm, int m, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets) {
+// `make(s)` builds virtual stage s (host memory; `tanh_stage` unless told).
+template <class Make>
+result reference_with(const model& md, int p, int algorithm, int m, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets, Make make) {
   const std::size_t nh = md.n * md.h;
   const vec W = md.table(7), E = md.table(8);
-  std::vector<tanh_stage> st;
-  for (int s = 0; s < md.stages; ++s) st.push_back(md.make(s));
+  std::vector<decltype(make(0))> st;
+  for (int s = 0; s < md.stages; ++s) st.push_back(make(s));
   result r;
-  r.stage_grads.assign(static_cast<std::size_t>(md.stages), vec(st[0].grad.size(), 0.0));
+  r.stage_grads.assign(static_cast<std::size_t>(md.stages), vec(st[0].weight_grad().size(), 0.0));
   r.out_grad.assign(md.vocab * md.h, 0.0);
   r.in_grad.assign(md.vocab * md.h, 0.0);
   std::vector<loom::vocab_shard> sh;
@@ -204,7 +206,7 @@ inline result reference(const model& md, int p, int algorithm, int m, const std:
     else loom::vocab_output_layer<>::fused_input_gradient<double>(gp, yp, all, {global, md.n}, dl, dx);
     for (int s = md.stages - 1; s >= 0; --s) {
       const auto us = static_cast<std::size_t>(s);
-      vec ig(nh), wg(st[us].grad.size(), 0.0);
+      vec ig(nh), wg(st[us].weight_grad().size(), 0.0);
       st[us].backward({}, {ins[us], stashes[us], dx, ig, wg});
       for (std::size_t i = 0; i < wg.size(); ++i) r.stage_grads[us][i] += wg[i];
       dx = ig;
@@ -216,6 +218,46 @@ inline result reference(const model& md, int p, int algorithm, int m, const std:
   r.loss = total * dl;
   return r;
 }
+inline result reference(const model& md, int p, int algorithm, int m, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets) {
+  return reference_with(md, p, algorithm, m, ids, targets, [&](int s) { return md.make(s); });
+}
+
+// One virtual stage of one linear layer y = W x + b on [n][h] through loom's linear kernel `K`
+// (the device tests' model: loom::linear_kernel here, loom::cuda::linear_kernel on a device, the
+// same items, so the simulated device gives the same bits); `params` W [h][h] then b [h], as
+// tanh_stage's first layer. The backward keeps the output gradient in the stash for W (a zeroing
+// then an addition: exact).
+template <class K, class Params>
+struct linear_math {
+  static void forward(K k, std::size_t n, std::size_t h, Params p, loom::forward_buffers<double> f) {
+    k.forward(f.input, p.subspan(0, h * h), p.subspan(h * h, h), f.output, n, h, h);
+  }
+  static void backward_input(K k, std::size_t n, std::size_t h, Params p, loom::backward_buffers<double> f) {
+    k.set_bias(f.stash, std::span<const double>{}, n, h);
+    k.accumulate(f.stash, f.output_grad);
+    k.backward_input(f.output_grad, p.subspan(0, h * h), f.input_grad, n, h, h);
+  }
+  static void backward_weight(K k, std::size_t n, std::size_t h, std::span<const double> in, std::span<const double> dy, std::span<double> g) {
+    k.backward_weight(in, dy, g.subspan(0, h * h), g.subspan(h * h, h), n, h, h);
+  }
+};
+struct linear_stage {
+  using value_type = double;
+  using math = linear_math<loom::linear_kernel, std::span<const double>>;
+  std::size_t n = 0, h = 0;
+  vec params, grad;
+  std::size_t input_size() const { return n * h; }
+  std::size_t output_size() const { return n * h; }
+  std::size_t stash_size() const { return n * h; }
+  std::span<double> weight_grad() { return grad; }
+  void forward(const loom::stage_context&, loom::forward_buffers<double> f) const { math::forward({}, n, h, params, f); }
+  void backward_input(const loom::stage_context&, loom::backward_buffers<double> f) const { math::backward_input({}, n, h, params, f); }
+  void backward_weight(const loom::stage_context&, loom::weight_buffers<double> f) const { math::backward_weight({}, n, h, f.input, f.stash, f.weight_grad); }
+  void backward(const loom::stage_context& c, loom::backward_buffers<double> f) const {
+    backward_input(c, f);
+    math::backward_weight({}, n, h, f.input, f.stash, f.weight_grad);
+  }
+};
 
 // One rank's part of the model trained by loom::pipeline over `s` (vocabulary-parallel) on
 // communicator `c`: its shards' gradients and its stages' in a zeroed whole-model result (so the

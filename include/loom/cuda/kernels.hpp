@@ -15,6 +15,7 @@
 //! loops enqueued as simulated kernels. Element types: float and double.
 
 #include <cstddef>
+#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
@@ -22,6 +23,7 @@
 #include "loom/exec/moe_math.hpp"
 #include "loom/exec/pattern_math.hpp"
 #include "loom/exec/optimizer_math.hpp"
+#include "loom/exec/vocab_math.hpp"
 
 #if defined(LOOM_CUDA_SIM)
 #include "loom/cudasim/sim.hpp"
@@ -184,6 +186,14 @@ void norm_async(const norm_items<T>& m, norm_step step, cudaStream_t s) {
     for (std::size_t i = 0; i < n; ++i) m(step, i);
   });
 }
+//! One step of the vocabulary-parallel layers (`vocab_items` per item of `step`), on `s`.
+template <class T, class I>
+void vocab_async(const vocab_items<T, I>& m, vocab_step step, cudaStream_t s) {
+  cudasim::launch(s, "loom::cuda vocabulary layers", [m, step] {
+    const std::size_t n = m.count(step);
+    for (std::size_t i = 0; i < n; ++i) m(step, i);
+  });
+}
 //! A block transpose (`block_transpose` per element), on `s`.
 template <class T>
 void block_transpose_async(const block_transpose<T>& b, cudaStream_t s) {
@@ -275,6 +285,10 @@ void moe_async(const moe_items<double>& m, moe_step step, cudaStream_t s);
 void norm_async(const norm_items<float>& m, norm_step step, cudaStream_t s);
 //! One step of a layer norm on a member's feature block (`norm_items` per item of `step`), on `s`.
 void norm_async(const norm_items<double>& m, norm_step step, cudaStream_t s);
+//! One step of the vocabulary-parallel layers (`vocab_items` per item of `step`), on `s`.
+void vocab_async(const vocab_items<float, std::int64_t>& m, vocab_step step, cudaStream_t s);
+//! One step of the vocabulary-parallel layers (`vocab_items` per item of `step`), on `s`.
+void vocab_async(const vocab_items<double, std::int64_t>& m, vocab_step step, cudaStream_t s);
 //! A block transpose (`block_transpose` per element), on `s`.
 void block_transpose_async(const block_transpose<float>& b, cudaStream_t s);
 //! A block transpose (`block_transpose` per element), on `s`.

@@ -27,8 +27,11 @@
 //!   opens one from every position to every other, its partial outputs going to their owner).
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -39,6 +42,7 @@
 #include "loom/cuda/error.hpp"
 #include "loom/cuda/kernels.hpp"
 #include "loom/exec/sequence_parallel.hpp"
+#include "loom/exec/vocab_parallel.hpp"
 
 namespace loom::detail {
 
@@ -228,6 +232,99 @@ struct linear_kernel {
     const byte_access a[] = {reads(x), writes(acc)};
     region reg(stream, "loom linear accumulate", a);
     detail::add_async(acc.data(), x.data(), acc.size(), stream);
+  }
+};
+
+//! The vocabulary-parallel layers on a stream (`loom::vocab_layers<T, cuda::vocab_kernel>`,
+//! `loom/exec/vocab_parallel.hpp`): the output layer's products as `linear_kernel`'s, each step of
+//! `loom::vocab_items` as one of loom's kernels inside a region naming exactly what that step
+//! reads and writes, its buffers device memory. `loom::pipeline` sets `stream` to the rank's
+//! compute stream when it binds the layers. Token ids are `std::int64_t` on a GPU (the kernels
+//! are compiled for them); the same items in the same order as the host loops.
+struct vocab_kernel : linear_kernel {
+  //! The layers run on a device.
+  static constexpr bool on_device = true;
+  //! The layers' buffers: device memory.
+  template <class U>
+  using buffer = device_buffer<U>;
+
+  //! Every item of `step`.
+  template <class T, class I>
+  void run(const vocab_items<T, I>& m, vocab_step step) const {
+#if !defined(LOOM_CUDA_SIM)
+    static_assert(std::is_same_v<I, std::int64_t>, "loom::cuda::vocab_kernel: token ids are std::int64_t on a GPU");
+#endif
+    const std::size_t nh = m.n * m.h, logits = m.n * m.rows, st = 3 * m.n;
+    auto in = [](const auto* p, std::size_t c) { return reads(std::span(p, p == nullptr ? 0 : c)); };
+    auto out = [](T* p, std::size_t c) { return writes(std::span<T>(p, p == nullptr ? 0 : c)); };
+    switch (step) {
+      case vocab_step::embed: {
+        const byte_access acc[] = {in(m.ids, m.n), in(m.table, m.rows * m.h), out(m.out, nh)};
+        return enqueue(m, step, "loom vocabulary rows", acc);
+      }
+      case vocab_step::embed_grad: {
+        const byte_access acc[] = {in(m.ids, m.n), in(m.x, nh), out(m.out, m.rows * m.h)};
+        return enqueue(m, step, "loom vocabulary rows (gradient)", acc);
+      }
+      case vocab_step::statistics: {
+        const byte_access acc[] = {in(m.ids, m.n), out(m.e, logits), out(m.own, st)};
+        return enqueue(m, step, "loom vocabulary statistics", acc);
+      }
+      case vocab_step::combine: {
+        const byte_access acc[] = {in(m.stats, m.ranks * st), out(m.out, st)};
+        return enqueue(m, step, "loom vocabulary statistics (combine)", acc);
+      }
+      case vocab_step::logit_grad: {
+        const byte_access acc[] = {in(m.ids, m.n), in(m.own, st), in(m.global, st), out(m.e, logits)};
+        return enqueue(m, step, "loom vocabulary logits (gradient)", acc);
+      }
+      case vocab_step::scale_rows: {
+        const byte_access acc[] = {in(m.e, logits), in(m.own, st), out(m.out, logits)};
+        return enqueue(m, step, "loom vocabulary logits (scaled)", acc);
+      }
+      case vocab_step::fused_grad: {
+        const byte_access acc[] = {in(m.stats, m.ranks * st), in(m.global, st), in(m.parts, (m.ranks - 1) * m.stride + 2 * nh), out(m.out, nh)};
+        return enqueue(m, step, "loom vocabulary input gradient (fused)", acc);
+      }
+      case vocab_step::sum_parts: {
+        const byte_access acc[] = {in(m.parts, (m.ranks - 1) * m.stride + nh), out(m.out, nh)};
+        return enqueue(m, step, "loom vocabulary parts (sum)", acc);
+      }
+    }
+  }
+  //! Names the layers' buffer at `p` in the simulator's reports.
+  static void name(const void* p, const std::string& what) { name_memory(p, what); }
+  //! `x[i] = value` on the stream.
+  template <class T>
+  void fill(std::span<T> x, T value) const {
+    if (x.empty()) return;
+    const byte_access acc[] = {writes(x)};
+    region reg(stream, "loom vocabulary fill", acc);
+    detail::fill_async(x.data(), value, x.size(), stream);
+  }
+  //! Copies host `src` into device `dst` on the stream, before a step and outside any capture
+  //! (the step's kernels follow it in stream order; `src` must stay valid during the step). Never
+  //! the legacy default stream: another rank's thread may be capturing its step meanwhile.
+  template <class U>
+  void upload(std::span<U> dst, std::span<const U> src) const {
+    const byte_access acc[] = {writes(dst)};
+    region reg(stream, "loom vocabulary ids to the device", acc);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyHostToDevice, stream));
+  }
+  //! Copies device `src` into host `dst` on the stream and waits for it (after a step).
+  template <class U>
+  void download(std::span<U> dst, std::span<const U> src) const {
+    const byte_access acc[] = {reads(src)};
+    region reg(stream, "loom vocabulary statistics to the host", acc);
+    LOOM_CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+
+ private:
+  template <class T, class I>
+  void enqueue(const vocab_items<T, I>& m, vocab_step step, const char* label, std::span<const byte_access> accesses) const {
+    region reg(stream, label, accesses);
+    detail::vocab_async(m, step, stream);
   }
 };
 

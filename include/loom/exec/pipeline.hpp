@@ -327,6 +327,13 @@ class pipeline {
   //! True when actions enqueue on CUDA streams.
   static constexpr bool on_device = space_type::on_device;
 
+  static_assert([] {
+    if constexpr (has_vocab) return Vocab::on_device == on_device;
+    else return true;
+  }(),
+                "vocabulary layers must run where the pipeline does: loom::vocab_layers<T, loom::cuda::vocab_kernel> (loom/cuda/patterns.hpp) "
+                "on a device communicator, a host kernel (the default) on threads and MPI");
+
  private:
   [[no_unique_address]] detail::stage_cannot_run_schedule<detail::static_split_message<Sched, Stage>()> split_check_{};
 
@@ -380,6 +387,8 @@ class pipeline {
     try {
       if (!handshaken_) handshake();
       inputs = space_.stage_batch(inputs);  // graph mode: the batch goes to the buffer the graph reads
+      if constexpr (has_vocab)  // the token ids, checked (and copied to a device) outside any capture
+        if (vocab_ != nullptr) vocab_refusal_ = vocab_->load_batch();
       if (space_.replaying()) {
         timeline_.clear();  // a replay is one launch: no per-action timeline
         res.host_seconds = replay_step(inputs, t0);
@@ -394,13 +403,12 @@ class pipeline {
         res.host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         space_.end();
         space_.collect_losses(losses_);
-        if constexpr (has_vocab)  // the microbatch losses from the combined statistics, on the last stage's rank
-          if (vocab_ != nullptr && failed_rank_ < 0 && rank_ == sched_.rank_of(0, S_ - 1))
-            for (int mb = 0; mb < M_; ++mb) losses_[static_cast<std::size_t>(mb)] = vocab_->loss(mb);
         if constexpr (on_device) place_device_timeline();
         if constexpr (on_device)
           if (opt_.graph) save_held_slots();
       }
+      if constexpr (has_vocab)  // the microbatch losses from the combined statistics, on the last stage's rank
+        if (vocab_ != nullptr && failed_rank_ < 0 && rank_ == sched_.rank_of(0, S_ - 1)) vocab_->losses(losses_);
       res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if constexpr (on_device) res.busy_seconds = device_busy_seconds();
       else res.busy_seconds = busy_;
@@ -534,9 +542,6 @@ class pipeline {
         throw config_error("schedule " + generated.name +
                            " is vocabulary-parallel: build the pipeline with this rank's vocabulary layers (loom::vocab_layers, "
                            "docs/vocab.md)");
-      if (on_device)
-        throw config_error("schedule " + generated.name +
-                           " is vocabulary-parallel: its passes run on host backends (threads, MPI) so far, not on a device (docs/vocab.md)");
       if (opt_.observer != nullptr)
         throw config_error("schedule " + generated.name +
                            " is vocabulary-parallel: a step observer (data parallelism) is not supported over it yet, the vocabulary "
@@ -622,7 +627,10 @@ class pipeline {
       if (vocab_ != nullptr)
         vocab_->bind({.rank = rank_, .ranks = sched_.ranks, .microbatches = M_, .last = sched_.rank_of(0, S_ - 1), .first = sched_.rank_of(0, 0),
                       .algorithm = sched_.vocab, .scale = opt_.scaling == loss_scaling::mean ? 1.0 / M_ : 1.0,
-                      .last_output = max_out_last, .first_input = max_in_first});
+                      .last_output = max_out_last, .first_input = max_in_first, .stream = [&]() -> CUstream_st* {
+                        if constexpr (on_device) return space_.stream();
+                        else return nullptr;
+                      }()});
     const std::size_t loss_bufs = space_type::loss_buffers(static_cast<std::size_t>(M_), max_out_last);
     loss_stride_ = loss_bufs > 1 ? max_out_last : 0;
     loss_out_ = space_.allocate(loss_bufs * max_out_last, "loss terms");
@@ -810,7 +818,8 @@ class pipeline {
     }
     if constexpr (has_vocab)
       if (vocab_ != nullptr)
-        if (std::string why = vocab_->begin_step(); !why.empty()) fail(std::move(why));
+        vocab_->begin_step();
+    if (!vocab_refusal_.empty()) fail(vocab_refusal_);
     if (opt_.observer != nullptr) observe_begin();
   }
 
@@ -820,6 +829,7 @@ class pipeline {
     double host = 0;
     failure_.clear();
     failed_rank_ = -1;
+    if (!vocab_refusal_.empty()) fail(vocab_refusal_);
     if (inputs.size() != inputs_.size())
       fail("wrong buffer size: the batch has " + std::to_string(inputs.size()) + " elements but the captured step reads " +
            std::to_string(inputs_.size()));
@@ -1547,6 +1557,7 @@ class pipeline {
   std::vector<double> losses_;  // [M microbatch losses | P busy times | P wall times]
   int failed_rank_ = -1;
   std::string failure_;
+  std::string vocab_refusal_;  // why the vocabulary layers' batch cannot run this step (load_batch), or empty
   double busy_ = 0;
   std::vector<action_timing> timings_;  // measure mode (host): this step's stage calls; reserved in init
   std::vector<measured_action> timeline_;  // measure mode (host): this step's actions on the rank's clock

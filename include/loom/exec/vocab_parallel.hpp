@@ -41,6 +41,7 @@
 //! math is loom's own; the authors' implementation (`vocab_output.py` and `cross_entropy.py` in
 //! sail-sg/VocabularyParallelism at 6191c3bf) was read for the pass split, not copied.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -50,6 +51,8 @@
 
 #include "loom/exec/pattern_math.hpp"
 #include "loom/exec/tensor_parallel.hpp"
+#include "loom/exec/vocab_math.hpp"
+#include "loom/stage/stage.hpp"
 #include "loom/schedule/action.hpp"
 #include "loom/schedule/error.hpp"
 
@@ -103,6 +106,38 @@ void check_targets(std::span<const I> targets, std::size_t n, const char* what) 
                        std::to_string(n) + " tokens");
 }
 
+//! Runs every item of `step` with kernel `k`: its own `run` (a device kernel enqueues them), or a
+//! host loop.
+template <class K, class T, class I>
+void vocab_run(const K& k, const vocab_items<T, I>& m, vocab_step step) {
+  if constexpr (requires { k.run(m, step); }) k.run(m, step);
+  else
+    for (std::size_t i = 0, c = m.count(step); i < c; ++i) m(step, i);
+}
+
+//! True when kernel `K` declares `on_device = true`.
+template <class K>
+constexpr bool vocab_kernel_on_device() {
+  if constexpr (requires { K::on_device; }) return K::on_device;
+  else return false;
+}
+//! True when kernel `K` runs on a device (`loom::cuda::vocab_kernel`): the layers then keep their
+//! buffers in device memory (`K::buffer`) and the token ids are copied there each step.
+template <class K>
+inline constexpr bool vocab_on_device = vocab_kernel_on_device<K>();
+
+//! The owning buffer of `U` the layers use with kernel `K`: `K::buffer<U>` on a device, a vector on the host.
+template <class K, class U>
+struct vocab_store {
+  using type = std::vector<U>;  //!< host memory, zeroed
+};
+//! A device kernel's buffers.
+template <class K, class U>
+  requires vocab_on_device<K>
+struct vocab_store<K, U> {
+  using type = typename K::template buffer<U>;  //!< device memory
+};
+
 }  // namespace detail
 
 //! The vocabulary-parallel input layer on one shard (see the file comment).
@@ -113,30 +148,32 @@ struct vocab_input_layer {
   //! (`part` `[n][h]`, `table` `[rows][h]`).
   template <class T, class I>
   void forward(std::span<const I> ids, std::span<const T> table, std::span<T> part) const {
-    const std::size_t h = shard.hidden;
-    detail::check_targets(ids, part.size() / h, "the input layer");
-    for (std::size_t t = 0; t < ids.size(); ++t) {
-      const std::int64_t v = static_cast<std::int64_t>(ids[t]);
-      for (std::size_t i = 0; i < h; ++i)
-        part[t * h + i] = shard.holds(v) ? table[static_cast<std::size_t>(v - shard.first) * h + i] : T{};
-    }
+    detail::check_targets(ids, part.size() / shard.hidden, "the input layer");
+    detail::vocab_run(linear_kernel{}, items<T, I>(ids, {.table = table.data(), .out = part.data()}), vocab_step::embed);
   }
   //! `IB`: `grad[ids[t] - first] += d[t]` for the tokens the shard holds, in token order.
   template <class T, class I>
   void backward(std::span<const I> ids, std::span<const T> d, std::span<T> grad) const {
-    const std::size_t h = shard.hidden;
-    detail::check_targets(ids, d.size() / h, "the input layer's backward");
-    for (std::size_t t = 0; t < ids.size(); ++t) {
-      const std::int64_t v = static_cast<std::int64_t>(ids[t]);
-      if (!shard.holds(v)) continue;
-      for (std::size_t i = 0; i < h; ++i) grad[static_cast<std::size_t>(v - shard.first) * h + i] += d[t * h + i];
-    }
+    detail::check_targets(ids, d.size() / shard.hidden, "the input layer's backward");
+    detail::vocab_run(linear_kernel{}, items<T, I>(ids, {.x = d.data(), .out = grad.data()}), vocab_step::embed_grad);
+  }
+
+ private:
+  template <class T, class I>
+  vocab_items<T, I> items(std::span<const I> ids, vocab_items<T, I> m) const {
+    m.ids = ids.data();
+    m.n = ids.size();
+    m.h = shard.hidden;
+    m.rows = shard.rows;
+    m.first = shard.first;
+    return m;
   }
 };
 
 //! The vocabulary-parallel output layer with the cross-entropy loss on one shard (see the file
-//! comment). `Kernel` computes the three products (`linear_kernel`'s signatures); the per-token
-//! and per-logit work runs in host loops in a fixed order.
+//! comment). `Kernel` computes the three products (`linear_kernel`'s signatures) and, when it
+//! has a `run` (`loom::cuda::vocab_kernel`), the per-token and per-logit steps (`vocab_items`);
+//! otherwise they run in host loops. Either way the same items in the same order.
 template <class Kernel = linear_kernel>
 struct vocab_output_layer {
   vocab_shard shard;  //!< the rows this rank holds
@@ -153,20 +190,7 @@ struct vocab_output_layer {
     const std::size_t n = st.n, rows = shard.rows;
     detail::check_targets(targets, n, "the output layer");
     kernel.forward(x, w, std::span<const T>{}, e, n, shard.hidden, rows);
-    for (std::size_t t = 0; t < n; ++t) {
-      std::span<T> row = e.subspan(t * rows, rows);
-      T m = row[0];
-      for (std::size_t v = 1; v < rows; ++v) m = device_math::max(m, row[v]);
-      const std::int64_t y = static_cast<std::int64_t>(targets[t]);
-      st.z()[t] = shard.holds(y) ? row[static_cast<std::size_t>(y - shard.first)] : T{};
-      T s{};
-      for (std::size_t v = 0; v < rows; ++v) {
-        row[v] = device_math::exp(row[v] - m);
-        s += row[v];
-      }
-      st.m()[t] = m;
-      st.s()[t] = s;
-    }
+    detail::vocab_run(kernel, items<T, I>(targets, n, {.e = e.data(), .own = st.data.data()}), vocab_step::statistics);
   }
 
   //! Every rank's statistics (`all[r]`, rank order) into the global ones `out` (m: the maximum M,
@@ -205,15 +229,9 @@ struct vocab_output_layer {
                 std::type_identity_t<std::span<T>> gw, std::type_identity_t<std::span<T>> dx) const {
     const std::size_t n = global.n, rows = shard.rows;
     detail::check_targets(targets, n, "the output layer's backward");
-    for (std::size_t t = 0; t < n; ++t) {
-      const T scale = device_math::exp(own.m()[t] - global.m()[t]) / global.s()[t];
-      const std::int64_t y = static_cast<std::int64_t>(targets[t]);
-      for (std::size_t v = 0; v < rows; ++v) {
-        T p = e[t * rows + v] * scale;
-        if (shard.holds(y) && static_cast<std::size_t>(y - shard.first) == v) p -= T{1};
-        e[t * rows + v] = p * dl;
-      }
-    }
+    detail::vocab_run(kernel,
+                      items<T, I>(targets, n, {.global = global.data.data(), .e = e.data(), .own = const_cast<T*>(own.data.data()), .dl = dl}),
+                      vocab_step::logit_grad);
     const std::span<const T> g(e.data(), e.size());
     kernel.backward_weight(x, g, gw, std::span<T>{}, n, shard.hidden, rows);
     if (!dx.empty()) kernel.backward_input(g, w, dx, n, shard.hidden, rows);
@@ -226,13 +244,10 @@ struct vocab_output_layer {
                             std::type_identity_t<vocab_statistics<const T>> own, std::type_identity_t<std::span<T>> scratch,
                             std::type_identity_t<std::span<T>> gpart, std::type_identity_t<std::span<T>> ypart) const {
     const std::size_t n = own.n, rows = shard.rows, h = shard.hidden;
-    for (std::size_t t = 0; t < n; ++t)
-      for (std::size_t v = 0; v < rows; ++v) scratch[t * rows + v] = e[t * rows + v] / own.s()[t];
+    detail::vocab_run(kernel, items<T, I>(targets, n, {.e = const_cast<T*>(e.data()), .own = const_cast<T*>(own.data.data()), .out = scratch.data()}),
+                      vocab_step::scale_rows);
     kernel.backward_input(std::span<const T>(scratch.data(), scratch.size()), w, gpart, n, h, rows);
-    for (std::size_t t = 0; t < n; ++t) {
-      const std::int64_t y = static_cast<std::int64_t>(targets[t]);
-      for (std::size_t i = 0; i < h; ++i) ypart[t * h + i] = shard.holds(y) ? w[static_cast<std::size_t>(y - shard.first) * h + i] : T{};
-    }
+    detail::vocab_run(kernel, items<T, I>(targets, n, {.table = w.data(), .out = ypart.data()}), vocab_step::embed);
   }
 
   //! Algorithm 2's input gradient from every rank's parts and statistics (rank order):
@@ -263,6 +278,17 @@ struct vocab_output_layer {
       dx[k] = s;
     }
   }
+
+ private:
+  template <class T, class I>
+  vocab_items<T, I> items(std::span<const I> ids, std::size_t n, vocab_items<T, I> m) const {
+    m.ids = ids.data();
+    m.n = n;
+    m.h = shard.hidden;
+    m.rows = shard.rows;
+    m.first = shard.first;
+    return m;
+  }
 };
 
 //! Where a rank's vocabulary layers sit in a vocabulary-parallel pipeline: what `loom::pipeline`
@@ -277,6 +303,7 @@ struct vocab_binding {
   double scale = 1;         //!< the loss scale `dl` (1/m for a mean)
   std::size_t last_output = 0;  //!< elements of the last stage's output on L (0 elsewhere)
   std::size_t first_input = 0;  //!< elements of the first stage's input on F (0 elsewhere)
+  CUstream_st* stream = nullptr;  //!< device pipelines: the rank's compute stream, where the layers enqueue
 };
 
 //! One rank's vocabulary layers in a vocabulary-parallel pipeline (`1f1b-vocab-1`, `-2`,
@@ -298,21 +325,37 @@ struct vocab_binding {
 //! order), so the gradients are the same bits on every run and both algorithms agree with each
 //! other within rounding. The stages see an ordinary pipeline: the first stage's input is the
 //! embedding `[n][h]`, the last stage's output is the hidden state `[n][h]` (not loss terms).
+//!
+//! Backends. With a host `Kernel` (`linear_kernel`, the default) the layers run in host loops on
+//! threads and MPI. With `loom::cuda::vocab_kernel` (`loom/cuda/patterns.hpp`) they run on the
+//! device path (`cuda_local`, `nccl`, eager or replayed from a CUDA graph): the tables, the
+//! accumulators and every buffer are device memory, each step is one of loom's kernels enqueued
+//! on the pipeline's compute stream inside a region naming what it reads and writes (the
+//! simulator's race detector checks them against the messages' transfers), and the token ids are
+//! copied to the device before each step (`set_batch` still takes host ids). The items are the
+//! same (`vocab_items`), so host and simulated device give the same bits.
 //! Memory: the messages and the `S` stash are held per microbatch for the step
 //! (`m (p (3 n + 3 n h) + 3 n + 3 n h + n rows)` elements at most); the transformer stages' buffers
-//! follow the buffer plan as usual. Host loops around the kernel's products: threads and MPI.
+//! follow the buffer plan as usual.
 template <class T, class Kernel = linear_kernel, class Id = std::int64_t>
 class vocab_layers {
+  static constexpr bool device = detail::vocab_on_device<Kernel>;
+  template <class U>
+  using store = typename detail::vocab_store<Kernel, U>::type;
+
  public:
   using value_type = T;  //!< element type of the tables and messages
   using id_type = Id;    //!< token id type
+  //! True when the layers run on a device (`Kernel` is `loom::cuda::vocab_kernel`).
+  static constexpr bool on_device = device;
 
   //! The layers of one rank: `shard` (from `shard_of`), `tokens` n per microbatch, the shard's
   //! tables `[rows][h]` and their gradient accumulators (zeroed by the pipeline at each step's
-  //! start, then added to); `kernel` computes the output layer's products.
+  //! start, then added to; device memory with a device `Kernel`); `kernel` computes the output
+  //! layer's products (a device kernel gets the pipeline's stream in `bind`).
   vocab_layers(vocab_shard shard, std::size_t tokens, std::span<const T> output_table, std::span<const T> input_table,
                std::span<T> output_grad, std::span<T> input_grad, Kernel kernel = {})
-      : out_{shard, kernel}, in_{shard}, n_(tokens), w_(output_table), e_table_(input_table), gw_(output_grad), ge_(input_grad) {
+      : out_{shard, kernel}, n_(tokens), w_(output_table), e_table_(input_table), gw_(output_grad), ge_(input_grad) {
     const std::size_t want = shard.rows * shard.hidden;
     auto check = [&](std::size_t got, const char* what) {
       if (got != want)
@@ -326,8 +369,8 @@ class vocab_layers {
     check(input_grad.size(), "input table's gradient");
   }
 
-  //! The step's token ids and targets, `m n` each, microbatch-major; set before every step (the
-  //! spans must stay valid during it). Every rank passes the same.
+  //! The step's token ids and targets, `m n` each, microbatch-major, in host memory; set before
+  //! every step (the spans must stay valid during it). Every rank passes the same.
   void set_batch(std::span<const Id> ids, std::span<const Id> targets) {
     ids_ = ids;
     targets_ = targets;
@@ -336,8 +379,9 @@ class vocab_layers {
   const vocab_shard& shard() const { return out_.shard; }
   //! Tokens per microbatch.
   std::size_t tokens() const { return n_; }
-  //! The summed statistics of microbatch `mb` after the step (every rank holds them).
-  vocab_statistics<const T> global(int mb) const { return {std::span<const T>(global_).subspan(uz(mb) * 3 * n_, 3 * n_), n_}; }
+  //! The summed statistics of microbatch `mb` after the step (every rank holds them; device
+  //! memory with a device `Kernel`).
+  vocab_statistics<const T> global(int mb) const { return {std::span<const T>(global_.data(), global_.size()).subspan(uz(mb) * 3 * n_, 3 * n_), n_}; }
 
   // ---- what loom::pipeline calls --------------------------------------------------------------
 
@@ -356,26 +400,36 @@ class vocab_layers {
       throw config_error("vocabulary layers: the first stage takes " + std::to_string(b.first_input) + " elements per microbatch, but the embedding gives " +
                          std::to_string(n_) + " tokens x " + std::to_string(shard().hidden) + " = " + std::to_string(nh));
     b_ = b;
+    if constexpr (device) out_.kernel.stream = b.stream;
     const std::size_t M = uz(b.microbatches), P = uz(b.ranks), gw = b.algorithm == 2 ? 2 * nh : nh;
-    x_.assign(M * nh, T{});
-    stats_.assign(M * P * 3 * n_, T{});
-    global_.assign(M * 3 * n_, T{});
-    e_.assign(M * n_ * shard().rows, T{});
-    grad_.assign(M * P * gw, T{});
-    embed_.assign(M * P * nh, T{});
-    input_.assign(b.rank == b.first ? M * nh : 0, T{});
-    dembed_.assign(M * nh, T{});
-    dx_.assign(b.rank == b.last ? nh : 0, T{});
-    scratch_.assign(b.algorithm == 2 ? n_ * shard().rows : 0, T{});
+    x_ = store<T>(M * nh);
+    stats_ = store<T>(M * P * 3 * n_);
+    global_ = store<T>(M * 3 * n_);
+    e_ = store<T>(M * n_ * shard().rows);
+    grad_ = store<T>(M * P * gw);
+    embed_ = store<T>(M * P * nh);
+    input_ = store<T>(b.rank == b.first ? M * nh : 0);
+    dembed_ = store<T>(M * nh);
+    dx_ = store<T>(b.rank == b.last ? nh : 0);
+    scratch_ = store<T>(b.algorithm == 2 ? n_ * shard().rows : 0);
+    if constexpr (device) {
+      ids_dev_ = store<Id>(M * n_);
+      targets_dev_ = store<Id>(M * n_);
+      host_global_.assign(M * 3 * n_, T{});
+      const std::string r = "r" + std::to_string(b.rank) + " vocabulary ";
+      for (auto [p, what] : {std::pair<const void*, const char*>{x_.data(), "last stage's outputs (vx)"}, {stats_.data(), "statistics (vstat)"},
+                             {global_.data(), "combined statistics"}, {e_.data(), "logits (S stash)"}, {grad_.data(), "input gradient parts (vgrad)"},
+                             {embed_.data(), "embedding parts (vemb)"}, {input_.data(), "first stage's inputs"},
+                             {dembed_.data(), "first stage's input gradients (vdemb)"}, {dx_.data(), "output gradient"},
+                             {scratch_.data(), "scaled logits"}, {ids_dev_.data(), "token ids"}, {targets_dev_.data(), "targets"}})
+        if (p != nullptr) Kernel::name(p, r + what);
+    }
     combined_.assign(M, 0);
-    all_.resize(P);
-    parts_.reserve(2 * P);
   }
-  //! At a step's start: zeroes the accumulators; returns why the batch cannot run, or "".
-  std::string begin_step() {
-    std::fill(gw_.begin(), gw_.end(), T{});
-    std::fill(ge_.begin(), ge_.end(), T{});
-    std::fill(combined_.begin(), combined_.end(), 0);
+  //! Before each step, outside any CUDA graph capture: checks the batch set by `set_batch` and,
+  //! on a device, copies it to device memory (a blocking copy: the previous step has ended);
+  //! returns why the batch cannot run, or "" (the ids are then not copied).
+  std::string load_batch() {
     const std::size_t want = uz(b_.microbatches) * n_;
     if (ids_.size() != want || targets_.size() != want)
       return "vocabulary layers: the batch has " + std::to_string(ids_.size()) + " token ids and " + std::to_string(targets_.size()) +
@@ -387,112 +441,151 @@ class vocab_layers {
         if (static_cast<std::int64_t>(v) < 0 || static_cast<std::int64_t>(v) >= V)
           return "vocabulary layers: token " + std::to_string(i % n_) + " of microbatch " + std::to_string(i / n_) + " names id " +
                  std::to_string(static_cast<std::int64_t>(v)) + ", outside the vocabulary of " + std::to_string(V) + " ids";
+    if constexpr (device) {
+      out_.kernel.upload(std::span<Id>(ids_dev_.data(), want), ids_);
+      out_.kernel.upload(std::span<Id>(targets_dev_.data(), want), targets_);
+    }
     return {};
+  }
+  //! At a step's start (on a device: enqueued, inside the capture in graph mode): zeroes the
+  //! accumulators.
+  void begin_step() {
+    for (std::span<T> g : {gw_, ge_}) {
+      if constexpr (device) out_.kernel.fill(g, T{});
+      else std::fill(g.begin(), g.end(), T{});
+    }
+    std::fill(combined_.begin(), combined_.end(), 0);
   }
   //! The buffer of message `w` of microbatch `mb` sent by rank `from` (`lower`'s items): what a
   //! send reads and a receive writes.
   std::span<T> message(payload w, int mb, int from) {
     const std::size_t nh = n_ * shard().hidden, P = uz(b_.ranks), m = uz(mb), r = uz(from);
     switch (w) {
-      case payload::vocab_output: return std::span<T>(x_).subspan(m * nh, nh);
-      case payload::vocab_stats: return std::span<T>(stats_).subspan((m * P + r) * 3 * n_, 3 * n_);
-      case payload::vocab_grad: {
-        const std::size_t gw = b_.algorithm == 2 ? 2 * nh : nh;
-        return std::span<T>(grad_).subspan((m * P + r) * gw, gw);
-      }
-      case payload::vocab_embed: return std::span<T>(embed_).subspan((m * P + r) * nh, nh);
-      case payload::vocab_embed_grad: return std::span<T>(dembed_).subspan(m * nh, nh);
+      case payload::vocab_output: return span(x_).subspan(m * nh, nh);
+      case payload::vocab_stats: return span(stats_).subspan((m * P + r) * 3 * n_, 3 * n_);
+      case payload::vocab_grad: return span(grad_).subspan((m * P + r) * grad_width(), grad_width());
+      case payload::vocab_embed: return span(embed_).subspan((m * P + r) * nh, nh);
+      case payload::vocab_embed_grad: return span(dembed_).subspan(m * nh, nh);
       default: throw config_error("vocabulary layers: " + std::string(short_name(w)) + " is not a vocabulary message");
     }
   }
   //! `IF(mb)`: the shard's part of the embedding.
-  void forward_input(int mb) { in_.forward(tokens_of(ids_, mb), e_table_, message(payload::vocab_embed, mb, b_.rank)); }
+  void forward_input(int mb) {
+    run(items(ids_of(mb), {.table = e_table_.data(), .out = message(payload::vocab_embed, mb, b_.rank).data()}), vocab_step::embed);
+  }
   //! On the first stage's rank, before `F(0, mb)`: the p parts summed in rank order.
   void gather_input(int mb) {
-    std::span<T> in = first_input(mb);
-    std::fill(in.begin(), in.end(), T{});
-    for (int r = 0; r < b_.ranks; ++r) {
-      std::span<const T> part = message(payload::vocab_embed, mb, r);
-      for (std::size_t i = 0; i < in.size(); ++i) in[i] += part[i];
-    }
+    run(items(nullptr, {.parts = message(payload::vocab_embed, mb, 0).data(), .out = first_input(mb).data(), .ranks = uz(b_.ranks),
+                        .stride = n_ * shard().hidden}),
+        vocab_step::sum_parts);
   }
   //! The first stage's input of `mb` (after `gather_input`).
   std::span<T> first_input(int mb) {
     const std::size_t nh = n_ * shard().hidden;
-    return std::span<T>(input_).subspan(uz(mb) * nh, nh);
+    return span(input_).subspan(uz(mb) * nh, nh);
   }
   //! `S(mb)`: logits, exponentials and statistics of the shard; Algorithm 2 also the parts of the
   //! input gradient.
   void forward_output(int mb) {
-    std::span<T> own = message(payload::vocab_stats, mb, b_.rank);
-    std::span<const Id> y = tokens_of(targets_, mb);
-    std::span<T> e = stash(mb);
-    out_.forward(std::span<const T>(message(payload::vocab_output, mb, b_.last)), w_, y, e, vocab_statistics<T>{own, n_});
+    std::span<T> own = message(payload::vocab_stats, mb, b_.rank), e = stash(mb);
+    const std::size_t n = n_, h = shard().hidden, rows = shard().rows;
+    out_.kernel.forward(std::span<const T>(message(payload::vocab_output, mb, b_.last)), w_, std::span<const T>{}, e, n, h, rows);
+    run(items(targets_of(mb), {.e = e.data(), .own = own.data()}), vocab_step::statistics);
     if (b_.algorithm == 2) {
-      const std::size_t nh = n_ * shard().hidden;
-      std::span<T> parts = message(payload::vocab_grad, mb, b_.rank);
-      out_.input_gradient_parts(w_, y, std::span<const T>(e), vocab_statistics<const T>{own, n_}, scratch_, parts.subspan(0, nh), parts.subspan(nh, nh));
+      std::span<T> parts = message(payload::vocab_grad, mb, b_.rank), sc = span(scratch_);
+      run(items(targets_of(mb), {.e = e.data(), .own = own.data(), .out = sc.data()}), vocab_step::scale_rows);
+      out_.kernel.backward_input(std::span<const T>(sc), w_, parts.subspan(0, n * h), n, h, rows);
+      run(items(targets_of(mb), {.table = w_.data(), .out = parts.data() + n * h}), vocab_step::embed);
     }
   }
   //! `T(mb)`: the shard's weight gradient with the global statistics; Algorithm 1 also its part of
   //! the input gradient.
   void backward_output(int mb) {
     combine(mb);
-    std::span<T> dx = b_.algorithm == 1 ? message(payload::vocab_grad, mb, b_.rank) : std::span<T>{};
-    out_.backward(std::span<const T>(message(payload::vocab_output, mb, b_.last)), w_, tokens_of(targets_, mb), stash(mb),
-                  vocab_statistics<const T>{message(payload::vocab_stats, mb, b_.rank), n_}, global(mb), static_cast<T>(b_.scale), gw_, dx);
+    std::span<T> e = stash(mb);
+    const std::size_t n = n_, h = shard().hidden, rows = shard().rows;
+    run(items(targets_of(mb), {.global = global(mb).data.data(), .e = e.data(), .own = message(payload::vocab_stats, mb, b_.rank).data(),
+                               .dl = static_cast<T>(b_.scale)}),
+        vocab_step::logit_grad);
+    const std::span<const T> g(e), x(message(payload::vocab_output, mb, b_.last));
+    out_.kernel.backward_weight(x, g, gw_, std::span<T>{}, n, h, rows);
+    if (b_.algorithm == 1) out_.kernel.backward_input(g, w_, message(payload::vocab_grad, mb, b_.rank), n, h, rows);
   }
   //! On the last stage's rank, before its backward of `mb`: the gradient of the scaled loss with
   //! respect to the last stage's output (valid until the next call).
   std::span<const T> output_gradient(int mb) {
-    const std::size_t nh = n_ * shard().hidden, P = uz(b_.ranks);
-    std::vector<std::span<const T>>& parts = parts_;  // reserved in bind: no allocation here
-    parts.clear();
     if (b_.algorithm == 1) {
-      for (std::size_t r = 0; r < P; ++r) parts.push_back(message(payload::vocab_grad, mb, static_cast<int>(r)));
-      vocab_output_layer<Kernel>::template sum_input_gradient<T>(parts, dx_);
+      run(items(nullptr, {.parts = message(payload::vocab_grad, mb, 0).data(), .out = span(dx_).data(), .ranks = uz(b_.ranks), .stride = grad_width()}),
+          vocab_step::sum_parts);
     } else {
       combine(mb);
-      for (std::size_t r = 0; r < P; ++r) parts.push_back(message(payload::vocab_grad, mb, static_cast<int>(r)).subspan(0, nh));
-      for (std::size_t r = 0; r < P; ++r) parts.push_back(message(payload::vocab_grad, mb, static_cast<int>(r)).subspan(nh, nh));
-      vocab_output_layer<Kernel>::template fused_input_gradient<T>(std::span(parts).subspan(0, P), std::span(parts).subspan(P, P), statistics(mb),
-                                                                   global(mb), static_cast<T>(b_.scale), dx_);
+      run(items(nullptr, {.stats = message(payload::vocab_stats, mb, 0).data(), .global = global(mb).data.data(),
+                          .parts = message(payload::vocab_grad, mb, 0).data(), .out = span(dx_).data(), .ranks = uz(b_.ranks),
+                          .stride = grad_width(), .dl = static_cast<T>(b_.scale)}),
+          vocab_step::fused_grad);
     }
-    return dx_;
+    return span(dx_);
   }
   //! `IB(mb)`: the first stage's input gradient scattered into the shard's rows.
   void backward_input(int mb) {
-    in_.backward(tokens_of(ids_, mb), std::span<const T>(message(payload::vocab_embed_grad, mb, b_.first)), ge_);
+    run(items(ids_of(mb), {.x = message(payload::vocab_embed_grad, mb, b_.first).data(), .out = ge_.data()}), vocab_step::embed_grad);
   }
-  //! The loss of microbatch `mb` (after its statistics were combined on this rank).
-  double loss(int mb) const { return static_cast<double>(vocab_output_layer<Kernel>::loss(global(mb))); }
+  //! After a step on the last stage's rank: the loss of every microbatch into `losses` (on a
+  //! device, the combined statistics are copied to the host first: the step has ended).
+  void losses(std::span<double> losses) {
+    std::span<const T> g(global_.data(), global_.size());
+    if constexpr (device) {
+      out_.kernel.download(std::span<T>(host_global_), g);
+      g = host_global_;
+    }
+    for (std::size_t mb = 0; mb < losses.size() && mb < uz(b_.microbatches); ++mb)
+      losses[mb] = static_cast<double>(vocab_output_layer<Kernel>::loss(vocab_statistics<const T>{g.subspan(mb * 3 * n_, 3 * n_), n_}));
+  }
 
  private:
   static std::size_t uz(int v) { return static_cast<std::size_t>(v); }
-  std::span<const Id> tokens_of(std::span<const Id> all, int mb) const { return all.subspan(uz(mb) * n_, n_); }
-  std::span<T> stash(int mb) { return std::span<T>(e_).subspan(uz(mb) * n_ * shard().rows, n_ * shard().rows); }
-  std::span<const vocab_statistics<T>> statistics(int mb) {
-    for (int r = 0; r < b_.ranks; ++r) all_[uz(r)] = vocab_statistics<T>{message(payload::vocab_stats, mb, r), n_};
-    return all_;
+  template <class B>
+  static auto span(B& b) {
+    return std::span(b.data(), b.size());
   }
+  std::size_t grad_width() const { return b_.algorithm == 2 ? 2 * n_ * shard().hidden : n_ * shard().hidden; }
+  //! Token ids or targets of `mb` where the kernels read them (device memory on a device).
+  const Id* ids_of(int mb) const {
+    if constexpr (device) return ids_dev_.data() + uz(mb) * n_;
+    else return ids_.data() + uz(mb) * n_;
+  }
+  const Id* targets_of(int mb) const {
+    if constexpr (device) return targets_dev_.data() + uz(mb) * n_;
+    else return targets_.data() + uz(mb) * n_;
+  }
+  vocab_items<T, Id> items(const Id* ids, vocab_items<T, Id> m) const {
+    m.ids = ids;
+    m.n = n_;
+    m.h = shard().hidden;
+    m.rows = shard().rows;
+    m.first = shard().first;
+    return m;
+  }
+  void run(const vocab_items<T, Id>& m, vocab_step step) const { detail::vocab_run(out_.kernel, m, step); }
+  std::span<T> stash(int mb) { return span(e_).subspan(uz(mb) * n_ * shard().rows, n_ * shard().rows); }
   //! Every rank's statistics of `mb`, combined in rank order, once.
   void combine(int mb) {
     if (combined_[uz(mb)]) return;
-    vocab_output_layer<Kernel>::template combine<T>(statistics(mb), vocab_statistics<T>{std::span<T>(global_).subspan(uz(mb) * 3 * n_, 3 * n_), n_});
+    run(items(nullptr, {.stats = message(payload::vocab_stats, mb, 0).data(), .out = span(global_).data() + uz(mb) * 3 * n_, .ranks = uz(b_.ranks)}),
+        vocab_step::combine);
     combined_[uz(mb)] = 1;
   }
 
   vocab_output_layer<Kernel> out_;
-  vocab_input_layer in_;
   std::size_t n_ = 0;
   std::span<const T> w_, e_table_;
   std::span<T> gw_, ge_;
   std::span<const Id> ids_, targets_;
   vocab_binding b_{};
-  std::vector<T> x_, stats_, global_, e_, grad_, embed_, input_, dembed_, dx_, scratch_;
+  store<T> x_, stats_, global_, e_, grad_, embed_, input_, dembed_, dx_, scratch_;
+  store<Id> ids_dev_, targets_dev_;  // device: the batch's ids and targets (unused on the host)
+  std::vector<T> host_global_;       // device: the combined statistics copied back for the losses
   std::vector<char> combined_;
-  std::vector<vocab_statistics<T>> all_;
-  std::vector<std::span<const T>> parts_;
 };
 
 }  // namespace loom
