@@ -6,7 +6,9 @@
 // 1F1B), and where the published (dp, tp, pp) lands in each ranking. The ranking tables are
 // exactly what `loom plan --top 5` prints (tools/loom/plan_io.hpp formats both). Then a GPT 70B
 // shape (docs/plan/gpt-70b.model.json) on 64 GPUs with three vocabularies, planned without and
-// with vocabulary parallelism. Last, a mixture of experts of Switch-Large's layer shape
+// with vocabulary parallelism, and on the same GPUs with PCIe host links
+// (docs/plan/selene-64-host.cluster.json) without and with PipeOffload (`--offload`), with the
+// chosen layout at each number of offloaded chunks. Last, a mixture of experts of Switch-Large's layer shape
 // (docs/plan/switch-large-moe.model.json) on the same 64 GPUs: `loom plan`'s table, and the best
 // configuration for each expert-parallel degree ep. Then the GPT 70B shape again with 4 to 32
 // sequences per microbatch, where the tensor-parallel grids apply: the fastest configuration of
@@ -132,6 +134,41 @@ int main() {
     const loom::plan_report a = loom::plan(d, c.desc, without), b = loom::plan(d, c.desc, with);
     std::printf("| %lld | %s | %s | %+.1f%% |\n", vocab, cell(a.ranked.at(0)).c_str(), cell(b.ranked.at(0)).c_str(),
                 100 * (b.ranked.at(0).step_time / a.ranked.at(0).step_time - 1));
+  }
+  // Offload (PipeOffload): the same model on the same GPUs with PCIe links to host memory
+  // (docs/plan/selene-64-host.cluster.json), the four families above with selective recomputation,
+  // without and with --offload; then the layout offload picks with each number of offloaded chunks.
+  {
+    const auto ch = loom::plan_io::read_cluster(dir + "selene-64-host.cluster.json");
+    loom::plan_options oo = without;
+    oo.recompute = {loom::recompute_kind::selective};
+    const loom::plan_report plain = loom::plan(m.desc, ch.desc, oo);
+    oo.offload = true;
+    const loom::plan_report off = loom::plan(m.desc, ch.desc, oo);
+    std::printf("\n| search | best (dp, tp, pp) | step (s) | memory (GiB) |\n|:--|:--|---:|---:|\n");
+    std::printf("| without offload | %s |\n| with `--offload` | %s |\n", cell(plain.ranked.at(0)).c_str(), cell(off.ranked.at(0)).c_str());
+    std::printf("\n%s", loom::plan_io::table(off, 5).c_str());
+    loom::plan_config k = off.ranked.at(0).config;
+    const loom::schedule s = loom::default_registry().at(k.family).make(
+        {.ranks = static_cast<int>(k.pp), .microbatches = static_cast<int>(k.microbatches), .chunks = k.chunks, .group = k.group});
+    std::printf("\n| offloaded chunks | step (s) | pipeline (s) | activations (GiB) | memory (GiB) | fits in %.0f GiB |\n|---:|---:|---:|---:|---:|:--|\n",
+                ch.desc.usable_bytes() / (1024.0 * 1024 * 1024));
+    for (int n = 0; n <= k.chunks; ++n) {
+      k.offload_chunks = n;
+      loom::schedule with = s;
+      if (n > 0) {
+        const loom::offload_plan op = loom::detail::plan_offload_for(m.desc, ch.desc, k, s);
+        if (!op.ok) {
+          std::printf("| %d | refused: %s | | | | |\n", n, std::string(op.error.view()).c_str());
+          continue;
+        }
+        with = loom::with_offload(s, op);
+      }
+      const loom::plan_result r = loom::evaluate_plan(m.desc, ch.desc, k, with);
+      constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+      std::printf("| %d | %.2f | %.2f | %.1f | %.1f | %s |\n", n, r.step_time, r.pipeline_time, r.activation_bytes / gib, r.memory_bytes / gib,
+                  r.fits ? "yes" : "no");
+    }
   }
   // Mixture of experts: the ranking, and the fastest configuration of each ep (the search's
   // families narrowed to three, so that this program stays quick).

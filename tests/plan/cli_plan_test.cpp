@@ -146,10 +146,44 @@ TEST_CASE("loom plan --vocab-parallel adds the vocabulary-parallel families, and
   for (auto const& x : only.at("ranking")) CHECK(x.at("schedule") == "v-half-vocab-1");
 }
 
+TEST_CASE("loom plan --offload tries PipeOffload over the cluster's host link, and refuses a cluster without one") {
+  const std::string files = "plan --model " + tmp("m.json") + " --cluster " + tmp("c.json");
+  write(tmp("m.json"), model_text);
+  std::string c = cluster_text;
+  const std::string host = R"(, "host": {"alpha": 1e-5, "beta": 1e-11}})";
+  c.replace(c.rfind('}'), 1, host);
+  write(tmp("c.json"), c);
+  result r = run(files + " --offload --recompute selective --sp on --families 1f1b --json --top 1000");
+  REQUIRE(r.status == 0);
+  const auto doc = nlohmann::json::parse(r.out);
+  CHECK(doc.contains("refused_offload_plans"));
+  bool offloaded = false;
+  for (auto const& x : doc.at("ranking")) {
+    const std::string s = x.at("schedule");
+    CHECK((s == "1f1b" || s == "group-interleaved-1f1b"));
+    const int off = x.at("offload_chunks"), chunks = x.at("chunks");
+    CHECK(off <= chunks);
+    offloaded = offloaded || off > 0;
+  }
+  CHECK(offloaded);
+  r = run(files + " --offload --recompute selective --sp on --families 1f1b");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("offload plans refused") != std::string::npos);
+  CHECK(r.out.find("group-interleaved-1f1b g=") != std::string::npos);
+  // No host link: one line naming the field.
+  write(tmp("c.json"), cluster_text);
+  check_usage_error(run(files + " --offload"), "offload needs the cluster's link to host memory (field \"host\"");
+  // A bad host link: one line naming it.
+  c = cluster_text;
+  c.replace(c.rfind('}'), 1, R"(, "host": {"alpha": 1e-5}})");
+  write(tmp("c.json"), c);
+  check_usage_error(run(files), "field \"host.beta\"");
+}
+
 TEST_CASE("the example files in docs/plan read cleanly") {
   for (const char* m : {"gpt3-175b", "gpt-145b", "gpt-310b", "mt-nlg-530b", "gpt-1t", "gpt-70b", "switch-large-moe"})
     CHECK_NOTHROW(loom::plan_io::read_model(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + m + ".model.json"));
-  for (const char* c : {"selene-64", "selene-1024", "selene-1536", "selene-1920", "selene-2520", "selene-3072"})
+  for (const char* c : {"selene-64", "selene-64-host", "selene-1024", "selene-1536", "selene-1920", "selene-2520", "selene-3072"})
     CHECK_NOTHROW(loom::plan_io::read_cluster(std::string(LOOM_SOURCE_DIR) + "/docs/plan/" + c + ".cluster.json"));
 }
 

@@ -1,7 +1,7 @@
 // SPDX-FileCopyrightText: 2026 loom authors
 // SPDX-License-Identifier: Apache-2.0
 // `loom plan --model FILE --cluster FILE [--top N] [--json] [--families LIST] [--vocab-parallel]
-// [--recompute LIST] [--sp on|off|both]`: searches dp x tp x pp (and ep with experts), Megatron sequence parallelism, activation
+// [--offload] [--recompute LIST] [--sp on|off|both]`: searches dp x tp x pp (and ep with experts), Megatron sequence parallelism, activation
 // recomputation, schedule family and chunks for a GPT model on a GPU cluster (loom::plan), and
 // prints the fastest configurations that fit in memory as a markdown table (or one JSON object).
 // The files' format is in plan_io.hpp and docs/plan.md. While the search runs longer than a
@@ -28,6 +28,7 @@ struct plan_text {
   bool vocab_parallel = false;
   bool no_grids = false;
   bool context = false;
+  bool offload = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -88,6 +89,7 @@ void run_plan(const plan_text& t) {
   o.sp_off = t.sp != "on";
   o.grids = !t.no_grids;
   o.context = t.context;
+  o.offload = t.offload;
   const auto model = loom::plan_io::read_model(t.model);
   const auto cluster = loom::plan_io::read_cluster(t.cluster);
 
@@ -117,6 +119,7 @@ void run_plan(const plan_text& t) {
     j["layouts"] = rep.layouts;
     j["evaluated"] = rep.evaluated;
     j["over_memory"] = rep.over_memory;
+    if (t.offload) j["refused_offload_plans"] = rep.refused;
     j["fitting"] = rep.ranked.size();
     nlohmann::json arr = nlohmann::json::array();
     for (std::size_t i = 0; i < rep.ranked.size() && i < static_cast<std::size_t>(top); ++i)
@@ -131,8 +134,9 @@ void run_plan(const plan_text& t) {
               model.name.empty() ? t.model.c_str() : model.name.c_str(), cluster.name.empty() ? t.cluster.c_str() : cluster.name.c_str(),
               cluster.desc.gpus, cluster.desc.gpus_per_node, cluster.desc.memory_bytes / (1024.0 * 1024 * 1024), reserved.c_str(),
               cluster.desc.peak_flops / 1e12, cluster.desc.achievable_fraction);
-  std::printf("# %zu layouts, %zu configurations simulated, %zu over memory; the %zu fastest of %zu that fit:\n", rep.layouts,
-              rep.evaluated, rep.over_memory, std::min(rep.ranked.size(), static_cast<std::size_t>(top)), rep.ranked.size());
+  const std::string refused = t.offload ? ", " + std::to_string(rep.refused) + " offload plans refused" : std::string();
+  std::printf("# %zu layouts, %zu configurations simulated, %zu over memory%s; the %zu fastest of %zu that fit:\n", rep.layouts,
+              rep.evaluated, rep.over_memory, refused.c_str(), std::min(rep.ranked.size(), static_cast<std::size_t>(top)), rep.ranked.size());
   std::fputs(loom::plan_io::table(rep, static_cast<std::size_t>(top)).c_str(), stdout);
 }
 
@@ -154,6 +158,9 @@ loom::cli::register_command plan_cmd{{.name = "plan", .order = 70, .install = []
   sub->add_flag("--no-grids", t->no_grids,
                 "try Megatron's 1D tensor parallelism only (by default the search also tries the 2D, 2.5D and 3D grids of dense "
                 "models whose microbatch splits into whole sequences per grid member; docs/plan.md)");
+  sub->add_flag("--offload", t->offload,
+                "also try PipeOffload: group-interleaved-1f1b with every group size and the first 0..chunks chunks of every rank "
+                "offloaded to host memory over the cluster file's \"host\" link (docs/plan.md, docs/offload.md)");
   sub->add_flag("--context-parallel", t->context,
                 "also try context parallelism: the sequence over cp ranks, its attention by Ulysses, ring attention, USP or TokenRing, "
                 "and DSP for a spatial-temporal model (\"frames\" in the model file) (dense models on the 1D split; docs/plan.md)");

@@ -16,7 +16,8 @@
 //! `frames` (0: a sequence model; see `loom::model_desc::frames`). Cluster file: `gpus`, `gpus_per_node` (positive integers), `memory_gib`,
 //! `peak_flops`, `achievable_fraction` (numbers > 0), `intra` and `inter` (objects with `alpha`
 //! in seconds and `beta` in seconds per byte), optional `reserved_gib` (0: memory the model cannot
-//! use), `name`, `comment`. Unknown fields are errors.
+//! use), `host` (the same kind of object: each GPU's link to host memory, which `--offload` needs),
+//! `name`, `comment`. Unknown fields are errors.
 
 #include <cerrno>
 #include <cmath>
@@ -189,14 +190,20 @@ inline named<cluster_desc> read_cluster(const std::string& path) {
   if (c.achievable_fraction > 1) f.fail("achievable_fraction", "must be at most 1", j.at("achievable_fraction"));
   c.intra = f.link("intra");
   c.inter = f.link("inter");
+  if (j.contains("host")) c.host = f.link("host");  // optional: each GPU's link to host memory (offload)
+  else f.find("host");
   f.done();
   if (auto rule = loom::detail::check_cluster_desc(c); !rule.empty()) throw config_error("cluster file " + path + ": " + rule);
   return out;
 }
 
-//! The schedule column: the family, with the placement for a cost-aware family on V.
+//! The schedule column: the family, with the placement for a cost-aware family on V, and a
+//! grouped family's group size and offloaded chunks (`group-interleaved-1f1b g=4 offload 1`).
 inline std::string schedule_label(const plan_config& k) {
-  return k.family + (k.v_placement && k.family == "zb-auto" ? " (v)" : "");
+  std::string out = k.family + (k.v_placement && k.family == "zb-auto" ? " (v)" : "");
+  if (k.group > 0) out += " g=" + std::to_string(k.group);
+  if (k.offload_chunks > 0) out += " offload " + std::to_string(k.offload_chunks);
+  return out;
 }
 
 //! The tp column: the degree, and a grid's kind and shape (`16 (2d 4x4)`).
@@ -272,6 +279,8 @@ inline nlohmann::json to_json(const plan_result& r, std::size_t rank) {
           {"schedule", k.family},
           {"placement", k.v_placement ? "v" : "loop"},
           {"chunks", k.chunks},
+          {"group", k.group},
+          {"offload_chunks", k.offload_chunks},
           {"microbatches", k.microbatches},
           {"step_time", r.step_time},
           {"pipeline_time", r.pipeline_time},

@@ -63,6 +63,11 @@ struct cluster_desc {
   double achievable_fraction = 1;  //!< fraction of the peak that a transformer layer's kernels reach
   link_cost intra{};               //!< between GPUs of one node: alpha (s) + beta (s/byte) * bytes
   link_cost inter{};               //!< between GPUs of different nodes
+  //! Each GPU's link to host memory (PCIe, C2C), one copy per direction at a time: PipeOffload's
+  //! copies (`plan_options::offload`). All zero: not given, and `plan` does not offload.
+  link_cost host{};
+  //! True when the cluster gives a host link.
+  constexpr bool has_host_link() const { return host.alpha > 0 || host.beta > 0; }
   //! The memory a configuration may fill: `memory_bytes - reserved_bytes`.
   constexpr double usable_bytes() const { return memory_bytes - reserved_bytes; }
   friend constexpr bool operator==(const cluster_desc&, const cluster_desc&) = default;

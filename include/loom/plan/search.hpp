@@ -38,6 +38,17 @@
 //! embedding and the output layer over every pipeline rank (`plan_config::vocab`; the cost model's
 //! `vocab_s`, `vocab_t`, `vocab_e` and the tables' parameters on every rank; docs/plan.md).
 //!
+//! Activation offload (PipeOffload, Wan et al., ICML 2025; `loom/schedule/offload.hpp`): with
+//! `plan_options::offload` and a host link in the cluster (`cluster_desc::host`), the family
+//! `group-interleaved-1f1b` is tried with every group size g in ceil(pp/2)..pp (`plan_config::group`)
+//! and, on an even number of pipeline ranks, with the first 0..chunks chunks of every rank offloaded
+//! (`plan_config::offload_chunks`). The copies are planned by `plan_offload` on the average stage
+//! (one copy's time: a stage's activation over the host link, relative to the largest f + b + w of
+//! a stage) and become actions of the program (`with_offload`); the simulation times them on each
+//! rank's host link and frees their activations while they are away, so the predicted peak and the
+//! step time include both. A plan the authors' rules refuse (a copy back that cannot fit before its
+//! backward) is left out and counted in `plan_report::refused`.
+//!
 //! Mixture of experts (`model_desc::experts` > 0): the search adds the expert-parallel degree
 //! `ep` (a divisor of E; `plan_config::ep`), the world being `dp x ep x tp x pp` with loom's mesh
 //! semantics (docs/moe.md): ranks that differ in `ep` hold different experts and different tokens,
@@ -87,6 +98,7 @@
 #include "loom/mesh/grid_volume.hpp"
 #include "loom/plan/formulas.hpp"
 #include "loom/schedule/error.hpp"
+#include "loom/schedule/offload.hpp"
 #include "loom/schedule/registry.hpp"
 #include "loom/schedule/simulate.hpp"
 #include "loom/schedule/vocab.hpp"
@@ -136,6 +148,8 @@ struct plan_config {
   long long cp = 1;  //!< context-parallel degree: every microbatch's sequence split over `cp` ranks (see the file comment)
   context_kind cp_kind = context_kind::none;  //!< how the attention sees the whole sequence (`none` when cp = 1)
   long long cp_ulysses = 1;                   //!< Ulysses' degree inside cp (ulysses: cp; ring, tokenring: 1; usp: a divisor)
+  int group = 0;           //!< `group-interleaved-1f1b`: its microbatch group size g (0 for the other families)
+  int offload_chunks = 0;  //!< PipeOffload: the first chunks of every rank whose activations go to host memory (see the file comment)
   friend bool operator==(const plan_config&, const plan_config&) = default;
 };
 
@@ -172,6 +186,9 @@ struct plan_options {
   bool grids = true;
   //! Try context parallelism (a `cp` degree with each `context_kind`), dense models on the 1D split.
   bool context = false;
+  //! Try PipeOffload (see the file comment): `group-interleaved-1f1b` with every group size and
+  //! 0..chunks offloaded chunks; needs the cluster's host link (`cluster_desc::host`).
+  bool offload = false;
   int max_chunks = 8;  //!< largest interleaving degree tried
   //! Shapes with more than this many ranks x microbatches are not given to cost-aware
   //! auto-schedulers (zb-auto, zb-v), whose search grows faster than linearly; 0: no limit.
@@ -189,6 +206,7 @@ struct plan_report {
   long long cells = 0;              //!< forward passes (ranks x microbatches x chunks) of the configurations simulated
   bool moe = false;                 //!< the model has experts (the table shows ep, the all-to-all volume and the expert memory)
   bool context = false;             //!< the search tried context parallelism (the table shows cp and its kind)
+  std::size_t refused = 0;          //!< offload plans PipeOffload's rules refuse (left out)
 };
 
 namespace detail {
@@ -244,7 +262,7 @@ inline std::string check_cluster_desc(const cluster_desc& c) {
     return "field \"reserved_gib\" must be a number >= 0 and below \"memory_gib\" (got " + std::string(detail::real_text(c.reserved_bytes / (1024.0 * 1024 * 1024))) + " GiB)";
   if (c.achievable_fraction > 1) return "field \"achievable_fraction\" must be <= 1 (got " + detail::real_text(c.achievable_fraction) + ")";
   for (auto [f, v] : {std::pair<const char*, double>{"intra.alpha", c.intra.alpha}, {"intra.beta", c.intra.beta},
-                      {"inter.alpha", c.inter.alpha}, {"inter.beta", c.inter.beta}})
+                      {"inter.alpha", c.inter.alpha}, {"inter.beta", c.inter.beta}, {"host.alpha", c.host.alpha}, {"host.beta", c.host.beta}})
     if (!(std::isfinite(v) && v >= 0)) return "field \"" + std::string(f) + "\" must be a finite number >= 0 (got " + std::string(detail::real_text(v)) + ")";
   return {};
 }
@@ -540,13 +558,16 @@ struct plan_label {
   plan_layout layout;
   bool sp;
   int recompute;
+  int group, offload_chunks;  // variants of a layout, as sp and recompute: they trade time for memory
   auto operator<=>(const plan_label&) const = default;
 };
 inline plan_label label_of(const plan_config& k) {
   return {{k.dp, k.ep, k.tp, static_cast<int>(k.tp_grid), k.tp_depth, k.cp, static_cast<int>(k.cp_kind), k.cp_ulysses, k.pp, k.family, k.chunks,
            k.v_placement},
           k.sp,
-          static_cast<int>(k.recompute)};
+          static_cast<int>(k.recompute),
+          k.group,
+          k.offload_chunks};
 }
 }  // namespace detail
 
@@ -617,6 +638,7 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
     x.b = fl.b / rate + L * comm_b + q * (full ? 4 : 2) * a2a;
     x.w = fl.w / rate + L * comm_w;
     x.activation = act;
+    x.activation_bytes = act;  // what an offload copies over the host link
     x.message_bytes = pf::p2p_message_bytes(m, k.tp, split) / cpd;
     x.param_bytes = (detail::stage_params(m, st, S, k.vocab) / detail::weight_split(k) +
                      detail::stage_expert_params(m, st, S) / static_cast<double>(k.ep)) *
@@ -624,6 +646,7 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
   }
   out.intra = c.intra;
   out.inter = c.inter;
+  out.host = c.host;
   out.ranks_per_node = detail::pipeline_ranks_per_node(c, k);
   out.mem_w_ratio = detail::plan_mem_w_ratio(m, k.recompute);
   if (k.vocab != 0) {
@@ -645,6 +668,34 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
   }
   return out;
 }
+
+namespace detail {
+
+//! PipeOffload's plan for configuration `k` (`k.offload_chunks` > 0) over its schedule `s` (see the
+//! file comment): `plan_offload` on the average stage of `plan_cost_model` in units of its forward
+//! (the authors' times are rounded to hundredths of a unit), one copy's time the largest stage
+//! activation over the host link relative to the largest f + b + w of a stage.
+inline offload_plan plan_offload_for(const model_desc& m, const cluster_desc& c, const plan_config& k, const schedule& s) {
+  const cost_model cm = plan_cost_model(m, c, k);
+  const double P = static_cast<double>(k.pp);
+  costs u{.f = 0, .b = 0, .w = 0};
+  double largest = 0, copy = 0;
+  for (auto const& x : cm.stages) {
+    u.f += x.f / P;
+    u.b += x.b / P;
+    u.w += x.w / P;
+    largest = std::max(largest, x.f + x.b + x.w);
+    copy = std::max(copy, c.host.time(x.activation_bytes));
+  }
+  const double unit = u.f > 0 ? u.f : 1;
+  u.f /= unit;
+  u.b /= unit;
+  u.w /= unit;
+  u.mem_w_ratio = cm.mem_w_ratio;
+  return plan_offload(s, u, {.chunks = k.offload_chunks, .time = largest > 0 ? copy / largest : 0});
+}
+
+}  // namespace detail
 
 //! Predicts configuration `k` with the schedule `s` (generated for `pp` ranks, `microbatches`
 //! and `chunks`): simulates it under `plan_cost_model` and adds the data-parallel all-reduce and
@@ -720,8 +771,8 @@ inline constexpr long long max_search_cells = 1LL << 25;
 //! file comment). Layouts: `tp` divides `gpus_per_node`, `heads` and `hidden`; `pp` divides
 //! `layers`; `ep` divides `experts` (1 for a dense model); `dp = gpus / (tp x pp x ep)` is an
 //! integer and `dp x ep` divides `global_batch / micro_batch`.
-//! Within one (dp, tp, pp, family, chunks), a variant (sp, recompute) that is no faster and uses
-//! no less memory than one ranked before it is left out. Throws `config_error` for a model or
+//! Within one (dp, tp, pp, family, chunks), a variant (sp, recompute, group size, offloaded
+//! chunks) that is no faster and uses no less memory than one ranked before it is left out. Throws `config_error` for a model or
 //! cluster that breaks a rule (the message names the field).
 //! A template (called as `plan(m, c)`) so that only a translation unit that calls it instantiates
 //! the registry of every family it searches (docs/include-cost.md).
@@ -737,6 +788,13 @@ plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options&
       throw config_error("plan: '" + name +
                          "' is asynchronous (weight versions across steps, a different training rule); plan searches synchronous "
                          "training: compare asynchronous families with `loom best --steps T`");
+  if (o.offload && !c.has_host_link())
+    throw config_error("plan: offload needs the cluster's link to host memory (field \"host\": {\"alpha\": s, \"beta\": s/byte} of "
+                       "the cluster file), over which the activations are copied");
+  // The families tried: offload adds PipeOffload's group-interleaved 1F1B when it is not named.
+  std::vector<std::string> families = o.families;
+  if (o.offload && std::find(families.begin(), families.end(), "group-interleaved-1f1b") == families.end())
+    families.push_back("group-interleaved-1f1b");
   struct candidate {
     plan_config k;
     const family_entry* e;                   // a registry family, or
@@ -804,7 +862,7 @@ plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options&
             for (const auto& [ck, u] : contexts) {
             plan_config base{.dp = dp, .tp = tp, .pp = pp, .sp = sp, .recompute = rc, .microbatches = mb, .ep = ep,
                              .tp_grid = tc.kind, .tp_depth = tc.depth, .cp = cp, .cp_kind = ck, .cp_ulysses = u};
-            for (const std::string& name : o.families) {
+            for (const std::string& name : families) {
               if (const detail::plan_vocab_family* vf = detail::find_plan_vocab_family(name); vf != nullptr) {
                 if (grid || cp > 1) continue;  // the vocabulary-parallel layers are modelled over a 1D group, whole sequences
                 const shape sh{.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = vf->chunks};
@@ -829,7 +887,7 @@ plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options&
                 variants.push_back({2, true});
               } else if (e->default_chunks == 1) {
                 variants.push_back({1, false});
-              } else if (name == "interleaved-1f1b") {
+              } else if (name == "interleaved-1f1b" || e->grouped) {
                 for (int v = 2; v <= o.max_chunks; ++v) variants.push_back({v, false});
               } else {
                 variants.push_back({e->default_chunks, e->default_chunks == 2});
@@ -838,16 +896,29 @@ plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options&
                 if (per_rank % v != 0) continue;
                 if (pp == 1 && v > 1 && !vee) continue;  // interleaving needs a pipeline
                 if (e->cost_aware && o.max_auto_cells > 0 && pp * mb > o.max_auto_cells) continue;
-                if (!e->check({.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = v}).empty()) continue;
-                plan_config k = base;
-                k.family = name;
-                k.chunks = v;
-                k.v_placement = vee;
-                if (min_state > c.usable_bytes()) {
-                  ++rep.over_memory;
-                  continue;
+                // (group, offloaded chunks): a grouped family with every group size and, with
+                // offload on an even number of ranks, 0..v offloaded chunks; (0, 0) for the others.
+                std::vector<std::pair<int, int>> groups{{0, 0}};
+                if (e->grouped) {
+                  groups.clear();
+                  const int most = o.offload && pp % 2 == 0 ? v : 0;
+                  for (int g = static_cast<int>((pp + 1) / 2); g <= pp; ++g)
+                    for (int off = 0; off <= most; ++off) groups.push_back({g, off});
                 }
-                todo.push_back({k, e, nullptr});
+                for (auto [g, off] : groups) {
+                  if (!e->check({.ranks = static_cast<int>(pp), .microbatches = static_cast<int>(mb), .chunks = v, .group = g}).empty()) continue;
+                  plan_config k = base;
+                  k.family = name;
+                  k.chunks = v;
+                  k.v_placement = vee;
+                  k.group = g;
+                  k.offload_chunks = off;
+                  if (min_state > c.usable_bytes()) {
+                    ++rep.over_memory;
+                    continue;
+                  }
+                  todo.push_back({k, e, nullptr});
+                }
               }
             }
           }
@@ -868,12 +939,12 @@ plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options&
   }
   rep.cells = cells;
   // Schedules that do not depend on costs are generated once per shape.
-  std::map<std::tuple<std::string, long long, long long, int>, schedule> cache;
+  std::map<std::tuple<std::string, long long, long long, int, int>, schedule> cache;
   std::vector<plan_result> all;
   std::size_t done = 0;
   for (const candidate& cd : todo) {
     const plan_config& k = cd.k;
-    const shape sh{.ranks = static_cast<int>(k.pp), .microbatches = static_cast<int>(k.microbatches), .chunks = k.chunks};
+    const shape sh{.ranks = static_cast<int>(k.pp), .microbatches = static_cast<int>(k.microbatches), .chunks = k.chunks, .group = k.group};
     schedule s;
     if (cd.v != nullptr) {
       // The 1F1B variants place the output layer by the average stage's f and b + w.
@@ -936,10 +1007,19 @@ plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options&
         continue;
       }
     } else {
-      auto key = std::make_tuple(k.family, k.pp, k.microbatches, k.chunks);
+      auto key = std::make_tuple(k.family, k.pp, k.microbatches, k.chunks, k.group);
       auto it = cache.find(key);
       if (it == cache.end()) it = cache.emplace(key, cd.e->make(sh)).first;
       s = it->second;
+      if (k.offload_chunks > 0) {
+        const offload_plan op = detail::plan_offload_for(m, c, k, s);
+        if (!op.ok) {
+          ++rep.refused;
+          if (o.progress) o.progress(++done, todo.size());
+          continue;
+        }
+        s = with_offload(s, op);
+      }
     }
     plan_result r = evaluate_plan(m, c, k, s);
     ++rep.evaluated;
