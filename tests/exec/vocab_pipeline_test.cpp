@@ -8,6 +8,7 @@
 // messages; bad inputs are refused with one line.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -153,6 +154,45 @@ TEST_CASE("vocab pipeline: a static_schedule of a vocabulary-parallel family tra
   for (std::size_t k = 0; k < dynamic.stage_grads.size(); ++k)
     for (std::size_t i = 0; i < dynamic.stage_grads[k].size(); ++i)
       CHECK(parts[0].stage_grads[k][i] + parts[1].stage_grads[k][i] == dynamic.stage_grads[k][i]);
+}
+
+TEST_CASE("vocab pipeline: the S stash is held only from S to its T, in as many slots as the program keeps open") {
+  model md;
+  for (const auto& f : families)
+    for (int p : {2, 4}) {
+      const int m = 2 * p + 1;
+      const loom::schedule s = f.make(p, m);
+      md.stages = s.stages;
+      const vec W = md.table(7), E = md.table(8);
+      const auto ids = md.tokens(m, 41), targets = md.tokens(m, 42);
+      std::vector<std::size_t> slots(static_cast<std::size_t>(p));
+      std::vector<double> loss(static_cast<std::size_t>(p));
+      loom::run_threads(p, [&](loom::threads::comm& c) {
+        const auto sh = loom::shard_of(static_cast<std::int64_t>(md.vocab), p, c.rank(), md.h);
+        const std::size_t rh = sh.rows * md.h, at = static_cast<std::size_t>(c.rank()) * rh;
+        vec gw(rh), ge(rh);
+        loom::vocab_layers<double> layers(sh, md.n, std::span<const double>(W).subspan(at, rh), std::span<const double>(E).subspan(at, rh), gw, ge);
+        loom::pipeline<loom::schedule, tanh_stage, loom::threads::comm, loom::vocab_layers<double>> pipe(
+            s, c, [&](loom::stage_id id) { return md.make(id.stage); }, layers);
+        layers.set_batch(ids, targets);
+        for (int k = 0; k < 2; ++k) loss[static_cast<std::size_t>(c.rank())] = pipe.step({}).loss;
+        slots[static_cast<std::size_t>(c.rank())] = layers.stash_slots();
+      });
+      for (int r = 0; r < p; ++r) {
+        CAPTURE(f.name);
+        CAPTURE(p);
+        CAPTURE(r);
+        // The most S open before their T in the rank's program, counted here independently.
+        int open = 0, most = 0;
+        for (auto const& a : s.programs[static_cast<std::size_t>(r)]) {
+          open += a.kind == loom::op::S ? 1 : a.kind == loom::op::T ? -1 : 0;
+          most = std::max(most, open);
+        }
+        CHECK(slots[static_cast<std::size_t>(r)] == static_cast<std::size_t>(most));
+        CHECK(most < m);  // not one per microbatch
+        CHECK(std::isfinite(loss[static_cast<std::size_t>(r)]));
+      }
+    }
 }
 
 TEST_CASE("vocab pipeline: refusals, one line each") {

@@ -622,7 +622,12 @@ class pipeline {
       if (sl.id.stage == S_ - 1) max_out_last = std::max(max_out_last, l.out_size);
       if (sl.id.stage == 0) max_in_first = std::max(max_in_first, l.in_size);
     }
-    for (auto const& a : program_) sends += a.kind == op::send && is_vocab(a.what) ? 1 : 0;
+    int open_s = 0, stash_slots = 0;  // the most S stashes open at once on this rank (S opens, its T closes)
+    for (auto const& a : program_) {
+      sends += a.kind == op::send && is_vocab(a.what) ? 1 : 0;
+      open_s += a.kind == op::S ? 1 : a.kind == op::T ? -1 : 0;
+      stash_slots = std::max(stash_slots, open_s);
+    }
     if constexpr (has_vocab)
       if (vocab_ != nullptr)
         vocab_->bind({.rank = rank_, .ranks = sched_.ranks, .microbatches = M_, .last = sched_.rank_of(0, S_ - 1), .first = sched_.rank_of(0, 0),
@@ -630,7 +635,7 @@ class pipeline {
                       .last_output = max_out_last, .first_input = max_in_first, .stream = [&]() -> CUstream_st* {
                         if constexpr (on_device) return space_.stream();
                         else return nullptr;
-                      }()});
+                      }(), .stash_slots = stash_slots});
     const std::size_t loss_bufs = space_type::loss_buffers(static_cast<std::size_t>(M_), max_out_last);
     loss_stride_ = loss_bufs > 1 ? max_out_last : 0;
     loss_out_ = space_.allocate(loss_bufs * max_out_last, "loss terms");

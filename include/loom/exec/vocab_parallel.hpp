@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -304,6 +305,9 @@ struct vocab_binding {
   std::size_t last_output = 0;  //!< elements of the last stage's output on L (0 elsewhere)
   std::size_t first_input = 0;  //!< elements of the first stage's input on F (0 elsewhere)
   CUstream_st* stream = nullptr;  //!< device pipelines: the rank's compute stream, where the layers enqueue
+  //! The most `S` stashes live at once on this rank (an `S` opens one, its `T` closes it; the
+  //! pipeline counts them in the rank's program); 0: one per microbatch.
+  int stash_slots = 0;
 };
 
 //! One rank's vocabulary layers in a vocabulary-parallel pipeline (`1f1b-vocab-1`, `-2`,
@@ -334,9 +338,10 @@ struct vocab_binding {
 //! simulator's race detector checks them against the messages' transfers), and the token ids are
 //! copied to the device before each step (`set_batch` still takes host ids). The items are the
 //! same (`vocab_items`), so host and simulated device give the same bits.
-//! Memory: the messages and the `S` stash are held per microbatch for the step
-//! (`m (p (3 n + 3 n h) + 3 n + 3 n h + n rows)` elements at most); the transformer stages' buffers
-//! follow the buffer plan as usual.
+//! Memory: the messages are held per microbatch for the step (`m (p (3 n + 3 n h) + 3 n + 3 n h)`
+//! elements at most); the `S` stash (`n rows` elements, the largest) only from `S` to its `T`, in
+//! as many slots as the program keeps open at once (`vocab_binding::stash_slots`; one for the
+//! four families at every p and m tried, as the paper's memory model says); the transformer stages' buffers follow the buffer plan as usual.
 template <class T, class Kernel = linear_kernel, class Id = std::int64_t>
 class vocab_layers {
   static constexpr bool device = detail::vocab_on_device<Kernel>;
@@ -405,7 +410,11 @@ class vocab_layers {
     x_ = store<T>(M * nh);
     stats_ = store<T>(M * P * 3 * n_);
     global_ = store<T>(M * 3 * n_);
-    e_ = store<T>(M * n_ * shard().rows);
+    const std::size_t slots = b.stash_slots > 0 ? std::min(M, uz(b.stash_slots)) : M;
+    e_ = store<T>(slots * n_ * shard().rows);
+    free_slots_.clear();
+    for (std::size_t k = slots; k-- > 0;) free_slots_.push_back(static_cast<int>(k));
+    slot_of_.assign(M, -1);
     grad_ = store<T>(M * P * gw);
     embed_ = store<T>(M * P * nh);
     input_ = store<T>(b.rank == b.first ? M * nh : 0);
@@ -455,7 +464,15 @@ class vocab_layers {
       else std::fill(g.begin(), g.end(), T{});
     }
     std::fill(combined_.begin(), combined_.end(), 0);
+    for (int& k : slot_of_)  // a failed step may have left stashes open
+      if (k >= 0) {
+        free_slots_.push_back(k);
+        k = -1;
+      }
+    std::sort(free_slots_.begin(), free_slots_.end(), std::greater<>());  // slot 0 first, every step the same
   }
+  //! `S` stashes the layers hold (each `n rows` elements): the most live at once on this rank.
+  std::size_t stash_slots() const { return e_.size() / (n_ * shard().rows); }
   //! The buffer of message `w` of microbatch `mb` sent by rank `from` (`lower`'s items): what a
   //! send reads and a receive writes.
   std::span<T> message(payload w, int mb, int from) {
@@ -487,6 +504,11 @@ class vocab_layers {
   //! `S(mb)`: logits, exponentials and statistics of the shard; Algorithm 2 also the parts of the
   //! input gradient.
   void forward_output(int mb) {
+    if (free_slots_.empty())
+      throw config_error("vocabulary layers: S of microbatch " + std::to_string(mb) + " finds its " + std::to_string(stash_slots()) +
+                         " stash slots taken (the program opens more S before their T than bind was told)");
+    slot_of_[uz(mb)] = free_slots_.back();
+    free_slots_.pop_back();
     std::span<T> own = message(payload::vocab_stats, mb, b_.rank), e = stash(mb);
     const std::size_t n = n_, h = shard().hidden, rows = shard().rows;
     out_.kernel.forward(std::span<const T>(message(payload::vocab_output, mb, b_.last)), w_, std::span<const T>{}, e, n, h, rows);
@@ -510,6 +532,9 @@ class vocab_layers {
     const std::span<const T> g(e), x(message(payload::vocab_output, mb, b_.last));
     out_.kernel.backward_weight(x, g, gw_, std::span<T>{}, n, h, rows);
     if (b_.algorithm == 1) out_.kernel.backward_input(g, w_, message(payload::vocab_grad, mb, b_.rank), n, h, rows);
+    // The stash is free for a later S: on a device its kernels follow these in stream order.
+    free_slots_.push_back(slot_of_[uz(mb)]);
+    slot_of_[uz(mb)] = -1;
   }
   //! On the last stage's rank, before its backward of `mb`: the gradient of the scaled loss with
   //! respect to the last stage's output (valid until the next call).
@@ -567,7 +592,12 @@ class vocab_layers {
     return m;
   }
   void run(const vocab_items<T, Id>& m, vocab_step step) const { detail::vocab_run(out_.kernel, m, step); }
-  std::span<T> stash(int mb) { return span(e_).subspan(uz(mb) * n_ * shard().rows, n_ * shard().rows); }
+  //! The stash slot `S(mb)` took (`forward_output`), until `T(mb)` frees it.
+  std::span<T> stash(int mb) {
+    const int k = slot_of_[uz(mb)];
+    if (k < 0) throw config_error("vocabulary layers: T of microbatch " + std::to_string(mb) + " before its S (no stash)");
+    return span(e_).subspan(uz(k) * n_ * shard().rows, n_ * shard().rows);
+  }
   //! Every rank's statistics of `mb`, combined in rank order, once.
   void combine(int mb) {
     if (combined_[uz(mb)]) return;
@@ -586,6 +616,8 @@ class vocab_layers {
   store<Id> ids_dev_, targets_dev_;  // device: the batch's ids and targets (unused on the host)
   std::vector<T> host_global_;       // device: the combined statistics copied back for the losses
   std::vector<char> combined_;
+  std::vector<int> free_slots_;  // stash slots no S holds, the next to take last
+  std::vector<int> slot_of_;     // per microbatch: the stash slot its S took, or -1
 };
 
 }  // namespace loom
