@@ -352,3 +352,15 @@ TEST_CASE("vocab: in V-Half the loss is on rank 0, so every rank's S waits for r
   }
   CHECK(at(0, loom::op::B, 5, 7).start >= s_done + k.c);  // the last stage's input backward: barrier 1 (Vocab-2)
 }
+
+TEST_CASE("vocab: shapes whose lowered program would exceed loom::max_actions are refused (the layers' messages grow with p^2)") {
+  // Found by tests/fuzz (corpus entry found-vocab-lowered-actions-over-limit).
+  const loom::text big = loom::check(loom::one_f_one_b_vocab_1{}, {.ranks = 256, .microbatches = 258});
+  CHECK(std::string(big.view()).find("loom::max_actions") != std::string::npos);
+  CHECK_FALSE(loom::check(loom::v_half_vocab_2{}, {.ranks = 256, .microbatches = 258, .chunks = 2}).empty());
+  // Just inside the bound: accepted, and its lowered program keeps it.
+  const loom::shape ok{.ranks = 64, .microbatches = 791};
+  REQUIRE(loom::check(loom::one_f_one_b_vocab_1{}, ok).empty());
+  CHECK_FALSE(loom::check(loom::one_f_one_b_vocab_1{}, {.ranks = 64, .microbatches = 792}).empty());
+  CHECK(static_cast<long long>(loom::lower(loom::generate(loom::one_f_one_b_vocab_1{}, ok)).size()) <= loom::max_actions);
+}

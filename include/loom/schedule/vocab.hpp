@@ -100,6 +100,19 @@ constexpr vocab_placement place_vocab(int p, double f, double b) {
   return v;
 }
 
+//! The lowered program's bound: per microbatch at most 7 actions per virtual stage (3 compute, 4
+//! transfers), the 4 passes on every rank and the layers' messages (each sent and received),
+//! 4 (p - 1) + p (p - 1) of them, which grow with p^2; over `m` microbatches it must stay within
+//! `loom::max_actions` (the bound every lowered schedule keeps; found by tests/fuzz).
+constexpr text check_vocab_actions(std::string_view name, shape s) {
+  const long long p = s.ranks, per_mb = 7 * p * s.chunks + 4 * p + 2 * (p - 1) * (p + 4);
+  if (per_mb * s.microbatches > max_actions)
+    return text(name) + " needs microbatches x (7 ranks chunks + 4 ranks + 2 (ranks - 1)(ranks + 4)) <= " + to_text(max_actions) +
+           " (its lowered program, whose layer messages grow with ranks^2 per microbatch, must stay within loom::max_actions; got " +
+           to_text(per_mb * s.microbatches) + ")";
+  return {};
+}
+
 //! The shape rule of `1f1b-vocab-<variant>`.
 constexpr text check_vocab_1f1b(std::string_view name, int variant, shape s) {
   if (text r = check_basic(name, s, 1); !r.empty()) return r;
@@ -108,7 +121,7 @@ constexpr text check_vocab_1f1b(std::string_view name, int variant, shape s) {
   if (s.microbatches < least)
     return text(name) + " needs microbatches >= ranks + " + to_text(least - s.ranks) + " = " + to_text(least) +
            " (its warm-up runs that many input-layer passes; got microbatches=" + to_text(s.microbatches) + ")";
-  return {};  // loom's size limits: `check` adds them
+  return check_vocab_actions(name, s);  // loom's size limits: `check` adds them
 }
 
 //! 1F1B with vocabulary parallelism, Algorithm `variant` (1 or 2), under costs `k` (see the file
@@ -207,7 +220,7 @@ constexpr text check_vocab_v_half(std::string_view name, int variant, shape s) {
            (variant == 1 ? text(" = max(3, ranks/2 + 1)") : text("")) +
            " (with fewer, the authors' rule times the last microbatch's " + text(variant == 1 ? "T" : "S") +
            " passes after rank 0's last-stage backward, which waits for them; got microbatches=" + to_text(s.microbatches) + ")";
-  return {};
+  return check_vocab_actions(name, s);
 }
 
 //! V-Half with vocabulary parallelism, Algorithm `variant` (see `v_half_vocab`): the rule of the
