@@ -66,6 +66,16 @@ struct vocab_shard {
   std::size_t hidden = 0;   //!< h, the width of a row
   //! True when the shard holds id `v`.
   constexpr bool holds(std::int64_t v) const { return v >= first && v < first + static_cast<std::int64_t>(rows); }
+  //! `m` over this shard: `n` tokens with ids (or targets) `ids`, the shard's width, rows and first id.
+  template <class T, class I>
+  constexpr vocab_items<T, I> items(const I* ids, std::size_t n, vocab_items<T, I> m) const {
+    m.ids = ids;
+    m.n = n;
+    m.h = hidden;
+    m.rows = rows;
+    m.first = first;
+    return m;
+  }
 };
 
 //! The shard of rank `r` of `p` over a padded vocabulary of `padded` ids (`split_vocabulary`'s
@@ -150,24 +160,13 @@ struct vocab_input_layer {
   template <class T, class I>
   void forward(std::span<const I> ids, std::span<const T> table, std::span<T> part) const {
     detail::check_targets(ids, part.size() / shard.hidden, "the input layer");
-    detail::vocab_run(linear_kernel{}, items<T, I>(ids, {.table = table.data(), .out = part.data()}), vocab_step::embed);
+    detail::vocab_run(linear_kernel{}, shard.items<T, I>(ids.data(), ids.size(), {.table = table.data(), .out = part.data()}), vocab_step::embed);
   }
   //! `IB`: `grad[ids[t] - first] += d[t]` for the tokens the shard holds, in token order.
   template <class T, class I>
   void backward(std::span<const I> ids, std::span<const T> d, std::span<T> grad) const {
     detail::check_targets(ids, d.size() / shard.hidden, "the input layer's backward");
-    detail::vocab_run(linear_kernel{}, items<T, I>(ids, {.x = d.data(), .out = grad.data()}), vocab_step::embed_grad);
-  }
-
- private:
-  template <class T, class I>
-  vocab_items<T, I> items(std::span<const I> ids, vocab_items<T, I> m) const {
-    m.ids = ids.data();
-    m.n = ids.size();
-    m.h = shard.hidden;
-    m.rows = shard.rows;
-    m.first = shard.first;
-    return m;
+    detail::vocab_run(linear_kernel{}, shard.items<T, I>(ids.data(), ids.size(), {.x = d.data(), .out = grad.data()}), vocab_step::embed_grad);
   }
 };
 
@@ -191,7 +190,7 @@ struct vocab_output_layer {
     const std::size_t n = st.n, rows = shard.rows;
     detail::check_targets(targets, n, "the output layer");
     kernel.forward(x, w, std::span<const T>{}, e, n, shard.hidden, rows);
-    detail::vocab_run(kernel, items<T, I>(targets, n, {.e = e.data(), .own = st.data.data()}), vocab_step::statistics);
+    detail::vocab_run(kernel, shard.items<T, I>(targets.data(), n, {.e = e.data(), .own = st.data.data()}), vocab_step::statistics);
   }
 
   //! Every rank's statistics (`all[r]`, rank order) into the global ones `out` (m: the maximum M,
@@ -231,7 +230,7 @@ struct vocab_output_layer {
     const std::size_t n = global.n, rows = shard.rows;
     detail::check_targets(targets, n, "the output layer's backward");
     detail::vocab_run(kernel,
-                      items<T, I>(targets, n, {.global = global.data.data(), .e = e.data(), .own = const_cast<T*>(own.data.data()), .dl = dl}),
+                      shard.items<T, I>(targets.data(), n, {.global = global.data.data(), .e = e.data(), .own = const_cast<T*>(own.data.data()), .dl = dl}),
                       vocab_step::logit_grad);
     const std::span<const T> g(e.data(), e.size());
     kernel.backward_weight(x, g, gw, std::span<T>{}, n, shard.hidden, rows);
@@ -245,10 +244,10 @@ struct vocab_output_layer {
                             std::type_identity_t<vocab_statistics<const T>> own, std::type_identity_t<std::span<T>> scratch,
                             std::type_identity_t<std::span<T>> gpart, std::type_identity_t<std::span<T>> ypart) const {
     const std::size_t n = own.n, rows = shard.rows, h = shard.hidden;
-    detail::vocab_run(kernel, items<T, I>(targets, n, {.e = const_cast<T*>(e.data()), .own = const_cast<T*>(own.data.data()), .out = scratch.data()}),
+    detail::vocab_run(kernel, shard.items<T, I>(targets.data(), n, {.e = const_cast<T*>(e.data()), .own = const_cast<T*>(own.data.data()), .out = scratch.data()}),
                       vocab_step::scale_rows);
     kernel.backward_input(std::span<const T>(scratch.data(), scratch.size()), w, gpart, n, h, rows);
-    detail::vocab_run(kernel, items<T, I>(targets, n, {.table = w.data(), .out = ypart.data()}), vocab_step::embed);
+    detail::vocab_run(kernel, shard.items<T, I>(targets.data(), n, {.table = w.data(), .out = ypart.data()}), vocab_step::embed);
   }
 
   //! Algorithm 2's input gradient from every rank's parts and statistics (rank order):
@@ -278,17 +277,6 @@ struct vocab_output_layer {
       for (auto const& p : parts) s += p[k];
       dx[k] = s;
     }
-  }
-
- private:
-  template <class T, class I>
-  vocab_items<T, I> items(std::span<const I> ids, std::size_t n, vocab_items<T, I> m) const {
-    m.ids = ids.data();
-    m.n = n;
-    m.h = shard.hidden;
-    m.rows = shard.rows;
-    m.first = shard.first;
-    return m;
   }
 };
 
@@ -583,14 +571,7 @@ class vocab_layers {
     if constexpr (device) return targets_dev_.data() + uz(mb) * n_;
     else return targets_.data() + uz(mb) * n_;
   }
-  vocab_items<T, Id> items(const Id* ids, vocab_items<T, Id> m) const {
-    m.ids = ids;
-    m.n = n_;
-    m.h = shard().hidden;
-    m.rows = shard().rows;
-    m.first = shard().first;
-    return m;
-  }
+  vocab_items<T, Id> items(const Id* ids, vocab_items<T, Id> m) const { return shard().items(ids, n_, m); }
   void run(const vocab_items<T, Id>& m, vocab_step step) const { detail::vocab_run(out_.kernel, m, step); }
   //! The stash slot `S(mb)` took (`forward_output`), until `T(mb)` frees it.
   std::span<T> stash(int mb) {

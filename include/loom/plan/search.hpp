@@ -671,19 +671,26 @@ inline cost_model plan_cost_model(const model_desc& m, const cluster_desc& c, co
 
 namespace detail {
 
+//! The average stage of `cm` over `P` pipeline ranks, as uniform costs (a rank share's f, b, w).
+inline costs average_costs(const cost_model& cm, double P) {
+  costs u{.f = 0, .b = 0, .w = 0};
+  for (auto const& x : cm.stages) {
+    u.f += x.f / P;
+    u.b += x.b / P;
+    u.w += x.w / P;
+  }
+  return u;
+}
+
 //! PipeOffload's plan for configuration `k` (`k.offload_chunks` > 0) over its schedule `s` (see the
 //! file comment): `plan_offload` on the average stage of `plan_cost_model` in units of its forward
 //! (the authors' times are rounded to hundredths of a unit), one copy's time the largest stage
 //! activation over the host link relative to the largest f + b + w of a stage.
 inline offload_plan plan_offload_for(const model_desc& m, const cluster_desc& c, const plan_config& k, const schedule& s) {
   const cost_model cm = plan_cost_model(m, c, k);
-  const double P = static_cast<double>(k.pp);
-  costs u{.f = 0, .b = 0, .w = 0};
+  costs u = average_costs(cm, static_cast<double>(k.pp));
   double largest = 0, copy = 0;
   for (auto const& x : cm.stages) {
-    u.f += x.f / P;
-    u.b += x.b / P;
-    u.w += x.w / P;
     largest = std::max(largest, x.f + x.b + x.w);
     copy = std::max(copy, c.host.time(x.activation_bytes));
   }
@@ -948,14 +955,7 @@ plan_report plan(const model_desc& m, const cluster_desc& c, const plan_options&
     schedule s;
     if (cd.v != nullptr) {
       // The 1F1B variants place the output layer by the average stage's f and b + w.
-      const cost_model cm = plan_cost_model(m, c, k);
-      costs u{.f = 0, .b = 0, .w = 0};
-      for (auto const& x : cm.stages) {
-        u.f += x.f / static_cast<double>(k.pp);
-        u.b += x.b / static_cast<double>(k.pp);
-        u.w += x.w / static_cast<double>(k.pp);
-      }
-      s = detail::make_plan_vocab_family(*cd.v, sh, u);
+      s = detail::make_plan_vocab_family(*cd.v, sh, detail::average_costs(plan_cost_model(m, c, k), static_cast<double>(k.pp)));
     } else if (cd.e->cost_aware) {
       // Auto-schedulers see the average stage (uniform costs per rank share) and the memory left
       // after the model state, in units of one rank share's activation per microbatch.
