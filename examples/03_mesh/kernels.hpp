@@ -189,6 +189,30 @@ struct embed_backward_col {
     }
   }
 };
+//! Element `e = t h + i` of the vocabulary-parallel first stage's input: x = parts + P[position]
+//! (`parts`: the embedding rows the vocabulary layers summed over the shards).
+template <class T>
+struct position_elem {
+  const T *parts, *P;
+  const int* pos;
+  T* x;
+  std::size_t h;
+  LOOM_HOST_DEVICE void operator()(std::size_t e) const {
+    const std::size_t t = e / h, i = e % h;
+    x[e] = parts[e] + P[static_cast<std::size_t>(pos[t]) * h + i];
+  }
+};
+//! Feature `i` of the position embedding's gradient: dP[position][i] += dx, token by token.
+template <class T>
+struct position_backward_col {
+  const T* dx;
+  const int* pos;
+  T* dP;
+  std::size_t n, h;
+  LOOM_HOST_DEVICE void operator()(std::size_t i) const {
+    for (std::size_t t = 0; t < n; ++t) dP[static_cast<std::size_t>(pos[t]) * h + i] += dx[t * h + i];
+  }
+};
 //! y = a + b, element by element (`y` may be `a`).
 template <class T>
 struct add_elem {

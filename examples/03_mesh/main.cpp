@@ -33,6 +33,7 @@
 #include <loom/comm/threads.hpp>
 #include <loom/schedule.hpp>
 #include <loom/schedule/offload.hpp>
+#include <loom/schedule/vocab.hpp>
 #if defined(LOOM_HAS_MPI)
 #include <loom/comm/mpi.hpp>
 #endif
@@ -69,6 +70,7 @@ struct options {
   int chunks = 0;
   int group = 0;           // grouped families (group-interleaved-1f1b): microbatch group size, 0 = the family's
   int offload_chunks = 0;  // PipeOffload: offload the activations of the first K chunks of every pipeline rank
+  int vocab_parallel = 0;  // the vocabulary-parallel head's algorithm (1 or 2; 0 none)
   double offload_time = 0.2;
   int steps = 3;
   std::string backend = "threads";
@@ -189,7 +191,7 @@ std::string moe_rule(const options& o, const CLI::App& app) {
   }
   if (app.count("--aux-weight") > 0) return "--aux-weight weighs the transformer's MoE blocks' auxiliary loss: it needs --moe-every K";
   for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--sync-after-step",
-                           "--vocab", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--adam-lr", "--attention"})
+                           "--vocab", "--vocab-parallel", "--seq", "--hidden", "--heads", "--ffn", "--blocks", "--launch", "--adam-lr", "--attention"})
     if (app.count(name) > 0) return std::string(name) + " applies to the transformer: the MoE model (--experts) has linear stages of width 4";
   if (o.optimizer != "sgd") return "--experts trains with SGD (the reference's optimizer)";
   if (o.zero_stage == 3) return "--experts: ZeRO stage 3 needs stages that release their parameters between steps; the MoE model's do not";
@@ -209,7 +211,7 @@ std::string grid_configure(const options& o, const CLI::App& app, grid::grid_set
     return {};
   }
   for (const char* name : {"--sp", "--sp-kind", "--ulysses", "--experts", "--zero", "--zero-stage", "--optimizer", "--adam-lr", "--local-steps",
-                           "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--launch",
+                           "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--vocab-parallel", "--launch",
                            "--sync-after-step", "--bucket-bytes", "--seed", "--group"})
     if (app.count(name) > 0)
       return std::string(name) + " applies to the transformer: the grid model (--tp-kind " + o.tp_kind +
@@ -247,7 +249,7 @@ std::string dsp_configure(const options& o, const CLI::App& app, dsp::dsp_setup&
     return {};
   }
   for (const char* name : {"--tp-kind", "--tp-depth", "--sequences", "--ulysses", "--experts", "--zero", "--zero-stage", "--optimizer", "--adam-lr",
-                           "--local-steps", "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--seq",
+                           "--local-steps", "--one-shot", "--offload-chunks", "--offload-time", "--calibrate", "--costs-out", "--vocab", "--vocab-parallel", "--seq",
                            "--launch", "--sync-after-step", "--bucket-bytes", "--seed", "--group"})
     if (app.count(name) > 0)
       return std::string(name) + " applies to the transformer: --sp-kind dsp trains the spatial-temporal model (block pairs over frames "
@@ -523,6 +525,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--sync-after-step", o.lazy, "launch the gradient reductions after the step instead of as soon as ready");
   app.add_option("--vocab", o.model.vocab, "vocabulary size");
+  app.add_option("--vocab-parallel", o.vocab_parallel,
+                 "split the token embedding and the output layer over the pipeline ranks (Yeung et al., MLSys 2025): Algorithm 1 (two "
+                 "barriers) or 2 (backward fusion); runs 1f1b-vocab-N unless --schedule names v-half-vocab-N (docs/vocab.md)");
   app.add_option("--seq", o.model.seq, "tokens per sequence");
   app.add_option("--hidden", o.model.hidden, "model width");
   app.add_option("--heads", o.model.heads, "attention heads");
@@ -572,6 +577,14 @@ int main(int argc, char** argv) {
     std::cerr << "mesh: " << why << "\n";
     return 2;
   }
+  if (o.vocab_parallel != 0) {
+    if (o.vocab_parallel != 1 && o.vocab_parallel != 2) {
+      std::cerr << "mesh: --vocab-parallel " << o.vocab_parallel << " is not an algorithm of the vocabulary-parallel head: 1 (two barriers) or 2 "
+                   "(backward fusion)\n";
+      return 2;
+    }
+    if (app.count("--schedule") == 0) o.schedule = "1f1b-vocab-" + std::to_string(o.vocab_parallel);
+  }
   const sharding& s = o.layout;
 #if defined(LOOM_CUDA_SIM)
   loom::cudasim::reseed(static_cast<std::uint64_t>(o.seed));
@@ -592,8 +605,25 @@ int main(int argc, char** argv) {
       if (!plan.ok) throw loom::config_error("--offload-chunks " + std::to_string(o.offload_chunks) + ": " + std::string(plan.error));
       sched = loom::with_offload(sched, plan);
     }
+    // The vocabulary-parallel head: the family's algorithm, the vocabulary padded to split over pp.
+    if (sched.vocab != 0 && o.vocab_parallel == 0) o.vocab_parallel = sched.vocab;  // a vocabulary family named alone
+    if (o.vocab_parallel != sched.vocab)
+      throw loom::config_error("--vocab-parallel " + std::to_string(o.vocab_parallel) + " runs on a vocabulary-parallel family of Algorithm " +
+                               std::to_string(o.vocab_parallel) + " (1f1b-vocab-" + std::to_string(o.vocab_parallel) + ", v-half-vocab-" +
+                               std::to_string(o.vocab_parallel) + "), not --schedule " + sched.name);
+    if (o.vocab_parallel != 0 && o.experts > 0 && o.moe_every == 0)
+      throw loom::config_error("--vocab-parallel splits the transformer's vocabulary: the MoE model (--experts without --moe-every) has none");
     if (o.experts > 0 && o.moe_every == 0) return run_moe(o, sched, argc, argv);
     model_spec m = o.model;
+    int unpadded = m.vocab;
+    if (o.vocab_parallel != 0) {  // Megatron's rule with the divisor pp: the padding rows are rows like any other (docs/vocab.md)
+      const auto split = loom::split_vocabulary(m.vocab, s.pp, 1, s.pp);
+      if (!split.ok) throw loom::config_error("--vocab-parallel: " + std::string(split.error));
+      m.vocab = static_cast<int>(split.padded);
+      m.vocab_parallel = o.vocab_parallel;
+      if (std::string why = mesh_example::vocab_rule_of(run(o), m, o.backend == "cuda_local" || o.backend == "nccl"); !why.empty())
+        throw loom::config_error("--vocab-parallel " + std::to_string(o.vocab_parallel) + ": " + why);
+    }
     m.blocks = std::max(m.blocks, sched.stages);
     m.causal = o.attention != "full";
     auto banner = [&](const char* backend) {
@@ -609,6 +639,10 @@ int main(int argc, char** argv) {
       std::printf("model: vocab %d, sequence %d%s, hidden %d, heads %d, ffn %d, blocks %d; buckets of %zu bytes%s\n", m.vocab,
                   m.seq, m.causal ? "" : " (full attention)", m.hidden, m.heads, m.ffn, m.blocks, o.bucket_bytes,
                   o.lazy ? ", synchronised after the step" : "");
+      if (m.vocab_parallel != 0)
+        std::printf("vocabulary-parallel head, Algorithm %d: E and WOUT (no output bias) split by rows over the %d pipeline ranks, %d rows each%s\n",
+                    m.vocab_parallel, s.pp, m.vocab / s.pp,
+                    m.vocab == unpadded ? "" : (" (the vocabulary of " + std::to_string(unpadded) + " padded to " + std::to_string(m.vocab) + ")").c_str());
       if (m.moe.every > 0)
         std::printf("MoE blocks: %d of %d (every %d), %d experts over ep %d, top-%d, capacity factor %g%s, auxiliary loss weight %g\n",
                     m.moe.count(0, m.blocks), m.blocks, m.moe.every, m.moe.o.experts, s.ep, m.moe.o.top_k, m.moe.o.capacity_factor,

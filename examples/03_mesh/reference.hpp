@@ -24,17 +24,25 @@
 //!   step's loss likewise;
 //! - an MoE block routes each sequence alone (every expert here), and each expert's weight
 //!   gradient of a microbatch is one sum from zero over the rows of the `ep` replicas' sequences,
-//!   source-major (the all-to-all's layout), folded over microbatches and then over dp.
+//!   source-major (the all-to-all's layout), folded over microbatches and then over dp;
+//! - the vocabulary-parallel head (`model_spec::vocab_parallel`) runs `loom::vocab_output_layer`
+//!   on `vocab_shards` row shards of the output table, their statistics combined in shard order
+//!   (one shard: the whole softmax), and its two tables' gradients are added into one accumulator
+//!   microbatch after microbatch (the vocabulary layers' `T` and `IB` add in microbatch order, not
+//!   by folds).
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <loom/exec/vocab_parallel.hpp>
 
 #include "transformer.hpp"
 
@@ -49,6 +57,7 @@ struct reduction_order {
   int ep = 1;                 //!< consecutive replicas whose sequences' rows meet at the experts (MoE blocks)
   std::vector<std::vector<int>> groups{};  //!< token groups of the sequence split, each in local order (empty: one group, all tokens)
   sharding layout{};          //!< which parameters are partial over the token groups
+  int vocab_shards = 1;       //!< the vocabulary-parallel head's shards (the pipeline ranks; 1: the unsplit softmax)
 
   //! The textbook order: one replica, all tokens, no partial sums.
   static reduction_order plain() { return {}; }
@@ -61,6 +70,7 @@ struct reduction_order {
     r.replicas = s.dp * s.ep;
     r.ep = s.ep;
     r.layout = s;
+    r.vocab_shards = m.vocab_parallel != 0 ? s.pp : 1;
     const int n = s.megatron() ? s.tp : s.sp_ranks();
     for (int g = 0; g < n; ++g) {
       std::vector<int> toks;
@@ -89,7 +99,8 @@ class basic_reference_model {
     add(tensor::E, -1), add(tensor::P, -1);
     for (int b = 0; b < m.blocks; ++b)
       for (tensor t : m.moe.is_moe(b) ? std::span<const tensor>(moe_block_tensors) : std::span<const tensor>(block_tensors)) add(t, b);
-    for (tensor t : {tensor::LNFG, tensor::LNFB, tensor::WOUT, tensor::BOUT}) add(t, -1);
+    add(tensor::LNFG, -1), add(tensor::LNFB, -1), add(tensor::WOUT, -1);
+    if (m.vocab_parallel == 0) add(tensor::BOUT, -1);  // the vocabulary-parallel head has no output bias
   }
 
   //! The parameters.
@@ -143,6 +154,9 @@ class basic_reference_model {
         fold_full(static_cast<std::size_t>(ord.replicas));
     std::vector<double> loss_fold(static_cast<std::size_t>(ord.replicas * groups), 0.0);
     std::vector<pass> passes;  // kept for the experts' sums (MoE blocks only)
+    vocab_grad_.clear();
+    if (m_.vocab_parallel != 0)
+      for (tensor t : {tensor::E, tensor::WOUT}) vocab_grad_[{t, -1}].assign(params_.at({t, -1}).size(), T(0));
     last_moe_.assign(static_cast<std::size_t>(ord.replicas * per_replica), {});
     for (int d = 0; d < ord.replicas; ++d)
       for (int j = 0; j < per_replica; ++j) {
@@ -156,7 +170,9 @@ class basic_reference_model {
         for (int g = 0; g < groups; ++g) {
           const auto gi = static_cast<std::size_t>(d * groups + g);
           double l = 0;
-          for (int t : group_tokens(g)) l += static_cast<double>(p.loss[static_cast<std::size_t>(t)]);
+          if (m_.vocab_parallel != 0) l = p.vocab_loss;  // one group: the layers' loss of the microbatch
+          else
+            for (int t : group_tokens(g)) l += static_cast<double>(p.loss[static_cast<std::size_t>(t)]);
           loss_fold[gi] += l;
           fold(fold_part[gi], weight_grads(p, group_tokens(g)), ord, true);
         }
@@ -186,6 +202,8 @@ class basic_reference_model {
       const bool partial = is_partial(ord, k.first);
       const bool expert = is_expert(k.first);
       std::vector<T> total;
+      if (auto v = vocab_grad_.find(k); v != vocab_grad_.end()) total = v->second;  // the vocabulary layers' accumulators
+      else
       for (int d = 0; d < (expert ? members : ord.replicas); ++d)
         for (int g = 0; g < (partial ? groups : 1); ++g) {
           const auto& c = expert    ? fold_expert[static_cast<std::size_t>(d)].at(k)
@@ -316,6 +334,7 @@ class basic_reference_model {
   };
   struct pass {
     std::vector<T> tokens, x_grad, loss, xhatf, f, dlogits, df;
+    double vocab_loss = 0;  // the vocabulary-parallel head: the microbatch's loss, weighted (`loss` is then empty)
     std::vector<block_acts> blocks;
   };
 
@@ -506,15 +525,19 @@ class basic_reference_model {
     const auto uV = static_cast<std::size_t>(V);
     p.xhatf.resize(uN * uh), p.f.resize(uN * uh);
     kernels::ln_forward(x.data(), P(tensor::LNFG, -1).data(), P(tensor::LNFB, -1).data(), p.f.data(), p.xhatf.data(), rstd.data(), uN, uh);
-    std::vector<T> logits(uN * uV), probs(uN * uV);
-    loom::linear_kernel::forward<T>(p.f, P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, uN, uh, uV);
-    p.loss.resize(uN);
-    for (std::size_t t = 0; t < uN; ++t)
-      kernels::loss_row<T>{logits.data(), target, probs.data(), p.loss.data(), uV, tscale}(t);
-    reading_ = backward_params;  // the backward's version from here
-    p.dlogits.resize(uN * uV), p.df.resize(uN * uh);
-    kernels::loss_backward(probs.data(), target, T(1), tscale, p.dlogits.data(), uN, uV);
-    loom::linear_kernel::backward_input<T>(p.dlogits, P(tensor::WOUT, -1), p.df, uN, uh, uV);
+    if (m_.vocab_parallel != 0) {
+      vocab_head(p, targets, scale, ord.vocab_shards, backward_params);
+    } else {
+      std::vector<T> logits(uN * uV), probs(uN * uV);
+      loom::linear_kernel::forward<T>(p.f, P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, uN, uh, uV);
+      p.loss.resize(uN);
+      for (std::size_t t = 0; t < uN; ++t)
+        kernels::loss_row<T>{logits.data(), target, probs.data(), p.loss.data(), uV, tscale}(t);
+      reading_ = backward_params;  // the backward's version from here
+      p.dlogits.resize(uN * uV), p.df.resize(uN * uh);
+      kernels::loss_backward(probs.data(), target, T(1), tscale, p.dlogits.data(), uN, uV);
+      loom::linear_kernel::backward_input<T>(p.dlogits, P(tensor::WOUT, -1), p.df, uN, uh, uV);
+    }
     std::vector<T> zero(uN * uh, 0.0), g(uN * uh), gx(uN * uh);
     kernels::ln_backward_input(p.df.data(), p.xhatf.data(), rstd.data(), P(tensor::LNFG, -1).data(), zero.data(), g.data(), uN, uh);
     for (int b = m_.blocks - 1; b >= 0; --b) {
@@ -549,7 +572,57 @@ class basic_reference_model {
       std::swap(g, gx);
     }
     p.x_grad = g;
+    if (m_.vocab_parallel != 0) {  // the input layer's IB: the rows of the tokens, in token order
+      auto& dE = vocab_grad_.at({tensor::E, -1});
+      for (std::size_t t = 0; t < uN; ++t)
+        for (std::size_t j = 0; j < uh; ++j) dE[static_cast<std::size_t>(p.tokens[t]) * uh + j] += g[t * uh + j];
+    }
     return p;
+  }
+
+  //! The vocabulary-parallel head on `p.f` (see the file comment): `loom::vocab_output_layer` on
+  //! `shards` row shards of the output table (statistics, combined in shard order, the loss), then
+  //! from the parameters `backward_params` (null: the model's) the output table's gradient added
+  //! into its accumulator and the input gradient `p.df` by the model's algorithm (1: the shards'
+  //! parts summed in order; 2: the fused form from the parts `S` formed).
+  void vocab_head(pass& p, const std::vector<T>& targets, double scale, int shards,
+                  const std::map<key, std::vector<T>>* backward_params) const {
+    const auto uN = static_cast<std::size_t>(m_.seq), uh = static_cast<std::size_t>(m_.hidden), nh = uN * uh;
+    const int algorithm = m_.vocab_parallel;
+    std::vector<std::int64_t> y(uN);
+    for (std::size_t t = 0; t < uN; ++t) y[t] = static_cast<std::int64_t>(targets[t]);
+    std::vector<loom::vocab_shard> sh;
+    for (int k = 0; k < shards; ++k) sh.push_back(loom::shard_of(m_.vocab, shards, k, uh));
+    const std::size_t rows = sh[0].rows, rh = rows * uh, us = static_cast<std::size_t>(shards);
+    std::vector<std::vector<T>> e(us, std::vector<T>(uN * rows)), stats(us, std::vector<T>(3 * uN)), parts(us, std::vector<T>(2 * nh, T(0)));
+    std::vector<loom::vocab_statistics<T>> all;
+    std::vector<T> scratch(uN * rows), global(3 * uN);
+    const std::span<const T> f(p.f);
+    for (std::size_t k = 0; k < us; ++k) {
+      const loom::vocab_output_layer<> o{sh[k]};
+      const std::span<const T> w = P(tensor::WOUT, -1).subspan(k * rh, rh);
+      o.forward(f, w, std::span<const std::int64_t>(y), std::span<T>(e[k]), {stats[k], uN});
+      all.push_back({stats[k], uN});
+      if (algorithm == 2)
+        o.input_gradient_parts(w, std::span<const std::int64_t>(y), std::span<const T>(e[k]), {stats[k], uN}, std::span<T>(scratch),
+                               std::span<T>(parts[k]).subspan(0, nh), std::span<T>(parts[k]).subspan(nh, nh));
+    }
+    loom::vocab_output_layer<>::combine<T>(all, {global, uN});
+    p.vocab_loss = static_cast<double>(loom::vocab_output_layer<>::loss<T>({global, uN})) * scale;
+    reading_ = backward_params;  // the backward's version from here
+    const auto dl = static_cast<T>(scale);
+    auto& dW = vocab_grad_.at({tensor::WOUT, -1});
+    std::vector<std::span<const T>> gp, yp;
+    for (std::size_t k = 0; k < us; ++k) {
+      const loom::vocab_output_layer<> o{sh[k]};
+      o.backward(f, P(tensor::WOUT, -1).subspan(k * rh, rh), std::span<const std::int64_t>(y), std::span<T>(e[k]), {stats[k], uN}, {global, uN}, dl,
+                 std::span<T>(dW).subspan(k * rh, rh), algorithm == 1 ? std::span<T>(parts[k]).subspan(0, nh) : std::span<T>{});
+      gp.push_back(std::span<const T>(parts[k]).subspan(0, nh));
+      yp.push_back(std::span<const T>(parts[k]).subspan(nh, nh));
+    }
+    p.df.assign(nh, T(0));
+    if (algorithm == 1) loom::vocab_output_layer<>::sum_input_gradient<T>(gp, p.df);
+    else loom::vocab_output_layer<>::fused_input_gradient<T>(gp, yp, all, {global, uN}, dl, p.df);
   }
 
   //! The weight gradients of one microbatch over `tokens` (in that order), whole tensors.
@@ -568,7 +641,7 @@ class basic_reference_model {
       const auto t = static_cast<std::size_t>(tokens[i]);
       const auto tok = static_cast<std::size_t>(p.tokens[t]);
       for (std::size_t j = 0; j < uh; ++j) {
-        g[{tensor::E, -1}][tok * uh + j] += p.x_grad[t * uh + j];
+        if (m_.vocab_parallel == 0) g[{tensor::E, -1}][tok * uh + j] += p.x_grad[t * uh + j];  // else the layers' accumulator
         g[{tensor::P, -1}][t * uh + j] += p.x_grad[t * uh + j];
       }
     }
@@ -592,8 +665,9 @@ class basic_reference_model {
       loom::linear_kernel::backward_weight<T>(afull, dqkv, G(tensor::WQKV), G(tensor::BQKV), n, uh, 3 * uh);
       kernels::ln_backward_weight(da.data(), xhat1.data(), G(tensor::LN1G).data(), G(tensor::LN1B).data(), n, uh);
     }
-    auto f = rows(p.f, uh), dl = rows(p.dlogits, uV), df = rows(p.df, uh), xhatf = rows(p.xhatf, uh);
-    loom::linear_kernel::backward_weight<T>(f, dl, g[{tensor::WOUT, -1}], g[{tensor::BOUT, -1}], n, uh, uV);
+    auto f = rows(p.f, uh), df = rows(p.df, uh), xhatf = rows(p.xhatf, uh);
+    if (m_.vocab_parallel == 0)  // else the output table's gradient is the layers' accumulator
+      loom::linear_kernel::backward_weight<T>(f, rows(p.dlogits, uV), g[{tensor::WOUT, -1}], g[{tensor::BOUT, -1}], n, uh, uV);
     kernels::ln_backward_weight(df.data(), xhatf.data(), g[{tensor::LNFG, -1}].data(), g[{tensor::LNFB, -1}].data(), n, uh);
     return g;
   }
@@ -702,6 +776,9 @@ class basic_reference_model {
 
   model_spec m_;
   std::map<key, std::vector<T>> params_;
+  //! The vocabulary-parallel head: the step's accumulators of E and WOUT, added microbatch after
+  //! microbatch by `run` (as the layers add), empty otherwise.
+  mutable std::map<key, std::vector<T>> vocab_grad_;
   //! The parameters `run` reads instead of `params_` while it runs (an asynchronous rule's
   //! version), null otherwise: a copied model never points into another.
   mutable const std::map<key, std::vector<T>>* reading_ = nullptr;

@@ -63,6 +63,12 @@ struct model_spec {
   double lr = 0.1;    //!< SGD learning rate
   moe_spec moe{};     //!< MoE blocks (`moe_block.hpp`; none by default)
   bool causal = true; //!< causal attention (a decoder's); false: every token sees the whole sequence
+  //! The vocabulary-parallel head (Yeung et al., MLSys 2025; `loom::vocab_layers`): 1 or 2, the
+  //! algorithm (`1f1b-vocab-1`, `-2`), 0 none. With it the token embedding `E` and the output
+  //! table `WOUT` (no bias `BOUT`) are split by rows over the pipeline ranks and live in the
+  //! vocabulary layers; the first stage adds only the position embedding `P` to the summed
+  //! embedding parts it receives, and the last stage ends at the final layer norm.
+  int vocab_parallel = 0;
   int head_dim() const { return hidden / heads; }
 };
 
@@ -287,7 +293,10 @@ inline std::vector<tensor_slot> stage_tensors(const model_spec& m, const shardin
     off += ts.size();
     out.push_back(ts);
   };
-  if (embed) add(tensor::E, -1), add(tensor::P, -1);
+  if (embed) {
+    if (m.vocab_parallel == 0) add(tensor::E, -1);
+    add(tensor::P, -1);
+  }
   for (int b = b0; b < b1; ++b) {
     for (tensor x : {tensor::LN1G, tensor::LN1B, tensor::WQKV, tensor::BQKV, tensor::WO, tensor::BO, tensor::LN2G, tensor::LN2B}) add(x, b);
     if (m.moe.is_moe(b))
@@ -295,8 +304,10 @@ inline std::vector<tensor_slot> stage_tensors(const model_spec& m, const shardin
     else
       for (tensor x : {tensor::W1, tensor::B1, tensor::W2, tensor::B2}) add(x, b);
   }
-  if (final_layers)
-    for (tensor x : {tensor::LNFG, tensor::LNFB, tensor::WOUT, tensor::BOUT}) add(x, -1);
+  if (final_layers) {
+    add(tensor::LNFG, -1), add(tensor::LNFB, -1);
+    if (m.vocab_parallel == 0) add(tensor::WOUT, -1), add(tensor::BOUT, -1);
+  }
   return out;
 }
 
@@ -406,7 +417,8 @@ class transformer_stage {
     const auto T = static_cast<std::size_t>(s.tokens(m)), h = static_cast<std::size_t>(m.hidden);
     std::size_t weights = 0;
     for (auto const& ts : stage_tensors(m, s, 0, b0, b1, embed, final_layers)) weights += ts.size();
-    return {embed ? T : T * h, T * (final_layers ? 1 : h), stash_plan_of(m, s, b1 - b0, embed, final_layers).total, weights};
+    const bool vp = m.vocab_parallel != 0;  // the vocabulary layers embed and compute the loss
+    return {embed && !vp ? T : T * h, T * (final_layers && !vp ? 1 : h), stash_plan_of(m, s, b1 - b0, embed, final_layers).total, weights};
   }
   //! Bytes of the storage such a stage allocates itself (`X`'s buffers, device memory on a
   //! device): parameters and gradients, the work space, the tokens' positions, and the buffers of
@@ -421,8 +433,8 @@ class transformer_stage {
     return (2 * z.weights + work + att) * sizeof(T_value) + T * sizeof(int);
   }
 
-  std::size_t input_size() const { return embed_ ? T_ : T_ * h_; }
-  std::size_t output_size() const { return T_ * (final_ ? 1 : h_); }
+  std::size_t input_size() const { return embed_ && !vp() ? T_ : T_ * h_; }
+  std::size_t output_size() const { return T_ * (final_ && !vp() ? 1 : h_); }
   std::size_t stash_size() const { return stash_total_; }
   std::span<T> weight_grad() { return X::whole(grads_); }
   std::span<T> params() { return X::whole(params_); }
@@ -460,13 +472,15 @@ class transformer_stage {
     guard(ctx, [&] {
       if (ctx.microbatch == fail_on) throw std::runtime_error("injected failure");
       std::span<T> cur(work(0), T_ * h_), next(work(1), T_ * h_);
-      if (embed_) embed_forward(b.input, cur);
+      if (embed_ && vp()) position_forward(b.input, cur);
+      else if (embed_) embed_forward(b.input, cur);
       else x_.copy(b.input, cur);
       for (int blk = b0_; blk < b1_; ++blk) {
         block_forward(ctx, blk, cur, next, b.stash);
         std::swap(cur, next);
       }
-      if (final_) final_forward(ctx.microbatch, cur, b.stash, b.output);
+      if (final_ && vp()) final_norm_forward(cur, b.stash, b.output);
+      else if (final_) final_forward(ctx.microbatch, cur, b.stash, b.output);
       else x_.copy(std::span<const T>(cur), b.output);
     });
   }
@@ -474,28 +488,35 @@ class transformer_stage {
   void backward_input(const loom::stage_context& ctx, loom::backward_buffers<T> b) {
     guard(ctx, [&] {
       std::span<T> g(work(0), T_ * h_), gn(work(1), T_ * h_);
-      if (final_) final_backward(ctx.microbatch, b.output_grad, b.stash, g);
+      if (final_ && vp()) final_norm_backward(b.output_grad, b.stash, g);
+      else if (final_) final_backward(ctx.microbatch, b.output_grad, b.stash, g);
       else x_.copy(b.output_grad, g);
       for (int blk = b1_ - 1; blk >= b0_; --blk) {
         block_backward_input(ctx, blk, g, gn, b.stash);
         std::swap(g, gn);
       }
       if (embed_) x_.copy(std::span<const T>(g), st(b.stash, emb_grad_, T_ * h_));
-      else x_.copy(std::span<const T>(g), b.input_grad);
+      // The embedding's input gradient goes on to the vocabulary layers' IB.
+      if (!embed_ || vp()) x_.copy(std::span<const T>(g), b.input_grad);
     });
   }
 
   void backward_weight(const loom::stage_context& ctx, loom::weight_buffers<T> b) {
     guard(ctx, [&] {
       T* gw = b.weight_grad.data();
-      if (embed_) {
+      if (embed_ && vp()) {
+        x_.each(h_, kernels::position_backward_col<T>{st(b.stash, emb_grad_, T_ * h_).data(), pos_.data(), gw + slot(tensor::P, -1).offset, T_, h_},
+                "position embedding backward");
+      } else if (embed_) {
         const T* dx = st(b.stash, emb_grad_, T_ * h_).data();
         x_.each(h_, kernels::embed_backward_col<T>{b.input.data(), dx, pos_.data(), gw + slot(tensor::E, -1).offset,
                                                    gw + slot(tensor::P, -1).offset, T_, h_},
                 "embedding backward");
       }
       for (int blk = b0_; blk < b1_; ++blk) block_backward_weight(ctx, blk, b.stash, gw);
-      if (final_) final_backward_weight(b.stash, gw);
+      if (final_ && vp()) ln_backward_weight(st(b.stash, fin_df_, T_ * h_).data(), st(b.stash, fin_xhat_, T_ * h_).data(),
+                                             gw + slot(tensor::LNFG, -1).offset, gw + slot(tensor::LNFB, -1).offset);
+      else if (final_) final_backward_weight(b.stash, gw);
     });
   }
 
@@ -601,7 +622,11 @@ class transformer_stage {
       bs.dc = take(T * h);
       p.blocks.push_back(bs);
     }
-    if (final_layers) {
+    if (final_layers && m.vocab_parallel != 0) {  // the final layer norm alone (the head is the vocabulary layers')
+      p.xhat = take(T * h);
+      p.rstd = take(T);
+      p.df = take(T * h);
+    } else if (final_layers) {
       p.xhat = take(T * h);
       p.rstd = take(T);
       p.f = take(T * h);
@@ -622,6 +647,7 @@ class transformer_stage {
   }
   static std::span<T> st(std::span<T> stash, std::size_t at, std::size_t n) { return stash.subspan(at, n); }
 
+  bool vp() const { return m_->vocab_parallel != 0; }
   const tensor_slot& slot(tensor t, int block) const {
     for (auto const& ts : slots_)
       if (ts.t == t && ts.block == block) return ts;
@@ -648,6 +674,10 @@ class transformer_stage {
   void add(const T* a, const T* b, T* y) { x_.each(T_ * h_, kernels::add_elem<T>{a, b, y}, "residual"); }
 
   // ---- embedding ----------------------------------------------------------------------------
+  //! The vocabulary-parallel first stage: x = the summed embedding parts + P[position].
+  void position_forward(std::span<const T> parts, std::span<T> x) {
+    x_.each(T_ * h_, kernels::position_elem<T>{parts.data(), P(tensor::P, -1).data(), pos_.data(), x.data(), h_}, "position embedding");
+  }
   void embed_forward(std::span<const T> ids, std::span<T> x) {
     x_.each(T_ * h_, kernels::embed_elem<T>{ids.data(), P(tensor::E, -1).data(), P(tensor::P, -1).data(), pos_.data(), x.data(), h_},
             "embedding");
@@ -788,6 +818,19 @@ class transformer_stage {
     x_.linear().forward(std::span<const T>(f), P(tensor::WOUT, -1), P(tensor::BOUT, -1), logits, T_, h_, V);
     x_.each(T_, kernels::loss_row<T>{logits.data(), targets_of(mb), st(stash, fin_probs_, T_ * V).data(), terms.data(), V, scale_},
             "loss");
+  }
+  //! The vocabulary-parallel last stage: the final layer norm into the stage's output.
+  void final_norm_forward(std::span<const T> x, std::span<T> stash, std::span<T> out) {
+    ln_forward(x.data(), P(tensor::LNFG, -1).data(), P(tensor::LNFB, -1).data(), out.data(), st(stash, fin_xhat_, T_ * h_).data(),
+               st(stash, fin_rstd_, T_).data());
+  }
+  //! Its backward from the vocabulary layers' gradient `dy` of the output (kept for the weights).
+  void final_norm_backward(std::span<const T> dy, std::span<T> stash, std::span<T> g) {
+    std::span<T> df = st(stash, fin_df_, T_ * h_), zero(work(7), T_ * h_);
+    x_.copy(dy, df);
+    x_.fill(zero, T(0));
+    ln_backward_input(df.data(), st(stash, fin_xhat_, T_ * h_).data(), st(stash, fin_rstd_, T_).data(), P(tensor::LNFG, -1).data(),
+                      zero.data(), g.data());
   }
   //! `seed`: the gradient of every token's loss term (the same for all).
   void final_backward(int mb, std::span<const T> seed, std::span<T> stash, std::span<T> g) {

@@ -28,9 +28,11 @@ using namespace vocab_test;
 
 // The model trained on threads: the ranks' parts summed.
 result run(const model& md, const loom::schedule& s, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets, loom::pipeline_options opt,
-           int steps = 1) {
+           int steps = 1, double weight = 1) {
   std::vector<result> parts(static_cast<std::size_t>(s.ranks));
-  loom::run_threads(s.ranks, [&](loom::threads::comm& c) { parts[static_cast<std::size_t>(c.rank())] = run_rank(c, md, s, ids, targets, opt, steps); });
+  loom::run_threads(s.ranks, [&](loom::threads::comm& c) {
+    parts[static_cast<std::size_t>(c.rank())] = run_rank(c, md, s, ids, targets, opt, steps, static_cast<const loom::schedule*>(nullptr), weight);
+  });
   result r = parts[0];
   for (std::size_t k = 1; k < parts.size(); ++k) {
     auto add = [](vec& to, const vec& v) {
@@ -154,6 +156,40 @@ TEST_CASE("vocab pipeline: a static_schedule of a vocabulary-parallel family tra
   for (std::size_t k = 0; k < dynamic.stage_grads.size(); ++k)
     for (std::size_t i = 0; i < dynamic.stage_grads[k].size(); ++i)
       CHECK(parts[0].stage_grads[k][i] + parts[1].stage_grads[k][i] == dynamic.stage_grads[k][i]);
+}
+
+TEST_CASE("vocab pipeline: a loss weight scales every token's gradient and the reported losses, bitwise as the reference weighs them") {
+  // The mesh example's objective, the mean over the step's m n tokens: loss_scaling::sum and a
+  // weight of 1 / (m n); here also a weight on top of the mean (1 / m) scaling.
+  for (const auto& f : families) {
+    const int p = 2, m = 5;
+    model md;
+    const loom::schedule s = f.make(p, m);
+    md.stages = s.stages;
+    const auto ids = md.tokens(m, 41), targets = md.tokens(m, 42);
+    CAPTURE(f.name);
+    const double w = 1.0 / static_cast<double>(static_cast<std::size_t>(m) * md.n);
+    const auto make = [&](int st) { return md.make(st); };
+    // Mean scaling with weight w: dl = (1/m) w.
+    const result want = reference_with(md, p, f.algorithm, m, ids, targets, make, w);
+    const result got = run(md, s, ids, targets, {.deterministic = true}, 1, w);
+    CHECK(std::memcmp(&got.loss, &want.loss, sizeof(double)) == 0);
+    CHECK(same_bits(got.out_grad, want.out_grad));
+    CHECK(same_bits(got.in_grad, want.in_grad));
+    for (int k = 0; k < md.stages; ++k) CHECK(same_bits(got.stage_grads[static_cast<std::size_t>(k)], want.stage_grads[static_cast<std::size_t>(k)]));
+    // The weight changes the result (a test that could not fail otherwise): unweighted differs.
+    const result plain = run(md, s, ids, targets, {.deterministic = true}, 1);
+    CHECK(std::abs(plain.loss - got.loss / w) <= 1e-12 * std::abs(plain.loss));
+    CHECK(rel(got.out_grad, plain.out_grad) > 0.5);
+  }
+  model md;
+  const auto sh = loom::shard_of(24, 2, 0, md.h);
+  vec w(sh.rows * md.h), e(w.size()), g1(w.size()), g2(w.size());
+  loom::vocab_layers<double> layers(sh, md.n, w, e, g1, g2);
+  CHECK(layers.loss_weight() == 1.0);
+  CHECK_THROWS_WITH_AS(layers.loss_weight(0.0), "vocabulary layers: the loss weight must be finite and positive (got 0.000000)", loom::config_error);
+  CHECK_THROWS_AS(layers.loss_weight(std::nan("")), loom::config_error);
+  CHECK(layers.loss_weight() == 1.0);
 }
 
 TEST_CASE("vocab pipeline: the S stash is held only from S to its T, in as many slots as the program keeps open") {

@@ -145,9 +145,11 @@ struct result {
 // parts summed in rank order), the stages, the output layer on p shards (statistics combined in
 // rank order; the input gradient by `algorithm`), the stages' backward and the embedding's.
 // With p = 1 it is the unsplit model.
-// `make(s)` builds virtual stage s (host memory; `tanh_stage` unless told).
+// `make(s)` builds virtual stage s (host memory; `tanh_stage` unless told); every token's loss
+// weighs `weight` (`vocab_layers::loss_weight`) on top of the mean over the microbatches.
 template <class Make>
-result reference_with(const model& md, int p, int algorithm, int m, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets, Make make) {
+result reference_with(const model& md, int p, int algorithm, int m, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets, Make make,
+                      double weight = 1) {
   const std::size_t nh = md.n * md.h;
   const vec W = md.table(7), E = md.table(8);
   std::vector<decltype(make(0))> st;
@@ -159,7 +161,7 @@ result reference_with(const model& md, int p, int algorithm, int m, const std::v
   std::vector<loom::vocab_shard> sh;
   for (int k = 0; k < p; ++k) sh.push_back(loom::shard_of(static_cast<std::int64_t>(md.vocab), p, k, md.h));
   const std::size_t rows = sh[0].rows, rh = rows * md.h;
-  const double dl = 1.0 / m;
+  const double dl = (1.0 / m) * weight;
   double total = 0;
   for (int j = 0; j < m; ++j) {
     std::span<const tok_t> id(ids.data() + static_cast<std::size_t>(j) * md.n, md.n), y(targets.data() + static_cast<std::size_t>(j) * md.n, md.n);
@@ -191,7 +193,7 @@ result reference_with(const model& md, int p, int algorithm, int m, const std::v
     }
     vec global(3 * md.n);
     loom::vocab_output_layer<>::combine<double>(all, {global, md.n});
-    total += loom::vocab_output_layer<>::loss<double>({global, md.n});
+    total += loom::vocab_output_layer<>::loss<double>({global, md.n}) * weight;
     vec dx(nh);
     std::vector<std::span<const double>> gp, yp;
     for (int k = 0; k < p; ++k) {
@@ -215,7 +217,7 @@ result reference_with(const model& md, int p, int algorithm, int m, const std::v
       loom::vocab_input_layer{sh[static_cast<std::size_t>(k)]}.backward(id, std::span<const double>(dx),
                                                                          std::span<double>(r.in_grad).subspan(static_cast<std::size_t>(k) * rh, rh));
   }
-  r.loss = total * dl;
+  r.loss = total * (1.0 / m);
   return r;
 }
 inline result reference(const model& md, int p, int algorithm, int m, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets) {
@@ -266,7 +268,7 @@ struct linear_stage {
 // `s` its generated schedule).
 template <class Comm, class Sched = loom::schedule>
 result run_rank(Comm& c, const model& md, const loom::schedule& s, const std::vector<tok_t>& ids, const std::vector<tok_t>& targets,
-                loom::pipeline_options opt, int steps = 1, const Sched* sched = nullptr) {
+                loom::pipeline_options opt, int steps = 1, const Sched* sched = nullptr, double weight = 1) {
   const int p = s.ranks;
   const vec W = md.table(7), E = md.table(8);
   result r;
@@ -277,6 +279,7 @@ result run_rank(Comm& c, const model& md, const loom::schedule& s, const std::ve
   const std::size_t rh = sh.rows * md.h, at = static_cast<std::size_t>(c.rank()) * rh;
   std::span<double> gw = std::span<double>(r.out_grad).subspan(at, rh), ge = std::span<double>(r.in_grad).subspan(at, rh);
   loom::vocab_layers<double> layers(sh, md.n, std::span<const double>(W).subspan(at, rh), std::span<const double>(E).subspan(at, rh), gw, ge);
+  layers.loss_weight(weight);
   auto make = [&](loom::stage_id id) { return md.make(id.stage); };
   loom::pipeline<Sched, tanh_stage, Comm, loom::vocab_layers<double>> pipe([&]() -> const Sched& {
     if constexpr (std::is_same_v<Sched, loom::schedule>) return s;

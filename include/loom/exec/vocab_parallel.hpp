@@ -42,6 +42,7 @@
 //! sail-sg/VocabularyParallelism at 6191c3bf) was read for the pass split, not copied.
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <functional>
 #include <cstdint>
@@ -368,6 +369,17 @@ class vocab_layers {
     ids_ = ids;
     targets_ = targets;
   }
+  //! Weighs every token's loss term by `w` in the objective (default 1): the loss gradient `dl` of
+  //! `T` and of the fused input gradient becomes the pipeline's loss scale times `w`, and
+  //! `losses` reports each microbatch's sum times `w`. A model whose objective is the mean over
+  //! the step's `m n` tokens builds its pipeline with `loss_scaling::sum` and sets `1 / (m n)`.
+  //! Throws `config_error` unless `w` is finite and positive.
+  void loss_weight(double w) {
+    if (!(w > 0) || !std::isfinite(w)) throw config_error("vocabulary layers: the loss weight must be finite and positive (got " + std::to_string(w) + ")");
+    weight_ = w;
+  }
+  //! The loss weight (`loss_weight`).
+  double loss_weight() const { return weight_; }
   //! The shard.
   const vocab_shard& shard() const { return out_.shard; }
   //! Tokens per microbatch.
@@ -515,7 +527,7 @@ class vocab_layers {
     std::span<T> e = stash(mb);
     const std::size_t n = n_, h = shard().hidden, rows = shard().rows;
     run(items(targets_of(mb), {.global = global(mb).data.data(), .e = e.data(), .own = message(payload::vocab_stats, mb, b_.rank).data(),
-                               .dl = static_cast<T>(b_.scale)}),
+                               .dl = dl()}),
         vocab_step::logit_grad);
     const std::span<const T> g(e), x(message(payload::vocab_output, mb, b_.last));
     out_.kernel.backward_weight(x, g, gw_, std::span<T>{}, n, h, rows);
@@ -534,7 +546,7 @@ class vocab_layers {
       combine(mb);
       run(items(nullptr, {.stats = message(payload::vocab_stats, mb, 0).data(), .global = global(mb).data.data(),
                           .parts = message(payload::vocab_grad, mb, 0).data(), .out = span(dx_).data(), .ranks = uz(b_.ranks),
-                          .stride = grad_width(), .dl = static_cast<T>(b_.scale)}),
+                          .stride = grad_width(), .dl = dl()}),
           vocab_step::fused_grad);
     }
     return span(dx_);
@@ -543,8 +555,9 @@ class vocab_layers {
   void backward_input(int mb) {
     run(items(ids_of(mb), {.x = message(payload::vocab_embed_grad, mb, b_.first).data(), .out = ge_.data()}), vocab_step::embed_grad);
   }
-  //! After a step on the last stage's rank: the loss of every microbatch into `losses` (on a
-  //! device, the combined statistics are copied to the host first: the step has ended).
+  //! After a step on the last stage's rank: the loss of every microbatch (its sum over the tokens,
+  //! times `loss_weight`) into `losses` (on a device, the combined statistics are copied to the
+  //! host first: the step has ended).
   void losses(std::span<double> losses) {
     std::span<const T> g(global_.data(), global_.size());
     if constexpr (device) {
@@ -552,7 +565,7 @@ class vocab_layers {
       g = host_global_;
     }
     for (std::size_t mb = 0; mb < losses.size() && mb < uz(b_.microbatches); ++mb)
-      losses[mb] = static_cast<double>(vocab_output_layer<Kernel>::loss(vocab_statistics<const T>{g.subspan(mb * 3 * n_, 3 * n_), n_}));
+      losses[mb] = static_cast<double>(vocab_output_layer<Kernel>::loss(vocab_statistics<const T>{g.subspan(mb * 3 * n_, 3 * n_), n_})) * weight_;
   }
 
  private:
@@ -561,6 +574,8 @@ class vocab_layers {
   static auto span(B& b) {
     return std::span(b.data(), b.size());
   }
+  //! The loss gradient of one token: the pipeline's scale times the loss weight.
+  T dl() const { return static_cast<T>(b_.scale * weight_); }
   std::size_t grad_width() const { return b_.algorithm == 2 ? 2 * n_ * shard().hidden : n_ * shard().hidden; }
   //! Token ids or targets of `mb` where the kernels read them (device memory on a device).
   const Id* ids_of(int mb) const {
@@ -593,6 +608,7 @@ class vocab_layers {
   std::span<T> gw_, ge_;
   std::span<const Id> ids_, targets_;
   vocab_binding b_{};
+  double weight_ = 1;  // the loss weight of every token (`loss_weight`)
   store<T> x_, stats_, global_, e_, grad_, embed_, input_, dembed_, dx_, scratch_;
   store<Id> ids_dev_, targets_dev_;  // device: the batch's ids and targets (unused on the host)
   std::vector<T> host_global_;       // device: the combined statistics copied back for the losses
