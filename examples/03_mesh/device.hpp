@@ -108,6 +108,8 @@ struct device_exec {
   }
   //! The linear blocks' local kernel on the stream.
   loom::cuda::linear_kernel linear() const { return {stream}; }
+  //! The vocabulary layers' kernel (`loom::vocab_layers`): loom's kernels on the pipeline's compute stream.
+  using vocab_kernel = loom::cuda::vocab_kernel;
 };
 
 }  // namespace mesh_example

@@ -73,6 +73,8 @@ struct host_exec : kernels::host_loop {
   }
   //! The linear blocks' local kernel.
   loom::linear_kernel linear() const { return {}; }
+  //! The vocabulary layers' kernel (`loom::vocab_layers`): host loops.
+  using vocab_kernel = loom::linear_kernel;
 };
 
 }  // namespace mesh_example

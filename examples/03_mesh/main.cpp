@@ -621,7 +621,7 @@ int main(int argc, char** argv) {
       if (!split.ok) throw loom::config_error("--vocab-parallel: " + std::string(split.error));
       m.vocab = static_cast<int>(split.padded);
       m.vocab_parallel = o.vocab_parallel;
-      if (std::string why = mesh_example::vocab_rule_of(run(o), m, o.backend == "cuda_local" || o.backend == "nccl"); !why.empty())
+      if (std::string why = mesh_example::vocab_rule_of(run(o), m); !why.empty())
         throw loom::config_error("--vocab-parallel " + std::to_string(o.vocab_parallel) + ": " + why);
     }
     m.blocks = std::max(m.blocks, sched.stages);

@@ -126,12 +126,9 @@ run_report train_vocab(Comm& world, const run_options& o, const model_spec& m, c
 //! with in this example, as one line, or "": the layout must be pp alone (the tables split over the
 //! pipeline ranks; a tp split of the shards, as `loom::split_vocabulary` describes, is not built),
 //! SGD, no data parallelism (loom's pipeline takes no step observer over vocabulary layers yet, so
-//! the tables' gradients would have no reduction), no MoE blocks, on the host.
-inline std::string vocab_rule_of(const run_options& o, const model_spec& m, bool device) {
+//! the tables' gradients would have no reduction), no MoE blocks; any backend.
+inline std::string vocab_rule_of(const run_options& o, const model_spec& m) {
   const sharding& s = o.layout;
-  if (device)
-    return "the device backends: loom's vocabulary layers run on the device path (tests/cuda_layer/device_vocab_test.cpp), but this "
-           "example's device stages do not drive them yet (threads and mpi do)";
   if (s.dp > 1) return "--dp " + std::to_string(s.dp) + ": loom's pipeline takes no step observer (data parallelism) over vocabulary layers yet";
   if (s.tp > 1 || s.sp_ranks() > 1 || s.megatron() || s.ep > 1)
     return "the vocabulary is split over the pipeline ranks only here: --tp, --sp and --ep must be 1";
@@ -705,118 +702,154 @@ run_report train_async(Comm& world, const run_options& o, const model_spec& m, c
 //! A vocabulary-parallel family's run on one rank (`vocab_rule_of` says which layouts): the
 //! pipeline of `transformer_stage`s without the token embedding and the head, and this rank's
 //! `loom::vocab_layers` holding rows [first, first + rows) of `E` and `WOUT`
-//! (`loom::shard_of` over the padded vocabulary `m.vocab`), their loss weight `1 / (M seq)` (the
-//! mean over the step's tokens, the pipeline scaling by `sum`). After each step SGD updates the
-//! stages and the two shards where they live. The loss of every step and every parameter, the
-//! shards' rows included, are compared with the reference (`basic_reference_model` with
-//! `model_spec::vocab_parallel`): bitwise in deterministic mode on the same shards, within 1e-12
-//! relative otherwise of the unsplit softmax.
+//! (`loom::shard_of` over the padded vocabulary `m.vocab`) in `X`'s memory, with `X`'s kernel
+//! (host loops, or loom's kernels on the pipeline's compute stream), their loss weight
+//! `1 / (M seq)` (the mean over the step's tokens, the pipeline scaling by `sum`). After each step
+//! SGD updates the stages and the two shards where they live (on the host: the model is small).
+//! The loss of every step and every parameter, the shards' rows included, are compared with the
+//! reference in `X`'s precision (`basic_reference_model` with `model_spec::vocab_parallel`):
+//! bitwise in deterministic mode on the same shards (on a GPU, whose exp and log differ from the
+//! host's, within the default tolerance), within 1e-12 relative (fp32: 1e-5) otherwise of the
+//! unsplit softmax; fp32 runs also against the double-precision reference within `fp32_bound`.
 template <class X, class Comm>
 run_report train_vocab(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched) {
-  if (std::string why = vocab_rule_of(o, m, X::device); !why.empty()) throw loom::config_error("--schedule " + sched.name + ": " + why);
+  if (std::string why = vocab_rule_of(o, m); !why.empty()) throw loom::config_error("--schedule " + sched.name + ": " + why);
   if (m.vocab_parallel != sched.vocab)
     throw loom::config_error("--schedule " + sched.name + " runs Algorithm " + std::to_string(sched.vocab) + " of the vocabulary-parallel head, but the model's is " +
                              std::to_string(m.vocab_parallel) + " (--vocab-parallel)");
+  using real = typename X::value_type;
+  constexpr bool fp32 = !std::is_same_v<real, double>;
+  const sharding& s = o.layout;
+  const bool det = o.deterministic;
+#if defined(LOOM_CUDA_SIM)
+  const bool bitwise = det;
+#else
+  const bool bitwise = det && !X::device;
+#endif
+  using C = loom::counted<Comm>;
+  loom::mesh_comm g(make_mesh(s), world);
+  const bool root = g.rank() == 0;
+  // A device stage needs every group (of one rank here); the host passes null.
+  std::optional<C> uly, ring;
   if constexpr (X::device) {
-    return {};
-  } else {
-    using real = typename X::value_type;
-    const sharding& s = o.layout;
-    const bool det = o.deterministic;
-    using C = loom::counted<Comm>;
-    loom::mesh_comm g(make_mesh(s), world);
-    const bool root = g.rank() == 0;
-    using stage_t = transformer_stage<C, X>;
-    const int S = sched.stages, M = o.microbatches, P = s.pp, rank = g.pp().rank();
-    const auto h = static_cast<std::size_t>(m.hidden), n = static_cast<std::size_t>(m.seq);
-    const loom::vocab_shard shard = loom::shard_of(m.vocab, P, rank, h);
-    const std::size_t rh = shard.rows * h;
-    // This rank's rows of the two tables (their initial values as the reference's) and their gradients.
-    std::vector<real> wout(rh), emb(rh), gwout(rh), gemb(rh);
-    for (std::size_t r = 0; r < shard.rows; ++r)
-      for (std::size_t c = 0; c < h; ++c) {
-        const int row = static_cast<int>(shard.first + static_cast<std::int64_t>(r)), col = static_cast<int>(c);
-        wout[r * h + c] = static_cast<real>(initial(m, tensor::WOUT, -1, row, col));
-        emb[r * h + c] = static_cast<real>(initial(m, tensor::E, -1, row, col));
-      }
-    loom::vocab_layers<real> layers(shard, n, wout, emb, gwout, gemb);
-    const double scale = 1.0 / (static_cast<double>(M) * m.seq);  // the mean over the step's tokens
-    layers.loss_weight(scale);
-    const real no_targets = 0;  // the stages compute no loss: the vocabulary layers do
-    auto make = [&](loom::stage_id id) {
-      auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
-      return stage_t(m, s, 0, 0, b0, b1, id.stage == 0, id.stage == S - 1, stage_comms<C>{}, det, scale, &no_targets);
-    };
-    loom::pipeline<loom::schedule, stage_t, C, loom::vocab_layers<real>> p(sched, g.pp(), make, layers,
-                                                                           {.deterministic = det, .scaling = loom::loss_scaling::sum});
-    reference_model ref(m);
-    const reduction_order order = det ? reduction_order::of(m, s) : reduction_order::plain();
-    const double tol = 1e-12;
-    const auto lr = static_cast<real>(m.lr);
-    auto sgd = [&](std::span<real> w, std::span<const real> grad) {
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= lr * grad[i];
-    };
-    run_report rep;
-    long long bad = 0, values = 0;
-    for (int step = 0; step < o.steps; ++step) {
-      const batch data = make_batch(m, M, step);
-      std::vector<std::int64_t> ids(data.tokens.size()), targets(data.targets.size());
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        ids[i] = static_cast<std::int64_t>(data.tokens[i]);
-        targets[i] = static_cast<std::int64_t>(data.targets[i]);
-      }
-      layers.set_batch(ids, targets);
-      const loom::comm_counters before = g.pp().counters();
-      const auto t0 = std::chrono::steady_clock::now();
-      const auto r = p.step({});
-      rep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      rep.steps.push_back({{"pp", g.pp().counters().since(before)}});
-      for (auto& st : p.stages()) sgd(st.params(), st.weight_grad());
-      sgd(wout, gwout);
-      sgd(emb, gemb);
-      if (o.check) {
-        const double want = ref.step(data, M, order);
-        bad += det ? !same_bits(r.loss, want) : std::abs(r.loss - want) > tol * std::abs(want);
-        if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, r.loss, want);
-      } else if (root && o.print) {
-        std::printf("step %d: loss %.17g\n", step, r.loss);
-      }
-      if (root && o.print) print_counters(step, rep.steps.back());
-    }
-    auto compare = [&](std::span<const real> got, const std::vector<real>& full, std::size_t at) {
-      double norm = 0;
-      for (real v : full) norm = std::max(norm, std::abs(static_cast<double>(v)));
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        ++values;
-        bad += det ? !same_bits(got[i], full[at + i]) : std::abs(static_cast<double>(got[i]) - static_cast<double>(full[at + i])) > tol * norm;
-      }
-    };
-    if (o.check) {
-      for (auto& st : p.stages()) {
-        const std::vector<real> w = st.host_params();
-        for (auto const& ts : st.tensors())  // pp alone: every tensor whole, row-major
-          compare(std::span<const real>(w).subspan(ts.offset, ts.size()), ref.params().at({ts.t, ts.block}), 0);
-      }
-      compare(wout, ref.params().at({tensor::WOUT, -1}), static_cast<std::size_t>(shard.first) * h);
-      compare(emb, ref.params().at({tensor::E, -1}), static_cast<std::size_t>(shard.first) * h);
-    }
-    std::vector<std::int64_t> tally{bad, values};
-    g.world().all_reduce(std::span<std::int64_t>(tally), loom::reduce_op::sum);
-    rep.differing = tally[0];
-    rep.values = tally[1];
-    for (auto& st : p.stages()) rep.stage_params += st.weight_grad().size();
-    if (root && o.print) {
-      const auto sim = loom::simulate(sched);
-      std::printf("vocabulary layers: rows [%lld, %lld) of E and WOUT on rank 0 (%zu of %d rows per rank); peak activation per pipeline rank "
-                  "(loom::simulate, units of a stage's activation):",
-                  static_cast<long long>(shard.first), static_cast<long long>(shard.first) + static_cast<long long>(shard.rows), shard.rows, m.vocab);
-      for (double a : sim.peak_activation) std::printf(" %g", a);
-      std::printf("\nreference check (%s): %lld of %lld parameter values (summed over ranks) and losses differ -> %s\n",
-                  det ? "bitwise, the same shards" : "1e-12 relative, the unsplit softmax", rep.differing, rep.values,
-                  rep.differing == 0 ? "MATCH" : "DIFFERENT");
-    }
-    return rep;
+    uly.emplace(g.sp().split(0, 0));
+    ring.emplace(g.sp().split(0, 0));
   }
+  stage_comms<C> sc{X::device ? &g.tp() : nullptr, nullptr, X::device ? &*uly : nullptr, X::device ? &*ring : nullptr};
+  using stage_t = transformer_stage<C, X>;
+  const int S = sched.stages, M = o.microbatches, P = s.pp, rank = g.pp().rank();
+  const auto h = static_cast<std::size_t>(m.hidden), n = static_cast<std::size_t>(m.seq);
+  const loom::vocab_shard shard = loom::shard_of(m.vocab, P, rank, h);
+  const std::size_t rh = shard.rows * h, first = static_cast<std::size_t>(shard.first);
+  // This rank's rows of the two tables (their initial values as the reference's) and their gradients.
+  std::vector<real> w0(rh), e0(rh);
+  for (std::size_t r = 0; r < shard.rows; ++r)
+    for (std::size_t c = 0; c < h; ++c) {
+      const int row = static_cast<int>(first + r), col = static_cast<int>(c);
+      w0[r * h + c] = static_cast<real>(initial(m, tensor::WOUT, -1, row, col));
+      e0[r * h + c] = static_cast<real>(initial(m, tensor::E, -1, row, col));
+    }
+  auto wout = X::upload(w0), emb = X::upload(e0), gwout = X::template zeros<real>(rh), gemb = X::template zeros<real>(rh);
+  using layers_t = loom::vocab_layers<real, typename X::vocab_kernel>;
+  layers_t layers(shard, n, X::whole(wout), X::whole(emb), X::whole(gwout), X::whole(gemb));
+  const double scale = 1.0 / (static_cast<double>(M) * m.seq);  // the mean over the step's tokens
+  layers.loss_weight(scale);
+  auto no_targets = X::template zeros<real>(1);  // the stages compute no loss: the vocabulary layers do
+  auto make = [&](loom::stage_id id) {
+    auto [b0, b1] = stage_blocks(m.blocks, id.stage, S);
+    return stage_t(m, s, 0, 0, b0, b1, id.stage == 0, id.stage == S - 1, sc, det, scale, X::whole(no_targets).data());
+  };
+  loom::pipeline<loom::schedule, stage_t, C, layers_t> p(sched, g.pp(), make, layers, {.deterministic = det, .scaling = loom::loss_scaling::sum});
+  basic_reference_model<real> ref(m);
+  std::optional<reference_model> wide;  // fp32: the double-precision reference too (the plain order)
+  if constexpr (fp32)
+    if (o.check) wide.emplace(m);
+  const reduction_order order = det ? reduction_order::of(m, s) : reduction_order::plain();
+  const double tol = fp32 ? 1e-5 : 1e-12;
+  const auto lr = static_cast<real>(m.lr);
+  // SGD, as the reference's update, on a host copy written back.
+  auto sgd = [&](std::span<real> w, std::span<real> grad) {
+    std::vector<real> wh = X::template download<real>(w);
+    const std::vector<real> gh = X::template download<real>(grad);
+    for (std::size_t i = 0; i < wh.size(); ++i) wh[i] -= lr * gh[i];
+    X::put(w, wh);
+  };
+  run_report rep;
+  long long bad = 0, values = 0;
+  for (int step = 0; step < o.steps; ++step) {
+    const batch data = make_batch(m, M, step);
+    std::vector<std::int64_t> ids(data.tokens.size()), targets(data.targets.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<std::int64_t>(data.tokens[i]);
+      targets[i] = static_cast<std::int64_t>(data.targets[i]);
+    }
+    layers.set_batch(ids, targets);
+    const loom::comm_counters before = g.pp().counters();
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = p.step({});
+    rep.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rep.steps.push_back({{"pp", g.pp().counters().since(before)}});
+    for (auto& st : p.stages()) sgd(st.params(), st.weight_grad());
+    sgd(X::whole(wout), X::whole(gwout));
+    sgd(X::whole(emb), X::whole(gemb));
+    if (o.check) {
+      const double want = ref.step(data, M, order);
+      if (wide) (void)wide->step(data, M, reduction_order::plain());
+      bad += bitwise ? !same_bits(r.loss, want) : std::abs(r.loss - want) > tol * std::abs(want);
+      if (root && o.print) std::printf("step %d: loss %.17g, reference %.17g\n", step, r.loss, want);
+    } else if (root && o.print) {
+      std::printf("step %d: loss %.17g\n", step, r.loss);
+    }
+    if (root && o.print) print_counters(step, rep.steps.back());
+  }
+  double wide_diff = 0;  // fp32 against the double-precision reference (relative to each tensor's largest value)
+  auto compare = [&](const std::vector<real>& got, tensor t, int block, std::size_t at) {
+    const auto& full = ref.params().at({t, block});
+    double norm = 0;
+    for (real v : full) norm = std::max(norm, std::abs(static_cast<double>(v)));
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ++values;
+      const real want = full[at + i];
+      bad += bitwise ? !same_bits(got[i], want) : std::abs(static_cast<double>(got[i]) - static_cast<double>(want)) > tol * norm;
+      if (wide) wide_diff = std::max(wide_diff, std::abs(static_cast<double>(got[i]) - wide->params().at({t, block})[at + i]) / norm);
+    }
+  };
+  if (o.check) {
+    for (auto& st : p.stages()) {
+      const std::vector<real> w = st.host_params();
+      for (auto const& ts : st.tensors())  // pp alone: every tensor whole, row-major
+        compare({w.begin() + static_cast<std::ptrdiff_t>(ts.offset), w.begin() + static_cast<std::ptrdiff_t>(ts.offset + ts.size())}, ts.t, ts.block, 0);
+    }
+    compare(X::template download<real>(X::whole(wout)), tensor::WOUT, -1, first * h);
+    compare(X::template download<real>(X::whole(emb)), tensor::E, -1, first * h);
+  }
+  std::vector<std::int64_t> tally{bad, values};
+  g.world().all_reduce(std::span<std::int64_t>(tally), loom::reduce_op::sum);
+  rep.differing = tally[0];
+  rep.values = tally[1];
+  for (auto& st : p.stages()) rep.stage_params += st.weight_grad().size();
+  if (wide) {
+    std::vector<double> worst{wide_diff};
+    g.world().all_reduce(std::span<double>(worst), loom::reduce_op::max);
+    rep.fp32_diff = worst[0];
+    rep.fp32_within = rep.fp32_diff <= fp32_bound(o);
+    if (root && o.print)
+      std::printf("fp32 against the double-precision reference: largest parameter difference %.3g of its tensor's largest value (bound %.2g) -> %s\n",
+                  rep.fp32_diff, fp32_bound(o), rep.fp32_within ? "WITHIN" : "BEYOND");
+  }
+  if (root && o.print) {
+    const auto sim = loom::simulate(sched);
+    std::printf("vocabulary layers: rows [%zu, %zu) of E and WOUT on rank 0 (%zu of %d rows per rank); peak activation per pipeline rank "
+                "(loom::simulate, units of a stage's activation):",
+                first, first + shard.rows, shard.rows, m.vocab);
+    for (double a : sim.peak_activation) std::printf(" %g", a);
+    char how[64];
+    if (bitwise) std::snprintf(how, sizeof how, "bitwise, the same shards");
+    else std::snprintf(how, sizeof how, "%.0e relative, %s", tol, det ? "the same shards" : "the unsplit softmax");
+    std::printf("\nreference check (%s): %lld of %lld parameter values (summed over ranks) and losses differ -> %s\n", how, rep.differing,
+                rep.values, rep.differing == 0 ? "MATCH" : "DIFFERENT");
+  }
+  return rep;
 }
 
 }  // namespace mesh_example
