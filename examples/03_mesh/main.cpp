@@ -653,7 +653,7 @@ int main(int argc, char** argv) {
       banner("threads");
       int rc = 0;
       loom::run_threads(s.world(), [&](loom::threads::comm& c) {
-        auto r = train(c, run(o), m, sched);
+        auto r = train_model(c, run(o), m, sched);
         if (c.rank() == 0) rc = r.differing == 0 ? 0 : 1;
       });
       return rc;
@@ -685,7 +685,7 @@ int main(int argc, char** argv) {
 #endif
         auto c = loom::nccl::from_mpi(MPI_COMM_WORLD);
         if (c.rank() == 0) banner("NCCL, MPI processes, a device each, fp32 kernels");
-        auto r = train<device_exec>(c, run(o), m, sched);
+        auto r = train_model<device_exec>(c, run(o), m, sched);
         return r.differing == 0 && r.fp32_within ? 0 : 1;
 #else
         std::cerr << "mesh: this build has no MPI (install libopenmpi-dev and reconfigure)\n";
@@ -693,7 +693,7 @@ int main(int argc, char** argv) {
 #endif
       }
       return run_device_world(o.backend, s.world(), banner, [&](auto& c) {
-        const auto r = train<device_exec>(c, run(o), m, sched);
+        const auto r = train_model<device_exec>(c, run(o), m, sched);
         return r.differing == 0 && r.fp32_within ? 0 : 1;
       });
 #else
@@ -713,7 +713,7 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) banner("MPI processes");
     int rc = 0;
-    loom::run_mpi([&](loom::mpi::comm& c) { rc = train(c, run(o), m, sched).differing == 0 ? 0 : 1; });
+    loom::run_mpi([&](loom::mpi::comm& c) { rc = train_model(c, run(o), m, sched).differing == 0 ? 0 : 1; });
     return rc;
 #else
     std::cerr << "mesh: this build has no MPI (install libopenmpi-dev and reconfigure)\n";

@@ -184,9 +184,19 @@ template <class X = host_exec, class Comm>
 run_report train(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched) {
   using real = typename X::value_type;
   if (sched.versioned()) return train_async<X>(world, o, m, sched);
-  if (sched.vocab != 0) return train_vocab<X>(world, o, m, sched);
+  if (sched.vocab != 0)
+    throw loom::config_error("--schedule " + sched.name + " is vocabulary-parallel: train_model runs it (train_vocab)");
   if (o.adam) return train_with<X>(world, o, m, sched, loom::adam<real>{.lr = o.adam_lr});
   return train_with<X>(world, o, m, sched, loom::sgd{.lr = m.lr});
+}
+
+//! `train`, or `train_vocab` for a vocabulary-parallel family (`schedule::vocab`): what the
+//! program runs. Callers that never run those families call `train` and do not instantiate the
+//! vocabulary path (a pipeline over `loom::vocab_layers` per communicator type).
+template <class X = host_exec, class Comm>
+run_report train_model(Comm& world, const run_options& o, const model_spec& m, const loom::schedule& sched) {
+  if (sched.vocab != 0) return train_vocab<X>(world, o, m, sched);
+  return train<X>(world, o, m, sched);
 }
 
 //! Whether `a` and `b` have the same bits.
